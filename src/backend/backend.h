@@ -1,0 +1,89 @@
+// The op set every backend implements. A model graph (model/*.cpp) is written against this
+// interface only; kernels live in backend/cpu and backend/cuda.
+//
+// Invariance contract (DEVELOPERS.md / README): for every op, each output element is computed
+// with a reduction order that depends only on that element's own inputs — never on the number of
+// tokens in the call, the batch composition, the chunking of a prefill, or the thread count.
+// Each op has a parity test against the CPU backend (tests/backend_ops_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+// One sequence's tokens inside a flattened batch. Tokens of a sequence are contiguous.
+struct SequenceSpan {
+  int32_t slot = 0;            // cache row owned by the sequence
+  int32_t first_token = 0;     // index of its first token in the flattened batch
+  int32_t tokens = 0;          // how many tokens it contributes to this step
+  int32_t first_position = 0;  // absolute position of its first token
+};
+
+// The per-step batch description. Host copies drive host-side loops; the device tensors
+// (I32, on the backend's device) let kernels and captured graphs read the same data.
+struct BatchLayout {
+  std::vector<SequenceSpan> spans;
+  int64_t total_tokens = 0;
+  Tensor token_ids;  // [T]
+  Tensor positions;  // [T]
+  Tensor slots;      // [T]
+  Tensor spans_device;  // [S, 4] = {slot, first_token, tokens, first_position}
+};
+
+enum class NormStyle {
+  Plain,        // Llama: y = w · x̂
+  ZeroCentred,  // Qwen3.5: y = (1 + w) · x̂, with 1 + w in f32
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu" | "cuda"
+  virtual Device device() const = 0;
+  // The dtype activations are kept in between ops on this backend.
+  virtual DType activation_dtype() const = 0;
+
+  // --- memory ---
+  virtual Tensor alloc(const Shape& shape, DType dtype) = 0;
+  // A copy (or, on the CPU, the same tensor) of a host tensor on this device.
+  virtual Tensor upload(const Tensor& host) = 0;
+  virtual Tensor download(const Tensor& tensor) = 0;  // a host copy
+  virtual void zero(Tensor& tensor) = 0;
+  virtual BatchLayout make_layout(const std::vector<SequenceSpan>& spans,
+                                  const std::vector<int32_t>& token_ids) = 0;
+
+  // --- dense transformer ops ---
+  // out[t, :] = table[ids[t], :]
+  virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  // out[t, n] = Σ_k x[t, k] · w[n, k] (+ bias[n]); w is [N, K] in its stored dtype.
+  virtual void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) = 0;
+  // Row-wise RMSNorm over the last axis of x viewed as [R, D].
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) = 0;
+  // residual += delta; out = rms_norm(residual). One pass (fused on backends that can).
+  virtual void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps,
+                            NormStyle style, Tensor& out) = 0;
+  // a += b, elementwise.
+  virtual void add(Tensor& a, const Tensor& b) = 0;
+  // Rotate-half RoPE in place on x [T, heads, head_dim], over the first rotary_dim dims of each
+  // head, angle = positions[t] · inv_freq[j] (inv_freq is [rotary_dim / 2] f32 on the device).
+  virtual void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) = 0;
+  // out = silu(gate) · up, one fused op at every shape.
+  virtual void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // k_cache/v_cache are [slots, capacity, kv_heads, head_dim]; writes row (slot[t], position[t]).
+  virtual void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
+                        Tensor& v_cache) = 0;
+  // Causal GQA attention of q [T, heads, head_dim] over the cache rows 0..positions[t] of its
+  // slot; query head h reads kv head h / (heads / kv_heads). out is [T, heads, head_dim].
+  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const BatchLayout& layout, float scale, Tensor& out) = 0;
+};
+
+// The CPU backend (always present).
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace kiln

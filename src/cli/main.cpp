@@ -1,0 +1,36 @@
+// kiln: the command line. Every error ends the process with one line on stderr and exit code 1.
+#include <cstdio>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "cli/command.h"
+#include "core/error.h"
+
+namespace kiln::cli {
+std::vector<CommandInstaller>& command_installers() {
+  static std::vector<CommandInstaller> installers;
+  return installers;
+}
+}  // namespace kiln::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: run open-weight language models on NVIDIA GPUs and CPUs"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kiln 0.1.0");
+  for (auto& install : kiln::cli::command_installers()) install(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    if (error.get_exit_code() == 0) return app.exit(error);
+    fmt::print(stderr, "kiln: {}\n", error.what());
+    return 1;
+  } catch (const kiln::Error& error) {
+    fmt::print(stderr, "kiln: error: {}\n", error.what());
+    return 1;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "kiln: error: {}\n", error.what());
+    return 1;
+  }
+  return 0;
+}

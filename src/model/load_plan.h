@@ -1,0 +1,70 @@
+// A checkpoint load plan: how the tensors of an artifact map onto a graph's canonical names.
+//
+// A family's sanitizer computes the plan from tensor names and shapes alone (no byte is read),
+// so `kiln inspect` can show it and resolution can validate it before loading. Materialising a
+// plan gives a WeightMap: zero-copy views where no fix-up applies, fixed-up copies otherwise.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+
+namespace kiln {
+
+enum class FixUp {
+  ConvToChannelsKernel,  // conv1d weight [C, 1, K] → [C, K] (drops the unit axis; a view)
+  ConvFromKernelLast,    // conv1d weight [C, K, 1] → [C, K] (a view)
+  SubtractOne,           // a stored 1 + γ gain → the canonical zero-centred γ (computed in f32)
+};
+
+struct PlannedTensor {
+  std::string canonical;  // the name the graph asks for
+  std::string source;     // the name in the checkpoint
+  std::vector<FixUp> fixups;
+  std::vector<int64_t> canonical_shape;
+};
+
+struct DroppedTensor {
+  std::string source;
+  std::string reason;  // e.g. "vision tower (text graph)", "multi-token-prediction head"
+};
+
+struct LoadPlan {
+  std::vector<PlannedTensor> tensors;
+  std::vector<DroppedTensor> dropped;
+  std::vector<std::string> notes;  // whole-map decisions, e.g. "norm gains stored as 1+γ: shifted"
+
+  nlohmann::json to_json() const;
+};
+
+// The canonical weights of one model, with use tracking: the graph takes each tensor it needs
+// (shape-checked), and construction fails when the checkpoint holds tensors nobody took.
+class WeightMap {
+ public:
+  WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan);
+
+  bool contains(const std::string& canonical) const { return tensors_.count(canonical) != 0; }
+  // The tensor, checked against `shape`; marks it used. Errors name the checkpoint tensor.
+  Tensor take(const std::string& canonical, const Shape& shape);
+  // The source name of a canonical tensor (for error messages).
+  const std::string& source_name(const std::string& canonical) const;
+  // Fails naming every planned tensor that no graph code took.
+  void require_all_used() const;
+
+ private:
+  std::map<std::string, Tensor> tensors_;
+  std::map<std::string, std::string> sources_;
+  std::set<std::string> used_;
+  std::string checkpoint_name_;
+};
+
+// The identity plan (every tensor under its own name), for checkpoints already in canonical form.
+LoadPlan identity_plan(const Checkpoint& checkpoint);
+
+}  // namespace kiln

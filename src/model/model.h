@@ -1,0 +1,41 @@
+// A constructed model: a graph bound to weights on one backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+#include "io/config.h"
+
+namespace kiln {
+
+// Per-sequence state that survives between forward calls (KV cache, recurrent state), for
+// `slots` sequences of up to `capacity` tokens each, owned by the engine.
+class ModelCache {
+ public:
+  virtual ~ModelCache() = default;
+  virtual int64_t slots() const = 0;
+  virtual int64_t capacity() const = 0;
+  // Forget a slot's contents (its next sequence starts at position 0).
+  virtual void reset_slot(int32_t slot) = 0;
+  virtual size_t bytes() const = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual Backend& backend() const = 0;
+
+  virtual std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const = 0;
+
+  // Runs one step over a flattened batch (any mix of prefill chunks and decode tokens) and writes
+  // the f32 logits of the tokens listed in `logit_rows` (indices into the batch) into
+  // logits [logit_rows.size(), vocab] on the backend's device.
+  virtual void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& cache,
+                       Tensor& logits) = 0;
+};
+
+}  // namespace kiln

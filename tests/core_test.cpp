@@ -1,0 +1,58 @@
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+using namespace kiln;
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1 + 2^-7: ties go to the even mantissa.
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(-2.5f)), -2.5f);
+}
+
+TEST(DType, F16RoundTripsEveryHalf) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    float value = f16_to_f32(static_cast<uint16_t>(bits));
+    if (std::isnan(value)) continue;
+    ASSERT_EQ(f32_to_f16(value), bits) << "f16 bits " << bits;
+  }
+  EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // rounds to infinity
+}
+
+TEST(DType, ParsesSafetensorsNames) {
+  EXPECT_EQ(parse_dtype("BF16"), DType::BF16);
+  EXPECT_EQ(parse_dtype("F32"), DType::F32);
+  EXPECT_FALSE(parse_dtype("F8_E4M3").has_value());
+}
+
+TEST(Tensor, ReshapeAndSliceShareStorage) {
+  Tensor t = Tensor::zeros({4, 3}, DType::F32);
+  t.data<float>()[7] = 5.0f;
+  Tensor rows = t.slice_rows(2, 2);
+  EXPECT_EQ(rows.data<float>()[1], 5.0f);
+  EXPECT_EQ(t.reshape({12}).dim(0), 12);
+  EXPECT_THROW(t.reshape({5}), Error);
+  EXPECT_THROW(t.slice_rows(3, 2), Error);
+}
+
+TEST(ThreadPool, CoversRangeOnceWithGrainAlignedBlocks) {
+  ThreadPool pool(3);
+  std::vector<int> hits(1000, 0);
+  pool.parallel_for(1000, 16, [&](int64_t begin, int64_t end) {
+    EXPECT_EQ(begin % 16, 0);
+    for (int64_t i = begin; i < end; ++i) hits[i]++;
+  });
+  for (int hit : hits) EXPECT_EQ(hit, 1);
+}

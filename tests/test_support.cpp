@@ -1,0 +1,46 @@
+#include "test_support.h"
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sys/wait.h>
+
+namespace kiln::testing {
+
+std::filesystem::path source_dir() { return KILN_SOURCE_DIR; }
+
+std::filesystem::path kiln_binary() { return KILN_BINARY; }
+
+std::optional<std::filesystem::path> shared_dir() {
+  if (const char* env = std::getenv("KILN_SHARED_DIR"); env && std::filesystem::is_directory(env))
+    return std::filesystem::path(env);
+  auto candidate = source_dir().parent_path() / "shared";
+  if (std::filesystem::is_directory(candidate / "fixtures")) return candidate;
+  return std::nullopt;
+}
+
+CommandResult run_command(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return result;
+  std::array<char, 4096> buffer;
+  size_t count;
+  while ((count = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), count);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+TempDir::TempDir() {
+  std::random_device random;
+  path_ = std::filesystem::temp_directory_path() / ("kiln-test-" + std::to_string(random()));
+  std::filesystem::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+}  // namespace kiln::testing
