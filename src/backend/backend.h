@@ -69,6 +69,8 @@ class Backend {
                             NormStyle style, Tensor& out) = 0;
   // a += b, elementwise.
   virtual void add(Tensor& a, const Tensor& b) = 0;
+  // out[r, :] = x[rows[r], :] (rows is I32 on the device).
+  virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
   // Rotate-half RoPE in place on x [T, heads, head_dim], over the first rotary_dim dims of each
   // head, angle = positions[t] · inv_freq[j] (inv_freq is [rotary_dim / 2] f32 on the device).
   virtual void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) = 0;
