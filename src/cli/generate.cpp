@@ -40,7 +40,7 @@ RegisterCommand register_generate([](CLI::App& app) {
     generation.max_tokens = options->max_tokens;
     generation.sampling = {options->temperature, options->top_k, options->top_p, options->min_p, options->seed};
     generation.sampling.validate();
-    generation.stop_ids = opened.model->config().eos_token_ids;
+    for (int64_t id : opened.model->config().eos_token_ids) generation.stop_ids.push_back(static_cast<int32_t>(id));
     generation.prefill_chunk = options->chunk;
     bool first = true;
     const GenerationResult result =
