@@ -48,6 +48,12 @@ class Backend {
   // The dtype activations are kept in between ops on this backend.
   virtual DType activation_dtype() const = 0;
 
+  // Measured device-memory copy bandwidth (bytes read + bytes written per second, in GB/s):
+  // the roofline `kiln bench` compares decode against.
+  virtual double measure_copy_bandwidth_gbps() = 0;
+  // Waits until all queued work on the device is done (timing).
+  virtual void synchronize() = 0;
+
   // --- memory ---
   virtual Tensor alloc(const Shape& shape, DType dtype) = 0;
   // A copy (or, on the CPU, the same tensor) of a host tensor on this device.
@@ -69,6 +75,8 @@ class Backend {
                             NormStyle style, Tensor& out) = 0;
   // a += b, elementwise.
   virtual void add(Tensor& a, const Tensor& b) = 0;
+  // out[r, :] = x[rows[r], :] (rows is I32 on the device).
+  virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
   // Rotate-half RoPE in place on x [T, heads, head_dim], over the first rotary_dim dims of each
   // head, angle = positions[t] · inv_freq[j] (inv_freq is [rotary_dim / 2] f32 on the device).
   virtual void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) = 0;
