@@ -63,6 +63,10 @@ struct Tiles {
     template <bool Partial>
     static void block(__m256 (&acc)[Rows][Cols], const float* x, int64_t x_stride, const Element* w,
                       int64_t k, int64_t k0, int64_t valid) {
+      if (!Partial)
+        for (int c = 0; c < Cols; ++c)
+          for (int64_t line = 0; line < kBlockK * int64_t(sizeof(Element)); line += kCacheLine)
+            _mm_prefetch(reinterpret_cast<const char*>(w + c * k + k0) + kPrefetchBytes + line, _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         __m256 weights[Cols];
         for (int c = 0; c < Cols; ++c)

@@ -14,6 +14,13 @@
 namespace kiln::cpu {
 namespace {
 
+constexpr int64_t kCacheLine = 64;
+// How far ahead of its reads each column's weight stream is prefetched into L1. Decode reads every
+// weight once, in as many streams as a tile has columns, and the hardware prefetchers alone left
+// bf16 GEMV near 65 % of copy bandwidth on a 2-core Sapphire Rapids VM; of 512, 1024 and 2048 bytes
+// ahead, 1024 (16 lines in flight per stream) measured best there.
+constexpr int64_t kPrefetchBytes = 1024;
+
 // Weight bytes of one column panel: a share of a 1-2 MiB L2 that leaves room for rows of x.
 constexpr int64_t kPanelWeightBytes = int64_t{768} << 10;
 
