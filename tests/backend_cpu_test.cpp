@@ -456,10 +456,11 @@ Tensor run_attention(Backend& backend, const AttentionShape& shape, const std::v
   return out;
 }
 
-const std::vector<AttentionShape> kAttentionShapes = {{4, 4, 8}, {4, 2, 16}, {8, 2, 64}, {4, 1, 128}};
+// GQA ratios 1, 2, 3, 4, 5, 8; head sizes with and without a remainder of 16 lanes.
+const std::vector<AttentionShape> kAttentionShapes = {{4, 4, 8},  {4, 2, 16}, {8, 2, 64}, {4, 1, 128},
+                                                      {6, 2, 24}, {10, 2, 40}, {8, 1, 80}};
 
-TEST(CpuAttention, MatchesDoubleReferenceForGqaRatiosAndHeadSizes) {
-  auto backend = make_cpu_backend();
+TEST(CpuAttention, MatchesDoubleReferenceWithTheSameBitsOnEveryInstructionSet) {
   for (const AttentionShape& shape : kAttentionShapes) {
     SCOPED_TRACE("heads " + std::to_string(shape.heads) + " kv " + std::to_string(shape.kv_heads) + " dh " +
                  std::to_string(shape.head_dim));
@@ -470,9 +471,18 @@ TEST(CpuAttention, MatchesDoubleReferenceForGqaRatiosAndHeadSizes) {
       k.push_back(random_f32({sequences[s].length, shape.kv_heads, shape.head_dim}, 40 + s, -2.0f, 2.0f));
       v.push_back(random_f32({sequences[s].length, shape.kv_heads, shape.head_dim}, 50 + s));
     }
-    Tensor k_cache = Tensor::zeros({2, 80, shape.kv_heads, shape.head_dim}, DType::F32);
-    Tensor v_cache = Tensor::zeros({2, 80, shape.kv_heads, shape.head_dim}, DType::F32);
-    const Tensor out = run_attention(*backend, shape, sequences, q, k, v, k_cache, v_cache);
+    // attention_kernels.h: SIMD changes the speed, not the bits.
+    Tensor out;
+    for (CpuIsa isa : supported_isas()) {
+      auto backend = cpu::make_cpu_backend(isa);
+      Tensor k_cache = Tensor::zeros({2, 80, shape.kv_heads, shape.head_dim}, DType::F32);
+      Tensor v_cache = Tensor::zeros({2, 80, shape.kv_heads, shape.head_dim}, DType::F32);
+      const Tensor isa_out = run_attention(*backend, shape, sequences, q, k, v, k_cache, v_cache);
+      if (out.defined())
+        EXPECT_TRUE(same_bits(out, isa_out)) << isa_label(isa) << " differs from " << isa_label(supported_isas()[0]);
+      else
+        out = isa_out;
+    }
     const double scale = 1.0 / std::sqrt(double(shape.head_dim));
     const int64_t group = shape.heads / shape.kv_heads;
     int64_t row = 0;

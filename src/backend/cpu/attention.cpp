@@ -2,12 +2,14 @@
 //
 // attention computes each (token, head) pair alone: scores in key order with a fixed-order dot,
 // an exact two-pass softmax (max, then Σ exp(s − max) in key order), and Σ_j e_j · v_j in key
-// order divided by Σ e_j. Nothing depends on the other tokens of the batch or on the threads.
+// order divided by Σ e_j (attention_kernels.h). Nothing depends on the other tokens of the batch,
+// the threads, or the instruction set.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/attention_kernels.h"
 #include "backend/cpu/checks.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/reductions.h"
@@ -48,7 +50,28 @@ void check_layout(std::string_view op, const BatchLayout& layout, int64_t tokens
   }
 }
 
+void scalar_group_scores(const float* q, int64_t heads, const float* keys, int64_t key_stride, int64_t count,
+                         int64_t head_dim, float scale, float* scores) {
+  for (int64_t j = 0; j < count; ++j)
+    for (int64_t g = 0; g < heads; ++g)
+      scores[g * count + j] = scale * dot_fixed_order(q + g * head_dim, keys + j * key_stride, head_dim);
+}
+
+void scalar_group_weighted_sums(const float* weights, int64_t heads, const float* values, int64_t value_stride,
+                                int64_t count, int64_t head_dim, float* sums) {
+  for (int64_t j = 0; j < count; ++j) {
+    const float* row = values + j * value_stride;
+    for (int64_t g = 0; g < heads; ++g)
+      for (int64_t d = 0; d < head_dim; ++d) sums[g * head_dim + d] += weights[g * count + j] * row[d];
+  }
+}
+
 }  // namespace
+
+const AttentionKernels& attention_kernels_scalar() {
+  static const AttentionKernels kernels{&scalar_group_scores, &scalar_group_weighted_sums};
+  return kernels;
+}
 
 void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache, Tensor& v_cache) {
   constexpr std::string_view op = "kv_write";
@@ -69,8 +92,8 @@ void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tenso
   }
 }
 
-void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-               float scale, Tensor& out) {
+void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+               const BatchLayout& layout, float scale, Tensor& out) {
   constexpr std::string_view op = "attention";
   const CacheShape cache = check_caches(op, k_cache, v_cache);
   require_dtype(q, DType::F32, op, "q");
@@ -95,40 +118,41 @@ void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, co
   const float* values = v_cache.data<float>();
   float* outputs = out.data<float>();
   const int64_t key_stride = cache.kv_heads * head_dim;
-  // Pairs are visited as tokens 0, T-1, 1, T-2, ...: in a causal prefill a later token reads more
-  // keys, so alternating ends gives each thread's contiguous block a similar amount of work.
-  ThreadPool::global().parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
+  // A task is one token and one kv head with its group of query heads, which read the same key and
+  // value rows. Tasks are visited as tokens 0, T-1, 1, T-2, ...: in a causal prefill a later token
+  // reads more keys, so alternating ends gives each thread's contiguous block a similar load.
+  ThreadPool::global().parallel_for(tokens * cache.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> weights;
-    std::vector<float> sums(static_cast<size_t>(head_dim));
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t rank = pair / heads;
+    std::vector<float> sums(static_cast<size_t>(group * head_dim));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t rank = task / cache.kv_heads;
       const int64_t t = rank % 2 == 0 ? rank / 2 : tokens - 1 - rank / 2;
-      const int64_t head = pair % heads;
-      const int64_t kv_head = head / group;
-      const float* query = queries + (t * heads + head) * head_dim;
+      const int64_t kv_head = task % cache.kv_heads;
+      const int64_t first_head = kv_head * group;
       const int64_t slot_offset = slots[t] * cache.capacity * key_stride + kv_head * head_dim;
-      const float* key = keys + slot_offset;
-      const float* value = values + slot_offset;
       const int64_t key_count = int64_t{positions[t]} + 1;
 
-      weights.resize(static_cast<size_t>(key_count));
-      float max_score = -INFINITY;
-      for (int64_t j = 0; j < key_count; ++j) {
-        weights[j] = scale * dot_fixed_order(query, key + j * key_stride, head_dim);
-        max_score = std::max(max_score, weights[j]);
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j < key_count; ++j) {
-        weights[j] = std::exp(weights[j] - max_score);
-        total += weights[j];
+      weights.resize(static_cast<size_t>(group * key_count));
+      kernels.group_scores(queries + (t * heads + first_head) * head_dim, group, keys + slot_offset, key_stride,
+                           key_count, head_dim, scale, weights.data());
+      std::vector<float> totals(static_cast<size_t>(group));
+      for (int64_t g = 0; g < group; ++g) {
+        float* head_weights = weights.data() + g * key_count;
+        const float max_score = *std::max_element(head_weights, head_weights + key_count);
+        float total = 0.0f;
+        for (int64_t j = 0; j < key_count; ++j) {
+          head_weights[j] = std::exp(head_weights[j] - max_score);
+          total += head_weights[j];
+        }
+        totals[g] = total;
       }
       std::fill(sums.begin(), sums.end(), 0.0f);
-      for (int64_t j = 0; j < key_count; ++j) {
-        const float* value_row = value + j * key_stride;
-        for (int64_t d = 0; d < head_dim; ++d) sums[d] += weights[j] * value_row[d];
+      kernels.group_weighted_sums(weights.data(), group, values + slot_offset, key_stride, key_count, head_dim,
+                                  sums.data());
+      for (int64_t g = 0; g < group; ++g) {
+        float* output = outputs + (t * heads + first_head + g) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) output[d] = sums[g * head_dim + d] / totals[g];
       }
-      float* output = outputs + (t * heads + head) * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) output[d] = sums[d] / total;
     }
   });
 }

@@ -10,8 +10,12 @@
 namespace kiln::cpu {
 namespace {
 
-const MatmulKernels& matmul_kernels_for(CpuIsa isa) {
+CpuIsa checked(CpuIsa isa) {
   if (!cpu_supports(isa)) fail("cpu backend: this CPU does not support the {} instruction set", isa_name(isa));
+  return isa;
+}
+
+const MatmulKernels& matmul_kernels_for(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx512: return matmul_kernels_avx512();
     case CpuIsa::Avx2: return matmul_kernels_avx2();
@@ -20,9 +24,19 @@ const MatmulKernels& matmul_kernels_for(CpuIsa isa) {
   return matmul_kernels_scalar();
 }
 
+const AttentionKernels& attention_kernels_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Avx512: return attention_kernels_avx512();
+    case CpuIsa::Avx2: return attention_kernels_avx2();
+    case CpuIsa::Scalar: break;
+  }
+  return attention_kernels_scalar();
+}
+
 }  // namespace
 
-CpuBackend::CpuBackend(CpuIsa isa) : isa_(isa), matmul_kernels_(matmul_kernels_for(isa)) {}
+CpuBackend::CpuBackend(CpuIsa isa)
+    : isa_(checked(isa)), matmul_kernels_(matmul_kernels_for(isa)), attention_kernels_(attention_kernels_for(isa)) {}
 
 double CpuBackend::measure_copy_bandwidth_gbps() {
   return cpu::measure_copy_bandwidth_gbps(ThreadPool::global().size());
@@ -83,7 +97,7 @@ void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& l
 
 void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
                            float scale, Tensor& out) {
-  cpu::attention(q, k_cache, v_cache, layout, scale, out);
+  cpu::attention(attention_kernels_, q, k_cache, v_cache, layout, scale, out);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(CpuIsa isa) { return std::make_unique<CpuBackend>(isa); }

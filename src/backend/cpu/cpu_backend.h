@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
  private:
   CpuIsa isa_;
   const MatmulKernels& matmul_kernels_;
+  const AttentionKernels& attention_kernels_;
   MatmulScratch matmul_scratch_;
 };
 

@@ -5,6 +5,7 @@
 
 #include "backend/cpu/matmul_kernels.h"
 #include "backend/cpu/matmul_tiles.h"
+#include "backend/cpu/simd_avx2.h"
 
 namespace kiln::cpu {
 namespace {
@@ -46,13 +47,6 @@ struct Bf16Weights {
                                       : _mm256_and_si256(pairs, _mm256_set1_epi32(int32_t(0xffff0000u))));
   }
 };
-
-// The fixed lane tree: 8 → 4 → 2 → 1, each step adding lane i and lane i + width.
-float sum_lanes(__m256 v) {
-  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-}
 
 template <class Weights>
 struct Tiles {

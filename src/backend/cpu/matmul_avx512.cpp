@@ -3,6 +3,7 @@
 
 #include "backend/cpu/matmul_kernels.h"
 #include "backend/cpu/matmul_tiles.h"
+#include "backend/cpu/simd_avx512.h"
 
 namespace kiln::cpu {
 namespace {
@@ -12,15 +13,6 @@ constexpr int kLanes = 16;
 // 4 rows × 6 columns = 24 accumulators + 6 widened weights + 1 row of x: 31 of 32 zmm registers.
 constexpr int kTileRows = 4;
 constexpr int kTileCols = 6;
-
-// GCC 12 compiles some unmasked intrinsics (_mm512_slli_epi32, _mm512_cvtph_ps,
-// _mm512_castps512_ps256) through _mm512_undefined_*, which trips a false -Wuninitialized (GCC bug
-// 105593); their zero-masked forms with every lane selected are the same instructions.
-constexpr __mmask16 kAllLanes = 0xffff;
-
-__mmask16 lane_mask(int64_t valid) {
-  return valid >= 16 ? __mmask16(0xffff) : valid <= 0 ? __mmask16(0) : __mmask16((1u << valid) - 1);
-}
 
 // Each weight type loads half h of a block as 16 f32 lanes; `valid` (< kBlockK) marks a final
 // partial block, read through a mask so no byte past the row is touched (masked lanes are 0).
@@ -56,16 +48,6 @@ struct Bf16Weights {
     return widen(_mm512_maskz_loadu_epi16(__mmask32((uint64_t{1} << valid) - 1), w), h);
   }
 };
-
-// The fixed lane tree: 16 → 8 → 4 → 2 → 1, each step adding lane i and lane i + width.
-float sum_lanes(__m512 v) {
-  const __m256 low = _mm512_extractf32x8_ps(v, 0);
-  const __m256 high = _mm512_extractf32x8_ps(v, 1);
-  const __m256 eight = _mm256_add_ps(low, high);
-  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
-  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-}
 
 template <class Weights>
 struct Tiles {

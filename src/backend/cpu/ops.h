@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/attention_kernels.h"
 #include "backend/cpu/matmul_kernels.h"
 #include "core/tensor.h"
 
@@ -35,7 +36,7 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 
 BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids);
 void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache, Tensor& v_cache);
-void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
                float scale, Tensor& out);
 
 }  // namespace kiln::cpu
