@@ -48,6 +48,12 @@ class Backend {
   // The dtype activations are kept in between ops on this backend.
   virtual DType activation_dtype() const = 0;
 
+  // Measured device-memory copy bandwidth (bytes read + bytes written per second, in GB/s):
+  // the roofline `kiln bench` compares decode against.
+  virtual double measure_copy_bandwidth_gbps() = 0;
+  // Waits until all queued work on the device is done (timing).
+  virtual void synchronize() = 0;
+
   // --- memory ---
   virtual Tensor alloc(const Shape& shape, DType dtype) = 0;
   // A copy (or, on the CPU, the same tensor) of a host tensor on this device.

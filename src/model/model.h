@@ -29,6 +29,10 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   virtual Backend& backend() const = 0;
 
+  // Weight bytes one decode step reads (every matrix once; the embedding table contributes only
+  // a row). Divided into measured time, it gives the bandwidth a benchmark reports.
+  virtual size_t decode_weight_bytes() const = 0;
+
   virtual std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const = 0;
 
   // Runs one step over a flattened batch (any mix of prefill chunks and decode tokens) and writes

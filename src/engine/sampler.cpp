@@ -1,0 +1,100 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+
+namespace kiln {
+
+void SamplingParams::validate() const {
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) fail("temperature must be a finite number ≥ 0, got {}", temperature);
+  if (top_k < 0) fail("top_k must be ≥ 0 (0 disables it), got {}", top_k);
+  if (!(top_p > 0.0f && top_p <= 1.0f)) fail("top_p must be in (0, 1], got {}", top_p);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) fail("min_p must be in [0, 1], got {}", min_p);
+}
+
+int32_t argmax(std::span<const float> logits) {
+  if (logits.empty()) fail("cannot take the argmax of an empty logit row");
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+float log_probability(std::span<const float> logits, int32_t token) {
+  const double maximum = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float logit : logits) sum += std::exp(static_cast<double>(logit) - maximum);
+  return static_cast<float>(static_cast<double>(logits[token]) - maximum - std::log(sum));
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params) {
+  params_.validate();
+  state_ = params.seed ? *params.seed : std::random_device{}() * 0x9e3779b97f4a7c15ull + std::random_device{}();
+}
+
+double Sampler::next_uniform() {
+  // splitmix64 (Steele, Lea, Flood 2014).
+  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+SampledToken Sampler::sample(std::span<const float> logits) {
+  if (params_.temperature == 0.0f) {
+    const int32_t token = argmax(logits);
+    return {token, log_probability(logits, token)};
+  }
+  // Candidates sorted by logit (descending, lower index first among equals).
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t keep_k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, order.size()) : order.size();
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(order.begin(), order.begin() + keep_k, order.end(), by_logit);
+  order.resize(keep_k);
+
+  // Probabilities of the top-k candidates at this temperature (double: the order of this sum is fixed).
+  const double maximum = logits[order.front()];
+  std::vector<double> probabilities(order.size());
+  double total = 0.0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    probabilities[i] = std::exp((static_cast<double>(logits[order[i]]) - maximum) / params_.temperature);
+    total += probabilities[i];
+  }
+  size_t kept = order.size();
+  if (params_.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p
+    double mass = 0.0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      mass += probabilities[i] / total;
+      if (mass >= params_.top_p) {
+        kept = i + 1;
+        break;
+      }
+    }
+  }
+  if (params_.min_p > 0.0f) {  // drop candidates below min_p × the top probability
+    const double threshold = params_.min_p * probabilities.front();
+    size_t above = 1;
+    while (above < kept && probabilities[above] >= threshold) ++above;
+    kept = above;
+  }
+  double kept_total = 0.0;
+  for (size_t i = 0; i < kept; ++i) kept_total += probabilities[i];
+  const double target = next_uniform() * kept_total;
+  double cumulative = 0.0;
+  size_t chosen = kept - 1;
+  for (size_t i = 0; i < kept; ++i) {
+    cumulative += probabilities[i];
+    if (target < cumulative) {
+      chosen = i;
+      break;
+    }
+  }
+  const int32_t token = order[chosen];
+  return {token, log_probability(logits, token)};
+}
+
+}  // namespace kiln

@@ -1,0 +1,208 @@
+// Llama / Qwen2 / Qwen3 / MiniCPM5 — transformers' LlamaForCausalLM and Qwen3ForCausalLM:
+//
+//   h = E[x]
+//   for each layer:
+//     a = RMSNorm(h)
+//     q, k, v = a·Wqᵀ (+bq), a·Wkᵀ (+bk), a·Wvᵀ (+bv)         (bias: Qwen2, attention_bias)
+//     q, k = RMSNorm_head(q), RMSNorm_head(k)                   (Qwen3 only)
+//     q, k = RoPE(q), RoPE(k)                                   (rotate-half, default or llama3)
+//     h = h + Attention(q, K, V)·Woᵀ                            (causal, GQA, scale dh^-½)
+//     h = h + (silu(b·Wgᵀ) ⊙ b·Wuᵀ)·Wdᵀ  with b = RMSNorm(h)
+//   logits = RMSNorm(h)·Wlmᵀ                                     (Wlm = E when tied and absent)
+#include "model/llama.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/rope_frequencies.h"
+
+namespace kiln {
+namespace {
+
+struct LlamaLayer {
+  Tensor input_norm, post_attention_norm;
+  Tensor q_proj, k_proj, v_proj, o_proj;
+  Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when the family has none
+  Tensor q_norm, k_norm;                  // Qwen3 only
+  Tensor gate_proj, up_proj, down_proj;
+  Tensor gate_bias, up_bias, down_bias;   // Llama mlp_bias only
+};
+
+class KVCache final : public ModelCache {
+ public:
+  KVCache(Backend& backend, int64_t layers, int64_t slots, int64_t capacity, int64_t kv_heads, int64_t head_dim)
+      : slots_(slots), capacity_(capacity) {
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      keys.push_back(backend.alloc({slots, capacity, kv_heads, head_dim}, backend.activation_dtype()));
+      values.push_back(backend.alloc({slots, capacity, kv_heads, head_dim}, backend.activation_dtype()));
+    }
+  }
+  int64_t slots() const override { return slots_; }
+  int64_t capacity() const override { return capacity_; }
+  // Attention reads only rows 0..position of a slot, all written by the slot's own sequence
+  // before they are read, so a slot needs no clearing to be reused.
+  void reset_slot(int32_t slot) override {
+    if (slot < 0 || slot >= slots_) fail("cache slot {} out of range (cache has {} slots)", slot, slots_);
+  }
+  size_t bytes() const override {
+    size_t total = 0;
+    for (const auto& tensor : keys) total += tensor.nbytes();
+    for (const auto& tensor : values) total += tensor.nbytes();
+    return total;
+  }
+
+  std::vector<Tensor> keys, values;
+
+ private:
+  int64_t slots_, capacity_;
+};
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(WeightMap& weights, const ModelConfig& config, Backend& backend)
+      : config_(config), backend_(backend) {
+    const int64_t hidden = config.hidden_size;
+    const int64_t q_width = config.num_attention_heads * config.head_dim;
+    const int64_t kv_width = config.num_key_value_heads * config.head_dim;
+    const int64_t ffn = config.intermediate_size;
+    const bool qkv_bias = config.attention_bias || config.model_type == "qwen2";
+    const bool o_bias = config.attention_bias && config.model_type == "llama";
+
+    auto take = [&](const std::string& name, const Shape& shape) { return backend.upload(weights.take(name, shape)); };
+    embed_tokens_ = take("model.embed_tokens.weight", {config.vocab_size, hidden});
+    for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
+      const std::string prefix = "model.layers." + std::to_string(index) + ".";
+      LlamaLayer layer;
+      layer.input_norm = take(prefix + "input_layernorm.weight", {hidden});
+      layer.post_attention_norm = take(prefix + "post_attention_layernorm.weight", {hidden});
+      layer.q_proj = take(prefix + "self_attn.q_proj.weight", {q_width, hidden});
+      layer.k_proj = take(prefix + "self_attn.k_proj.weight", {kv_width, hidden});
+      layer.v_proj = take(prefix + "self_attn.v_proj.weight", {kv_width, hidden});
+      layer.o_proj = take(prefix + "self_attn.o_proj.weight", {hidden, q_width});
+      if (qkv_bias) {
+        layer.q_bias = take(prefix + "self_attn.q_proj.bias", {q_width});
+        layer.k_bias = take(prefix + "self_attn.k_proj.bias", {kv_width});
+        layer.v_bias = take(prefix + "self_attn.v_proj.bias", {kv_width});
+      }
+      if (o_bias) layer.o_bias = take(prefix + "self_attn.o_proj.bias", {hidden});
+      if (config.qk_norm) {
+        layer.q_norm = take(prefix + "self_attn.q_norm.weight", {config.head_dim});
+        layer.k_norm = take(prefix + "self_attn.k_norm.weight", {config.head_dim});
+      }
+      layer.gate_proj = take(prefix + "mlp.gate_proj.weight", {ffn, hidden});
+      layer.up_proj = take(prefix + "mlp.up_proj.weight", {ffn, hidden});
+      layer.down_proj = take(prefix + "mlp.down_proj.weight", {hidden, ffn});
+      if (config.mlp_bias) {
+        layer.gate_bias = take(prefix + "mlp.gate_proj.bias", {ffn});
+        layer.up_bias = take(prefix + "mlp.up_proj.bias", {ffn});
+        layer.down_bias = take(prefix + "mlp.down_proj.bias", {hidden});
+      }
+      layers_.push_back(std::move(layer));
+    }
+    final_norm_ = take("model.norm.weight", {hidden});
+    // A checkpoint that stores lm_head uses it; a tied one without it reads the embedding.
+    if (weights.contains("lm_head.weight") || !config.tie_word_embeddings)
+      lm_head_ = take("lm_head.weight", {config.vocab_size, hidden});
+    else
+      lm_head_ = embed_tokens_;
+
+    const int64_t rotary_dim = rope_rotary_dim(config);
+    std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim);
+    Tensor host_inv_freq = Tensor::empty({static_cast<int64_t>(inv_freq.size())}, DType::F32);
+    std::copy(inv_freq.begin(), inv_freq.end(), host_inv_freq.data<float>());
+    inv_freq_ = backend.upload(host_inv_freq);
+    rotary_dim_ = static_cast<int>(rotary_dim);
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  Backend& backend() const override { return backend_; }
+
+  size_t decode_weight_bytes() const override {
+    size_t bytes = final_norm_.nbytes() + lm_head_.nbytes();
+    for (const LlamaLayer& layer : layers_)
+      for (const Tensor* tensor : {&layer.input_norm, &layer.post_attention_norm, &layer.q_proj, &layer.k_proj,
+                                   &layer.v_proj, &layer.o_proj, &layer.q_bias, &layer.k_bias, &layer.v_bias,
+                                   &layer.o_bias, &layer.q_norm, &layer.k_norm, &layer.gate_proj, &layer.up_proj,
+                                   &layer.down_proj, &layer.gate_bias, &layer.up_bias, &layer.down_bias})
+        if (tensor->defined()) bytes += tensor->nbytes();
+    return bytes;
+  }
+
+  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
+    return std::make_unique<KVCache>(backend_, config_.num_hidden_layers, slots, capacity,
+                                     config_.num_key_value_heads, config_.head_dim);
+  }
+
+  void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache,
+               Tensor& logits) override {
+    auto& cache = dynamic_cast<KVCache&>(model_cache);
+    const int64_t tokens = layout.total_tokens;
+    const int64_t hidden = config_.hidden_size;
+    const int64_t heads = config_.num_attention_heads;
+    const int64_t kv_heads = config_.num_key_value_heads;
+    const int64_t head_dim = config_.head_dim;
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const DType act = backend_.activation_dtype();
+    Backend& ops = backend_;
+
+    Tensor residual = ops.alloc({tokens, hidden}, act);
+    Tensor normed = ops.alloc({tokens, hidden}, act);
+    Tensor q = ops.alloc({tokens, heads, head_dim}, act);
+    Tensor k = ops.alloc({tokens, kv_heads, head_dim}, act);
+    Tensor v = ops.alloc({tokens, kv_heads, head_dim}, act);
+    Tensor attention = ops.alloc({tokens, heads, head_dim}, act);
+    Tensor projected = ops.alloc({tokens, hidden}, act);
+    Tensor gate = ops.alloc({tokens, config_.intermediate_size}, act);
+    Tensor up = ops.alloc({tokens, config_.intermediate_size}, act);
+    auto flat = [](const Tensor& t) { return t.reshape({t.dim(0), t.numel() / t.dim(0)}); };
+    auto optional = [](const Tensor& t) { return t.defined() && t.numel() ? &t : nullptr; };
+
+    ops.embedding(embed_tokens_, layout.token_ids, residual);
+    ops.rms_norm(residual, layers_.front().input_norm, eps, NormStyle::Plain, normed);
+    for (size_t index = 0; index < layers_.size(); ++index) {
+      const LlamaLayer& layer = layers_[index];
+      Tensor q_flat = flat(q), k_flat = flat(k), v_flat = flat(v);
+      ops.matmul(normed, layer.q_proj, optional(layer.q_bias), q_flat);
+      ops.matmul(normed, layer.k_proj, optional(layer.k_bias), k_flat);
+      ops.matmul(normed, layer.v_proj, optional(layer.v_bias), v_flat);
+      if (config_.qk_norm) {
+        ops.rms_norm(q, layer.q_norm, eps, NormStyle::Plain, q);
+        ops.rms_norm(k, layer.k_norm, eps, NormStyle::Plain, k);
+      }
+      ops.rope(q, layout.positions, inv_freq_, rotary_dim_);
+      ops.rope(k, layout.positions, inv_freq_, rotary_dim_);
+      ops.kv_write(k, v, layout, cache.keys[index], cache.values[index]);
+      ops.attention(q, cache.keys[index], cache.values[index], layout, scale, attention);
+      ops.matmul(flat(attention), layer.o_proj, optional(layer.o_bias), projected);
+      ops.add_rms_norm(residual, projected, layer.post_attention_norm, eps, NormStyle::Plain, normed);
+
+      ops.matmul(normed, layer.gate_proj, optional(layer.gate_bias), gate);
+      ops.matmul(normed, layer.up_proj, optional(layer.up_bias), up);
+      ops.swiglu(gate, up, gate);
+      ops.matmul(gate, layer.down_proj, optional(layer.down_bias), projected);
+      const Tensor& next_norm = index + 1 < layers_.size() ? layers_[index + 1].input_norm : final_norm_;
+      ops.add_rms_norm(residual, projected, next_norm, eps, NormStyle::Plain, normed);
+    }
+    Tensor selected = ops.alloc({logit_rows.numel(), hidden}, act);
+    ops.gather_rows(normed, logit_rows, selected);
+    ops.matmul(selected, lm_head_, nullptr, logits);
+  }
+
+ private:
+  ModelConfig config_;
+  Backend& backend_;
+  Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
+  std::vector<LlamaLayer> layers_;
+  int rotary_dim_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& config, Backend& backend) {
+  return std::make_unique<LlamaModel>(weights, config, backend);
+}
+
+}  // namespace kiln

@@ -1,0 +1,30 @@
+// Opening models in tests through the same path the CLI uses (profiles + registry).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+#include "io/npy.h"
+#include "model/model.h"
+
+namespace kiln::testing {
+
+struct TestModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+// Loads DIR on the CPU backend; `dtype` converts weights at load ("auto": as stored).
+TestModel open_cpu_model(const std::filesystem::path& dir, const std::string& dtype = "auto");
+
+// Per row r: max_v |ours[r, v] − ref[r, v]| / max_v |ref[r, v]|.
+std::vector<double> row_relative_errors(const Tensor& ours, const NpyArray& reference);
+
+// The fixture's prompt ids (ref.json "prompt_ids").
+std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir);
+
+}  // namespace kiln::testing
