@@ -335,7 +335,7 @@ TEST(ArtifactFingerprint, AFolderWithoutWeightsIsAnError) {
 
 TEST(ArtifactFingerprint, HashingIsOnRequestAndASnapshotKeepsItsName) {
   ArtifactFolder folder;
-  ::setenv("KILN_ARTIFACT_HASH_MEMO", folder.memo.c_str(), 1);
+  const kiln::testing::ScopedEnv memo("KILN_ARTIFACT_HASH_MEMO", folder.memo.string());
   EXPECT_EQ(artifact_fingerprint(folder.dir, /*hash_artifact=*/false), std::nullopt);
   EXPECT_EQ(artifact_fingerprint(folder.dir, /*hash_artifact=*/true), folder.fresh());
   EXPECT_TRUE(std::filesystem::exists(folder.memo));
@@ -345,22 +345,19 @@ TEST(ArtifactFingerprint, HashingIsOnRequestAndASnapshotKeepsItsName) {
   std::filesystem::create_directories(snapshot);
   write_file(snapshot / "model.safetensors", "weights");
   EXPECT_EQ(artifact_fingerprint(snapshot, /*hash_artifact=*/true), "hf:org/tiny@" + commit);
-  ::unsetenv("KILN_ARTIFACT_HASH_MEMO");
 }
 
 TEST(ArtifactFingerprint, TheMemoLivesInTheUserCache) {
-  const char* saved_memo = std::getenv("KILN_ARTIFACT_HASH_MEMO");
-  const char* saved_cache = std::getenv("XDG_CACHE_HOME");
-  const std::string memo_value = saved_memo ? saved_memo : "";
-  const std::string cache_value = saved_cache ? saved_cache : "";
-  ::setenv("KILN_ARTIFACT_HASH_MEMO", "/explicit/memo.json", 1);
-  EXPECT_EQ(default_artifact_hash_memo(), "/explicit/memo.json");
-  ::unsetenv("KILN_ARTIFACT_HASH_MEMO");
-  ::setenv("XDG_CACHE_HOME", "/xdg", 1);
-  EXPECT_EQ(default_artifact_hash_memo(), "/xdg/kiln/artifact-hashes.json");
-  ::unsetenv("XDG_CACHE_HOME");
-  EXPECT_EQ(default_artifact_hash_memo().filename(), "artifact-hashes.json");
-  EXPECT_EQ(default_artifact_hash_memo().parent_path().filename(), "kiln");
-  if (saved_memo) ::setenv("KILN_ARTIFACT_HASH_MEMO", memo_value.c_str(), 1);
-  if (saved_cache) ::setenv("XDG_CACHE_HOME", cache_value.c_str(), 1);
+  {
+    const kiln::testing::ScopedEnv memo("KILN_ARTIFACT_HASH_MEMO", "/explicit/memo.json");
+    EXPECT_EQ(default_artifact_hash_memo(), "/explicit/memo.json");
+  }
+  const kiln::testing::ScopedEnv no_memo("KILN_ARTIFACT_HASH_MEMO", "");
+  {
+    const kiln::testing::ScopedEnv cache("XDG_CACHE_HOME", "/xdg");
+    EXPECT_EQ(default_artifact_hash_memo(), "/xdg/kiln/artifact-hashes.json");
+  }
+  const kiln::testing::ScopedEnv no_cache("XDG_CACHE_HOME", "");
+  const kiln::testing::ScopedEnv home("HOME", "/home/someone");
+  EXPECT_EQ(default_artifact_hash_memo(), "/home/someone/.cache/kiln/artifact-hashes.json");
 }

@@ -2,7 +2,9 @@
 // rules can be tested without a checkpoint on disk.
 #pragma once
 
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,25 @@ inline ModelProfileSpec exact_spec(const std::string& id, const ModelConfig& con
   spec.config_fingerprint = config_fingerprint(config);
   return spec;
 }
+
+// Sets an environment variable for the life of the object, then restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, const std::string& value) : name_(std::move(name)) {
+    if (const char* previous = std::getenv(name_.c_str())) previous_ = previous;
+    ::setenv(name_.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (previous_) ::setenv(name_.c_str(), previous_->c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> previous_;
+};
 
 // Runs `action`, expecting a kiln::Error whose message holds every one of `fragments`.
 inline void expect_error_mentions(const std::function<void()>& action, const std::vector<std::string>& fragments) {

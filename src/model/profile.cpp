@@ -279,10 +279,14 @@ void require_engine_capabilities(const ModelProfile& profile, Device device, con
   if (!engine.count(backend))
     fail("model profile {} cannot run on {}: this engine lacks {} (it has: {})", profile.id(), device_name(device),
          capability_name(backend), capability_list(engine));
-  for (Capability required : profile.capabilities())
-    if (!engine.count(required))
-      fail("model profile {} requires {}, which this engine lacks on {} (it has: {})", profile.id(),
-           capability_name(required), device_name(device), capability_list(engine));
+  for (Capability required : profile.capabilities()) {
+    if (engine.count(required)) continue;
+    if (required == Capability::BackendCpu || required == Capability::BackendCuda)
+      fail("model profile {} requires {} but is asked to run on {}", profile.id(), capability_name(required),
+           device_name(device));
+    fail("model profile {} requires {}, which no implementation registered for {} provides (this engine has: {})",
+         profile.id(), capability_name(required), device_name(device), capability_list(engine));
+  }
 }
 
 ProfileTable::ProfileTable(std::vector<ModelProfile> exact, std::vector<ModelProfile> families)
