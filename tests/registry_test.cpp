@@ -167,3 +167,21 @@ TEST(Registry, CapabilitiesComeFromTheImplementationsOfADevice) {
   EXPECT_NO_THROW(
       require_engine_capabilities(resolved.profile, Device::CUDA, engine_capabilities(registry, Device::CUDA, true)));
 }
+
+TEST(Registry, TheBuiltinRegistryServesTheDenseGraphsOnEveryBackend) {
+  const struct {
+    const char* model_type;
+    const char* implementation;
+  } cases[] = {{"llama", "llama"}, {"qwen2", "llama"}, {"qwen3", "qwen3"}};
+  for (Device device : {Device::CPU, Device::CUDA}) {
+    for (const auto& c : cases) {
+      const auto config = tiny_config(c.model_type);
+      const auto selected = builtin_registry().select(config, resolve_family(config), device);
+      EXPECT_EQ(selected->id, c.implementation) << c.model_type;
+      EXPECT_EQ(selected->backend, device) << c.model_type;
+    }
+    const auto hybrid = tiny_config("qwen3_5_text");
+    EXPECT_FAILS_MENTIONING(builtin_registry().select(hybrid, resolve_family(hybrid), device), "qwen3_5-family",
+                            "implementation qwen3_5", "refusing to fall back");
+  }
+}
