@@ -48,6 +48,10 @@ struct LoadPlan {
 class WeightMap {
  public:
   WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan);
+  // Converts every tensor to the floating-point `dtype` (F32, F16 or BF16) before the graph takes
+  // any (`--dtype`): widening is exact, narrowing rounds to nearest even. Tensors already in it
+  // stay views of the checkpoint.
+  void convert_to(DType dtype);
 
   bool contains(const std::string& canonical) const { return tensors_.count(canonical) != 0; }
   // The tensor, checked against `shape`; marks it used. Errors name the checkpoint tensor.
