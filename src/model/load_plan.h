@@ -35,7 +35,7 @@ struct PlannedTensor {
   std::string source;     // the name in the checkpoint
   std::vector<FixUp> fixups;
   std::vector<int64_t> canonical_shape;
-  std::vector<RowBlock> row_blocks;  // for FixUp::GatherRows only
+  std::vector<RowBlock> row_blocks = {};  // for FixUp::GatherRows only (defaulted: older initialisers stay valid)
 };
 
 struct DroppedTensor {
