@@ -21,6 +21,13 @@ enum class FixUp {
   ConvToChannelsKernel,  // conv1d weight [C, 1, K] → [C, K] (drops the unit axis; a view)
   ConvFromKernelLast,    // conv1d weight [C, K, 1] → [C, K] (a view)
   SubtractOne,           // a stored 1 + γ gain → the canonical zero-centred γ (computed in f32)
+  GatherRows,            // the source's `row_blocks` (axis 0) concatenated in order (a copy)
+};
+
+// Rows [first_row, first_row + rows) along a source tensor's axis 0.
+struct RowBlock {
+  int64_t first_row = 0;
+  int64_t rows = 0;
 };
 
 struct PlannedTensor {
@@ -28,6 +35,7 @@ struct PlannedTensor {
   std::string source;     // the name in the checkpoint
   std::vector<FixUp> fixups;
   std::vector<int64_t> canonical_shape;
+  std::vector<RowBlock> row_blocks = {};  // for FixUp::GatherRows only (defaulted: older initialisers stay valid)
 };
 
 struct DroppedTensor {
