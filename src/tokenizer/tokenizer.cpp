@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -219,6 +220,10 @@ Tokenizer Tokenizer::load(const fs::path& path) {
   const json added = spec.value("added_tokens", json::array());
   if (!added.is_array()) fail("{}: \"added_tokens\" must be a list", where);
   std::vector<std::string> raw_patterns, normalized_patterns;
+  // Hugging Face ignores the ids written here: a token in the model's vocabulary keeps its id, any
+  // other takes the next one after the vocabulary, in list order (added_vocabulary.rs add_tokens).
+  // A file whose ids disagree with that is refused rather than read two ways.
+  int32_t next_id = impl->model.vocab_count();
   for (size_t i = 0; i < added.size(); ++i) {
     const json& entry = added[i];
     const std::string here = fmt::format("{}: added_tokens[{}]", where, i);
@@ -233,7 +238,14 @@ Tokenizer Tokenizer::load(const fs::path& path) {
     token.rstrip = flag(entry, "rstrip", here);
     token.normalized = flag(entry, "normalized", here);
     if (flag(entry, "single_word", here)) fail("{}: single_word added tokens are not supported", here);
-    if (token.id < 0) fail("{}: negative id", here);
+    int32_t assigned;
+    if (const auto model_id = impl->model.token_to_id(token.content)) assigned = *model_id;
+    else if (const auto found = impl->added_token_ids.find(token.content); found != impl->added_token_ids.end()) assigned = found->second;
+    else assigned = next_id++;
+    if (token.id != assigned)
+      fail("{}: \"{}\" has id {}, but Hugging Face tokenizers gives it id {} (tokens outside the vocabulary are "
+           "numbered in order after it)",
+           here, token.content, token.id, assigned);
     // A normalized token is matched, and decoded, as its normalized content
     // (tokenizer/added_vocabulary.rs normalized_cache).
     const std::string normalized_content =
@@ -249,13 +261,18 @@ Tokenizer Tokenizer::load(const fs::path& path) {
 
   impl->vocab_size = impl->model.id_limit();
   for (const auto& token : impl->added_tokens) impl->vocab_size = std::max(impl->vocab_size, token.id + 1);
+  // Hugging Face skips a token in decoding when the text it decodes from is the content of a
+  // special added token (tokenizer/mod.rs decode): so also a model token spelled like one, but not
+  // a special token marked `normalized` whose normalized text differs.
   impl->special.assign(impl->vocab_size, false);
-  for (const auto& token : impl->added_tokens) {
-    if (!token.special) continue;
-    impl->special[token.id] = true;
-    // Hugging Face skips by token string, so a model token spelled like a special token goes too.
-    if (const auto model_id = impl->model.token_to_id(token.content)) impl->special[*model_id] = true;
-  }
+  std::unordered_set<std::string> special_contents;
+  for (const auto& token : impl->added_tokens)
+    if (token.special) special_contents.insert(token.content);
+  for (const auto& token : impl->added_tokens)
+    impl->special[token.id] = special_contents.count(impl->added_token_text.at(token.id)) > 0;
+  for (const auto& content : special_contents)
+    if (const auto model_id = impl->model.token_to_id(content); model_id && !impl->added_token_text.count(*model_id))
+      impl->special[*model_id] = true;
 
   StringMap<int32_t> ids_by_token = impl->added_token_ids;
   add_post_processor(spec.value("post_processor", json()), where + ": post_processor", ids_by_token, impl->prefix_ids,
