@@ -1,6 +1,7 @@
 // The invariance contract on the CPU backend: a token's logits are bit-identical however its
-// sequence is prefilled (one shot, chunked at any split, token by token), whatever else shares
-// the batch, and whatever the thread count.
+// sequence is prefilled (one shot, chunked — at any split for attention-only models, at multiples
+// of 64 for the hybrid Gated DeltaNet models —, token by token or in small appends), whatever else
+// shares the batch, and whatever the thread count.
 #include <cstring>
 #include <random>
 
@@ -19,6 +20,7 @@ namespace {
 struct InvarianceCase {
   std::string fixture;
   std::string dtype_dir;
+  bool hybrid = false;  // GDN chunks fall on absolute multiples of 64: splits must too
 };
 
 std::string case_name(const ::testing::TestParamInfo<InvarianceCase>& info) {
@@ -71,16 +73,29 @@ class Invariance : public ::testing::TestWithParam<InvarianceCase> {
 TEST_P(Invariance, ChunkedPrefillAtRandomSplitsAndTokenByTokenEqualOneShot) {
   Model& model = *loaded_.model;
   const Tensor one_shot = logits_with_cuts(model, prompt_, {});
+  const size_t split_unit = GetParam().hybrid ? 64 : 1;
   std::mt19937 random(7);
   for (int trial = 0; trial < 3; ++trial) {
     std::vector<size_t> cuts;
-    for (size_t position = 1; position < prompt_.size(); ++position)
-      if (random() % 23 == 0) cuts.push_back(position);
+    for (size_t position = split_unit; position < prompt_.size(); position += split_unit)
+      if (random() % (GetParam().hybrid ? 2 : 23) == 0) cuts.push_back(position);
     expect_bit_identical(one_shot, logits_with_cuts(model, prompt_, cuts), "random chunking");
   }
+  const size_t prefill = GetParam().hybrid ? 128 : 40;
   std::vector<size_t> token_by_token;
-  for (size_t position = 40; position < prompt_.size(); ++position) token_by_token.push_back(position);
-  expect_bit_identical(one_shot, logits_with_cuts(model, prompt_, token_by_token), "prefill 40 then one by one");
+  for (size_t position = prefill; position < prompt_.size(); ++position) token_by_token.push_back(position);
+  expect_bit_identical(one_shot, logits_with_cuts(model, prompt_, token_by_token), "prefill then one by one");
+}
+
+TEST_P(Invariance, SmallAppendsEqualTokenByTokenDecode) {
+  // What exact speculative decoding needs: k ≤ 16 tokens appended in one step give the logits
+  // of decoding them one at a time.
+  Model& model = *loaded_.model;
+  std::vector<size_t> one_by_one, appends;
+  for (size_t position = 128; position < prompt_.size(); ++position) one_by_one.push_back(position);
+  for (size_t position = 128, k = 1; position < prompt_.size(); position += k, k = k % 16 + 1) appends.push_back(position);
+  expect_bit_identical(logits_with_cuts(model, prompt_, one_by_one), logits_with_cuts(model, prompt_, appends),
+                       "appends of 1..16 tokens vs one by one");
 }
 
 TEST_P(Invariance, SequenceAloneEqualsSequenceInBatchOfThree) {
@@ -118,9 +133,12 @@ TEST_P(Invariance, OneThreadEqualsTwoThreads) {
   expect_bit_identical(single, triple, "1 vs 3 threads");
 }
 
-INSTANTIATE_TEST_SUITE_P(Dense, Invariance,
+INSTANTIATE_TEST_SUITE_P(Models, Invariance,
                          ::testing::Values(InvarianceCase{"llama3-tiny", "f32"}, InvarianceCase{"llama3-tiny", "bf16"},
-                                           InvarianceCase{"qwen3-tiny", "f32"}, InvarianceCase{"qwen3-tiny", "bf16"}),
+                                           InvarianceCase{"qwen3-tiny", "f32"}, InvarianceCase{"qwen3-tiny", "bf16"},
+                                           InvarianceCase{"qwen3_5-text-tiny", "f32", true},
+                                           InvarianceCase{"qwen3_5-text-tiny", "bf16", true},
+                                           InvarianceCase{"qwen3_5-vl-tiny", "bf16", true}),
                          case_name);
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "model/load_plan.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -38,6 +40,29 @@ std::string listed(const std::vector<std::string>& names) {
   return text;
 }
 
+// The source's row blocks (axis 0) concatenated in order: a copy in the stored dtype.
+Tensor gather_rows(const Tensor& source, const std::vector<RowBlock>& blocks, const std::string& file,
+                   const std::string& name) {
+  if (source.ndim() < 1) fail("{}: tensor '{}': cannot gather rows of a scalar", file, name);
+  const int64_t row_bytes = source.dim(0) ? static_cast<int64_t>(source.nbytes()) / source.dim(0) : 0;
+  int64_t total_rows = 0;
+  for (const RowBlock& block : blocks) {
+    if (block.first_row < 0 || block.rows < 0 || block.first_row + block.rows > source.dim(0))
+      fail("{}: tensor '{}': row block [{}, {}) is outside its {} rows", file, name, block.first_row,
+           block.first_row + block.rows, source.dim(0));
+    total_rows += block.rows;
+  }
+  Shape shape = source.shape();
+  shape[0] = total_rows;
+  Tensor gathered = Tensor::empty(shape, source.dtype());
+  char* out = static_cast<char*>(gathered.raw());
+  for (const RowBlock& block : blocks) {
+    std::memcpy(out, static_cast<const char*>(source.raw()) + block.first_row * row_bytes, block.rows * row_bytes);
+    out += block.rows * row_bytes;
+  }
+  return gathered;
+}
+
 }  // namespace
 
 const char* fixup_name(FixUp fixup) {
@@ -45,6 +70,7 @@ const char* fixup_name(FixUp fixup) {
     case FixUp::ConvToChannelsKernel: return "conv_to_channels_kernel";
     case FixUp::ConvFromKernelLast: return "conv_from_kernel_last";
     case FixUp::SubtractOne: return "subtract_one";
+    case FixUp::GatherRows: return "gather_rows";
   }
   return "?";
 }
@@ -58,6 +84,11 @@ nlohmann::json LoadPlan::to_json() const {
                        {"source", tensor.source},
                        {"fixups", fixup_names},
                        {"canonical_shape", tensor.canonical_shape}});
+    if (!tensor.row_blocks.empty()) {
+      nlohmann::json blocks = nlohmann::json::array();
+      for (const RowBlock& block : tensor.row_blocks) blocks.push_back({block.first_row, block.rows});
+      planned.back()["row_blocks"] = blocks;
+    }
   }
   nlohmann::json dropped_json = nlohmann::json::array();
   for (const DroppedTensor& tensor : dropped)
@@ -99,6 +130,9 @@ WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan)
           break;
         case FixUp::SubtractOne:
           tensor = subtract_one(tensor);
+          break;
+        case FixUp::GatherRows:
+          tensor = gather_rows(tensor, planned.row_blocks, file, planned.source);
           break;
       }
     }

@@ -141,7 +141,7 @@ class Qwen35Model final : public Model {
     // Text-only input: the three mRoPE streams all carry the 1-D position, so the interleaved
     // multimodal RoPE is exactly partial 1-D RoPE (spec A.5.3).
     rotary_dim_ = static_cast<int>(rope_rotary_dim(config));
-    const std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim_);
+    const std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim_, embed_tokens_.dtype());
     Tensor host_inv_freq = Tensor::empty({static_cast<int64_t>(inv_freq.size())}, DType::F32);
     std::copy(inv_freq.begin(), inv_freq.end(), host_inv_freq.data<float>());
     inv_freq_ = backend.upload(host_inv_freq);

@@ -1,5 +1,5 @@
-// Parity of the dense graph (Llama-3, Qwen3) against transformers on the fixtures, and the real
-// stories260K model against its reference greedy decode.
+// Parity of every family graph (Llama-3, Qwen3, Qwen3.5 in both checkpoint layouts) against
+// transformers on the fixtures, and of the real stories260K model against its reference decode.
 #include <algorithm>
 #include <fstream>
 
@@ -15,9 +15,9 @@ using namespace kiln::testing;
 
 namespace {
 
-class DenseParity : public ::testing::TestWithParam<std::string> {};
+class ModelParity : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(DenseParity, F32MatchesFloat64ReferenceAtEveryPosition) {
+TEST_P(ModelParity, F32MatchesFloat64ReferenceAtEveryPosition) {
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
   TestModel loaded = open_cpu_model(fixture / "f32");
@@ -27,7 +27,7 @@ TEST_P(DenseParity, F32MatchesFloat64ReferenceAtEveryPosition) {
   for (size_t row = 0; row < errors.size(); ++row) ASSERT_LE(errors[row], 1e-4) << "position " << row;
 }
 
-TEST_P(DenseParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
+TEST_P(ModelParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
   TestModel loaded = open_cpu_model(fixture / "bf16");
@@ -43,7 +43,7 @@ TEST_P(DenseParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
     ASSERT_LE(ours[row], 1.5 * theirs[row]) << "position " << row << " (transformers bf16 error " << theirs[row] << ")";
 }
 
-TEST_P(DenseParity, GreedyContinuationMatchesFloat64Reference) {
+TEST_P(ModelParity, GreedyContinuationMatchesFloat64Reference) {
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
   nlohmann::json ref = nlohmann::json::parse(std::ifstream(fixture / "ref.json"));
@@ -57,7 +57,8 @@ TEST_P(DenseParity, GreedyContinuationMatchesFloat64Reference) {
   EXPECT_EQ(result.tokens, ref["greedy_f64"].get<std::vector<int32_t>>());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, DenseParity, ::testing::Values("llama3-tiny", "qwen3-tiny"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
+                         ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny", "qwen3_5-vl-tiny"));
 
 TEST(Stories260K, GreedyFromBosReproducesReferenceIds) {
   KILN_REQUIRE_SHARED(shared);
