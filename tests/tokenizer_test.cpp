@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -331,6 +332,28 @@ TEST(TokenizerStories, MatchesReferenceCases) {
   EXPECT_EQ(tokenizer.bos_id(), 1);
   EXPECT_EQ(tokenizer.eos_ids(), (std::vector<int32_t>{2}));
   EXPECT_FALSE(tokenizer.chat_template().has_value());
+}
+
+TEST(TokenizerStories, ConcurrentEncodingGivesTheSameIds) {
+  // Threads share the tokenizer; one holds the word cache, the others merge without it.
+  KILN_REQUIRE_SHARED(shared);
+  const fs::path model = shared / "models" / "stories260K";
+  const Tokenizer tokenizer = Tokenizer::load(model);
+  std::vector<std::string> texts;
+  std::ifstream cases(model / "tokenizer_cases.jsonl");
+  std::string line;
+  while (std::getline(cases, line)) texts.push_back(json::parse(line)["text"]);
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& text : texts) expected.push_back(tokenizer.encode(text, false));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round)
+        for (size_t i = 0; i < texts.size(); ++i) mismatches[t] += tokenizer.encode(texts[i], false) != expected[i];
+    });
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST(TokenizerCli, TokenizePrintsIdsPerLine) {
