@@ -334,6 +334,23 @@ TEST(TokenizerStories, MatchesReferenceCases) {
   EXPECT_FALSE(tokenizer.chat_template().has_value());
 }
 
+TEST(TokenizerStories, StreamingContinuesAPrompt) {
+  KILN_REQUIRE_SHARED(shared);
+  const Tokenizer tokenizer = Tokenizer::load(shared / "models" / "stories260K");
+  const std::vector<int32_t> prompt = tokenizer.encode("Once upon a time there was", true);
+  const std::vector<int32_t> all = tokenizer.encode("Once upon a time there was a tiny \xF0\x9F\xA6\x99 named Lily.", true);
+  ASSERT_TRUE(std::equal(prompt.begin(), prompt.end(), all.begin()));
+  const std::vector<int32_t> generated(all.begin() + static_cast<std::ptrdiff_t>(prompt.size()), all.end());
+  StreamingDecoder stream(tokenizer, true);
+  stream.feed_prompt(prompt);
+  std::string text;
+  for (int32_t id : generated) text += stream.push(id);
+  text += stream.finish();
+  EXPECT_EQ(text, " a tiny \xF0\x9F\xA6\x99 named Lily.");
+  // Alone, the first generated word starts the text and loses its space.
+  EXPECT_EQ(decode_streaming(tokenizer, generated, true), "a tiny \xF0\x9F\xA6\x99 named Lily.");
+}
+
 TEST(TokenizerStories, ConcurrentEncodingGivesTheSameIds) {
   // Threads share the tokenizer; one holds the word cache, the others merge without it.
   KILN_REQUIRE_SHARED(shared);

@@ -223,7 +223,6 @@ BpeModel BpeModel::from_json(const nlohmann::json& model, bool byte_level, const
   // and a pair listed twice keeps its last rank, as Hugging Face's map construction does.
   const auto& merges = model["merges"];
   bpe.merges_.reserve(merges.size());
-  bpe.merge_boundaries_.reserve(64);
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& merge = merges[rank];
     std::string left, right;

@@ -131,7 +131,7 @@ class BpeModel {
   PairMap<bool> merge_boundaries_;
 
   mutable std::mutex cache_mutex_;
-  mutable std::unique_ptr<WordCache> cache_ = std::make_unique<WordCache>();
+  std::unique_ptr<WordCache> cache_ = std::make_unique<WordCache>();
 };
 
 }  // namespace kiln
