@@ -2,6 +2,7 @@
 // that name the template line, the models' own templates (Qwen3, Qwen3.5, Llama-3.x, MiniCPM5 and
 // every other template llama.cpp ships) against @huggingface/jinja, and `kiln render`.
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -121,6 +122,9 @@ const std::vector<Snippet>& snippets() {
       {"{{ 2.567|round(2) }} {{ 2.5|round }} {{ 2.1|round(0, 'ceil') }}", "2.57 3.0 3.0", false},
       {"{{ 'x'|string ~ 1|string }} {{ 'a b'|replace(' ', '_') }}", "x1 a_b", true},
       {"{{ 'one two  three'|wordcount }}", "3", false},
+      {"{{ 'abc'|reverse }}|{{ [{'n': 'a'}, {'n': 'b'}]|join(',', attribute='n') }}|"
+       "{% for k, v in {'a': 2, 'b': 1, 'c': 3}|dictsort(by='value', reverse=true) %}{{ k }}{% endfor %}",
+       "cba|a,b|cab", false},
       {"{{ {'a': [1, '\u00e9', none, true], 'b': {'c': 1.5}}|tojson }}", "{\"a\": [1, \"\u00e9\", null, true], \"b\": {\"c\": 1.5}}", true},
       {"{{ {'a': [1, 2], 'e': []}|tojson(indent=2) }}", "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"e\": []\n}", true},
       {"{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}|{{ 'q\"\\n\\t'|tojson }}", "{\"a\": 2, \"b\": 1}|\"q\\\"\\n\\t\"", true},
@@ -248,6 +252,14 @@ TEST(ChatTemplateJinja, ErrorsNameTheTemplateLine) {
   expect_render_error("{{ [1]|tojson(indent='x') }}", {"tojson indent must be an integer"});
   expect_render_error("{% for x in [1] recursive %}{% endfor %}", {"recursive loops are not supported"});
   expect_render_error("{% break %}", {"break or continue outside a loop"});
+}
+
+TEST(ChatTemplateJinja, StrftimeNowFormatsTheLocalTime) {
+  // transformers gives templates strftime_now (Llama-3.2 prints the date with it).
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  EXPECT_EQ(render("{{ strftime_now('%Y') }}"), std::to_string(1900 + local.tm_year));
 }
 
 TEST(ChatTemplateJinja, ReadsVariablesFromJson) {

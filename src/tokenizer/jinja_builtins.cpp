@@ -996,9 +996,6 @@ bool apply_test(const std::string& name, const Value& input, CallArguments& argu
   return found->second(input, arguments, at);
 }
 
-bool has_filter(const std::string& name) { return filters().count(name) > 0; }
-bool has_test(const std::string& name) { return tests().count(name) > 0; }
-
 std::optional<Value> global_function(const std::string& name) {
   if (name == "namespace" || name == "dict") {
     const bool is_namespace = name == "namespace";
