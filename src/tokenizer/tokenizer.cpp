@@ -3,11 +3,10 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "tokenizer/added_vocabulary.h"
@@ -36,8 +35,8 @@ struct Tokenizer::Impl {
   BpeModel model;
   DecoderPipeline decoder;
   std::vector<AddedToken> added_tokens;
-  std::unique_ptr<AddedTokenMatcher> raw_matcher;         // tokens with normalized = false
-  std::unique_ptr<AddedTokenMatcher> normalized_matcher;  // tokens with normalized = true
+  std::unique_ptr<AddedTokenMatcher> raw_matcher;             // tokens with normalized = false
+  std::unique_ptr<AddedTokenMatcher> normalized_matcher;      // tokens with normalized = true
   std::unordered_map<int32_t, std::string> added_token_text;  // id -> what decoding shows
   StringMap<int32_t> added_token_ids;                         // content -> id
   std::vector<bool> special;                                  // per id
@@ -155,7 +154,8 @@ void add_post_processor(const json& spec, const std::string& where, std::vector<
         seen_sequence = true;
       } else if (piece.contains("SpecialToken") && piece["SpecialToken"].contains("id")) {
         const std::string name = piece["SpecialToken"]["id"];
-        if (!special_tokens.contains(name) || !special_tokens[name].contains("ids") || !special_tokens[name]["ids"].is_array())
+        if (!special_tokens.contains(name) || !special_tokens[name].contains("ids") ||
+            !special_tokens[name]["ids"].is_array())
           fail("{}: special token \"{}\" is not in \"special_tokens\" with its ids", here, name);
         const auto ids = special_tokens[name]["ids"].get<std::vector<int32_t>>();
         (seen_sequence ? after : before).insert((seen_sequence ? after : before).end(), ids.begin(), ids.end());
@@ -224,13 +224,17 @@ void load_added_tokens(Tokenizer::Impl& impl, const json& spec, const std::strin
     token.normalized = flag(entry, "normalized", here);
     if (flag(entry, "single_word", here)) fail("{}: single_word added tokens are not supported", here);
     int32_t assigned;
-    if (const auto model_id = impl.model.token_to_id(token.content)) assigned = *model_id;
-    else if (const auto found = impl.added_token_ids.find(token.content); found != impl.added_token_ids.end()) assigned = found->second;
-    else assigned = next_id++;
+    if (const auto model_id = impl.model.token_to_id(token.content))
+      assigned = *model_id;
+    else if (const auto found = impl.added_token_ids.find(token.content); found != impl.added_token_ids.end())
+      assigned = found->second;
+    else
+      assigned = next_id++;
     if (token.id != assigned)
-      fail("{}: \"{}\" has id {}, but Hugging Face tokenizers gives it id {} (tokens outside the vocabulary are "
-           "numbered in order after it)",
-           here, token.content, token.id, assigned);
+      fail(
+          "{}: \"{}\" has id {}, but Hugging Face tokenizers gives it id {} (tokens outside the vocabulary are "
+          "numbered in order after it)",
+          here, token.content, token.id, assigned);
     // A normalized token is matched, and decoded, as its normalized content
     // (tokenizer/added_vocabulary.rs normalized_cache).
     const std::string normalized_content =
@@ -258,7 +262,6 @@ void load_added_tokens(Tokenizer::Impl& impl, const json& spec, const std::strin
   for (const auto& content : special_contents)
     if (const auto model_id = impl.model.token_to_id(content); model_id && !impl.added_token_text.count(*model_id))
       impl.special[*model_id] = true;
-
 }
 
 // tokenizer_config.json: special tokens, the chat template, and for Llama-style tokenizer classes
@@ -273,9 +276,9 @@ void load_tokenizer_config(Tokenizer::Impl& impl, const fs::path& directory) {
     if (impl.bos_token) impl.bos_id = impl.token_to_id(*impl.bos_token);
     if (impl.eos_token) impl.eos_id = impl.token_to_id(*impl.eos_token);
     const std::string tokenizer_class = config.value("tokenizer_class", std::string());
-    static const std::vector<std::string> kFlagDrivenClasses = {
-        "LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast",
-        "GemmaTokenizer", "GemmaTokenizerFast"};
+    static const std::vector<std::string> kFlagDrivenClasses = {"LlamaTokenizer",     "LlamaTokenizerFast",
+                                                                "CodeLlamaTokenizer", "CodeLlamaTokenizerFast",
+                                                                "GemmaTokenizer",     "GemmaTokenizerFast"};
     const bool flag_driven =
         std::find(kFlagDrivenClasses.begin(), kFlagDrivenClasses.end(), tokenizer_class) != kFlagDrivenClasses.end();
     if (flag_driven && (config.contains("add_bos_token") || config.contains("add_eos_token"))) {
@@ -324,7 +327,6 @@ void load_chat_template_files(Tokenizer::Impl& impl, const fs::path& directory) 
     impl.chat_template = read_text(jinja_template);
     impl.chat_template_origin = jinja_template.string();
   }
-
 }
 
 // generation_config.json, with config.json's eos_token_id (else the eos_token) when it has none.
@@ -334,9 +336,12 @@ void load_generation_defaults(Tokenizer::Impl& impl, const fs::path& directory) 
     const json config = read_json(generation_path);
     const std::string here = generation_path.string();
     generation.eos_token_ids = id_list_field(config, "eos_token_id", here);
-    if (const auto id = integer_field(config, "bos_token_id", here)) generation.bos_token_id = static_cast<int32_t>(*id);
-    if (const auto id = integer_field(config, "pad_token_id", here)) generation.pad_token_id = static_cast<int32_t>(*id);
-    if (config.contains("do_sample") && !config["do_sample"].is_null()) generation.do_sample = flag(config, "do_sample", here);
+    if (const auto id = integer_field(config, "bos_token_id", here))
+      generation.bos_token_id = static_cast<int32_t>(*id);
+    if (const auto id = integer_field(config, "pad_token_id", here))
+      generation.pad_token_id = static_cast<int32_t>(*id);
+    if (config.contains("do_sample") && !config["do_sample"].is_null())
+      generation.do_sample = flag(config, "do_sample", here);
     generation.temperature = number_field(config, "temperature", here);
     generation.top_p = number_field(config, "top_p", here);
     generation.top_k = integer_field(config, "top_k", here);
@@ -372,13 +377,14 @@ Tokenizer Tokenizer::load(const fs::path& path) {
 
   PreTokenizer pre_tokenizer = PreTokenizer::from_json(spec.value("pre_tokenizer", json()), where + ": pre_tokenizer");
   const bool byte_level = pre_tokenizer.byte_level();
-  auto impl = std::make_shared<Impl>(file, Normalizer::from_json(spec.value("normalizer", json()), where + ": normalizer"),
-                                     std::move(pre_tokenizer),
-                                     BpeModel::from_json(spec.value("model", json()), byte_level, where + ": model"),
-                                     DecoderPipeline::from_json(spec.value("decoder", json()), where + ": decoder"));
+  auto impl = std::make_shared<Impl>(
+      file, Normalizer::from_json(spec.value("normalizer", json()), where + ": normalizer"), std::move(pre_tokenizer),
+      BpeModel::from_json(spec.value("model", json()), byte_level, where + ": model"),
+      DecoderPipeline::from_json(spec.value("decoder", json()), where + ": decoder"));
 
   load_added_tokens(*impl, spec, where);
-  add_post_processor(spec.value("post_processor", json()), where + ": post_processor", impl->prefix_ids, impl->suffix_ids);
+  add_post_processor(spec.value("post_processor", json()), where + ": post_processor", impl->prefix_ids,
+                     impl->suffix_ids);
 
   load_tokenizer_config(*impl, directory);
   load_chat_template_files(*impl, directory);
@@ -451,8 +457,8 @@ struct StreamingDecoder::State {
 };
 
 StreamingDecoder::StreamingDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
-    : state_(std::make_unique<State>(State{tokenizer.impl_, DecoderPipeline::Stream(tokenizer.impl_->decoder),
-                                           skip_special_tokens})) {}
+    : state_(std::make_unique<State>(
+          State{tokenizer.impl_, DecoderPipeline::Stream(tokenizer.impl_->decoder), skip_special_tokens})) {}
 StreamingDecoder::~StreamingDecoder() = default;
 StreamingDecoder::StreamingDecoder(StreamingDecoder&&) noexcept = default;
 StreamingDecoder& StreamingDecoder::operator=(StreamingDecoder&&) noexcept = default;
