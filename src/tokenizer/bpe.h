@@ -8,14 +8,13 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <span>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace kiln {
 
@@ -114,9 +113,9 @@ class BpeModel {
 
   std::vector<std::string> tokens_;  // id -> token as spelled in tokenizer.json ("" where unused)
   std::vector<bool> token_present_;
-  StringMap<int32_t> vocab_;         // token as spelled in tokenizer.json -> id
-  StringMap<int32_t> unit_vocab_;    // byte-level models only: token as raw bytes -> id
-  PairMap<Merge> merges_;  // (left id, right id) -> the merge
+  StringMap<int32_t> vocab_;        // token as spelled in tokenizer.json -> id
+  StringMap<int32_t> unit_vocab_;   // byte-level models only: token as raw bytes -> id
+  PairMap<Merge> merges_;           // (left id, right id) -> the merge
   PairMap<int32_t> character_ids_;  // (code point, 0) -> id of the one-character token
   bool byte_level_ = false;
   bool byte_fallback_ = false;
@@ -131,7 +130,7 @@ class BpeModel {
   PairMap<bool> merge_boundaries_;
 
   mutable std::mutex cache_mutex_;
-  mutable std::unique_ptr<WordCache> cache_ = std::make_unique<WordCache>();
+  std::unique_ptr<WordCache> cache_ = std::make_unique<WordCache>();
 };
 
 }  // namespace kiln

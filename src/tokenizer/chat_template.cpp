@@ -10,9 +10,10 @@ ChatTemplate::ChatTemplate(std::string_view source, std::string origin, std::opt
 
 ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tokenizer) {
   if (!tokenizer.chat_template())
-    fail("{}: the model has no chat template (no chat_template in tokenizer_config.json, chat_template.json or "
-         "chat_template.jinja)",
-         tokenizer.source().parent_path().string());
+    fail(
+        "{}: the model has no chat template (no chat_template in tokenizer_config.json, chat_template.json or "
+        "chat_template.jinja)",
+        tokenizer.source().parent_path().string());
   return ChatTemplate(*tokenizer.chat_template(), tokenizer.chat_template_origin(), tokenizer.bos_token(),
                       tokenizer.eos_token());
 }

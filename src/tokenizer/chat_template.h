@@ -4,11 +4,10 @@
 // set, and any extra variables.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "tokenizer/jinja_template.h"
 #include "tokenizer/tokenizer.h"
@@ -16,7 +15,7 @@
 namespace kiln {
 
 struct ChatTemplateOptions {
-  bool add_generation_prompt = false;  // transformers' default; generation wants true
+  bool add_generation_prompt = false;   // transformers' default; generation wants true
   std::optional<bool> enable_thinking;  // Qwen3 / Qwen3.5: false asks for an empty <think> block
   nlohmann::ordered_json tools;         // a list of tool schemas, or null for none
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();  // more variables; they win over the rest

@@ -15,10 +15,14 @@ std::optional<uint8_t> byte_token_value(std::string_view token) {
   int value = 0;
   for (char c : token.substr(3, 2)) {
     int digit;
-    if (c >= '0' && c <= '9') digit = c - '0';
-    else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      digit = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      digit = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      digit = c - 'A' + 10;
+    else
+      return std::nullopt;
     value = value * 16 + digit;
   }
   return static_cast<uint8_t>(value);
@@ -42,8 +46,10 @@ size_t count_field(const nlohmann::json& spec, const char* field, const std::str
 
 DecoderPipeline DecoderPipeline::from_json(const nlohmann::json& spec, const std::string& where) {
   DecoderPipeline pipeline;
-  if (spec.is_null()) pipeline.has_decoder_ = false;
-  else pipeline.add(spec, where);
+  if (spec.is_null())
+    pipeline.has_decoder_ = false;
+  else
+    pipeline.add(spec, where);
   return pipeline;
 }
 
@@ -61,7 +67,7 @@ void DecoderPipeline::add(const nlohmann::json& spec, const std::string& where) 
     // After Fuse or ByteLevel there is one token, the whole text; only a leading Strip is
     // supported there (what SentencePiece-style decoders use).
     if (type == "Strip" && count_field(spec, "stop", here) == 0 && joined_strip_start_ == 0) {
-      joined_strip_content = single_character(spec, "content", here);
+      joined_strip_content_ = single_character(spec, "content", here);
       joined_strip_start_ = count_field(spec, "start", here);
       return;
     }
@@ -89,10 +95,14 @@ void DecoderPipeline::add(const nlohmann::json& spec, const std::string& where) 
     stage.kind = Stage::Kind::Metaspace;
     stage.replacement = spec.value("replacement", std::string("\u2581"));
     const std::string scheme = spec.value("prepend_scheme", std::string());
-    if (scheme.empty()) stage.drop_in_first_token = spec.value("add_prefix_space", true);
-    else if (scheme == "always" || scheme == "first") stage.drop_in_first_token = true;
-    else if (scheme == "never") stage.drop_in_first_token = false;
-    else fail("{}: unknown prepend_scheme \"{}\"", here, scheme);
+    if (scheme.empty())
+      stage.drop_in_first_token = spec.value("add_prefix_space", true);
+    else if (scheme == "always" || scheme == "first")
+      stage.drop_in_first_token = true;
+    else if (scheme == "never")
+      stage.drop_in_first_token = false;
+    else
+      fail("{}: unknown prepend_scheme \"{}\"", here, scheme);
   } else if (type == "ByteLevel") {
     stage.kind = Stage::Kind::ByteLevel;
     fused_ = byte_level_ = true;
@@ -100,17 +110,16 @@ void DecoderPipeline::add(const nlohmann::json& spec, const std::string& where) 
     fused_ = true;
     return;
   } else {
-    fail("{}: decoder type \"{}\" is not supported (supported: ByteLevel, ByteFallback, Fuse, Replace, Strip, "
-         "Metaspace, Sequence)",
-         where, type);
+    fail(
+        "{}: decoder type \"{}\" is not supported (supported: ByteLevel, ByteFallback, Fuse, Replace, Strip, "
+        "Metaspace, Sequence)",
+        where, type);
   }
   token_stages_.push_back(std::move(stage));
 }
 
 DecoderPipeline::Stream::Stream(const DecoderPipeline& pipeline)
-    : pipeline_(&pipeline),
-      byte_runs_(pipeline.token_stages_.size()),
-      tokens_seen_(pipeline.token_stages_.size(), 0) {}
+    : pipeline_(&pipeline), byte_runs_(pipeline.token_stages_.size()), tokens_seen_(pipeline.token_stages_.size(), 0) {}
 
 void DecoderPipeline::Stream::push(std::string_view token, std::string& out) { feed(0, std::string(token), out); }
 
@@ -169,8 +178,10 @@ void DecoderPipeline::Stream::feed(size_t stage_index, std::string token, std::s
       bool all_byte_characters = true;
       while (offset < token.size() && all_byte_characters) {
         const auto byte = unicode::char_to_byte(unicode::next_code_point(token, offset));
-        if (byte) bytes.push_back(static_cast<char>(*byte));
-        else all_byte_characters = false;
+        if (byte)
+          bytes.push_back(static_cast<char>(*byte));
+        else
+          all_byte_characters = false;
       }
       if (all_byte_characters) token = std::move(bytes);
       break;
@@ -192,8 +203,9 @@ void DecoderPipeline::Stream::flush(size_t stage_index, std::string& out) {
 
 void DecoderPipeline::Stream::emit_text(std::string_view text, std::string& out) {
   if (!past_leading_ && pipeline_->joined_strip_start_ > 0) {
-    const std::string& content = pipeline_->joined_strip_content;
-    while (!text.empty() && leading_stripped_ < pipeline_->joined_strip_start_ && text.substr(0, content.size()) == content) {
+    const std::string& content = pipeline_->joined_strip_content_;
+    while (!text.empty() && leading_stripped_ < pipeline_->joined_strip_start_ &&
+           text.substr(0, content.size()) == content) {
       text.remove_prefix(content.size());
       ++leading_stripped_;
     }

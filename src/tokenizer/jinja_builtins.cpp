@@ -1,13 +1,13 @@
 #include "tokenizer/jinja_builtins.h"
 
+#include <fmt/format.h>
+#include <utf8proc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <functional>
 #include <map>
-
-#include <fmt/format.h>
-#include <utf8proc.h>
 
 #include "core/error.h"
 #include "tokenizer/unicode.h"
@@ -46,7 +46,8 @@ const std::string& need_string(const Value& value, std::string_view what, const 
 }
 
 int64_t need_int(const Value& value, std::string_view what, const Location& at) {
-  if (!value.is_int() && !value.is_bool()) at.error(fmt::format("{} must be an integer, not {}", what, value.type_name()));
+  if (!value.is_int() && !value.is_bool())
+    at.error(fmt::format("{} must be an integer, not {}", what, value.type_name()));
   return value.integer();
 }
 
@@ -86,8 +87,11 @@ std::string map_characters(const std::string& text, char32_t (*mapping)(char32_t
 std::string strip(const std::string& text, const Value& characters, bool left, bool right, const Location& at) {
   const std::u32string value = decode(text);
   std::u32string set;
-  if (!characters.is_none() && !characters.is_undefined()) set = decode(need_string(characters, "strip characters", at));
-  auto strippable = [&](char32_t c) { return characters.is_none() || characters.is_undefined() ? python_space(c) : set.find(c) != std::u32string::npos; };
+  if (!characters.is_none() && !characters.is_undefined())
+    set = decode(need_string(characters, "strip characters", at));
+  auto strippable = [&](char32_t c) {
+    return characters.is_none() || characters.is_undefined() ? python_space(c) : set.find(c) != std::u32string::npos;
+  };
   size_t begin = 0, end = value.size();
   if (left)
     while (begin < end && strippable(value[begin])) ++begin;
@@ -167,7 +171,8 @@ std::string replace(const std::string& text, const std::string& old, const std::
 
 std::string capitalize(const std::string& text) {
   std::u32string characters = decode(text);
-  for (size_t i = 0; i < characters.size(); ++i) characters[i] = i == 0 ? to_upper(characters[i]) : to_lower(characters[i]);
+  for (size_t i = 0; i < characters.size(); ++i)
+    characters[i] = i == 0 ? to_upper(characters[i]) : to_lower(characters[i]);
   return encode(characters);
 }
 
@@ -214,7 +219,8 @@ std::string format_string(const std::string& pattern, const Arguments& arguments
       const size_t close = pattern.find('}', i);
       if (close == std::string::npos) at.error("format string has an unmatched '{'");
       const std::string field = pattern.substr(i + 1, close - i - 1);
-      if (field.find_first_of(":!") != std::string::npos) at.error("format specifications are not supported: {" + field + "}");
+      if (field.find_first_of(":!") != std::string::npos)
+        at.error("format specifications are not supported: {" + field + "}");
       Value value;
       if (field.empty()) {
         if (next_automatic >= arguments.positional.size()) at.error("format string needs more arguments");
@@ -335,9 +341,12 @@ Value call_dict_method(const Value& self, const std::string& name, Arguments& ar
     check_arguments(arguments, 0, {}, name, at);
     List out;
     for (const auto& [key, value] : dict.entries) {
-      if (name == "items") out.emplace_back(List{Value(key), value});
-      else if (name == "keys") out.emplace_back(key);
-      else out.push_back(value);
+      if (name == "items")
+        out.emplace_back(List{Value(key), value});
+      else if (name == "keys")
+        out.emplace_back(key);
+      else
+        out.push_back(value);
     }
     return Value(std::move(out));
   }
@@ -352,14 +361,15 @@ Value call_dict_method(const Value& self, const std::string& name, Arguments& ar
 }
 
 bool is_string_method(const std::string& name) {
-  static const std::vector<std::string> kNames = {"startswith", "endswith", "strip",      "lstrip", "rstrip",
-                                                  "split",      "splitlines", "upper",    "lower",  "title",
-                                                  "capitalize", "replace",  "find",       "count",  "join",
-                                                  "format"};
+  static const std::vector<std::string> kNames = {"startswith", "endswith", "strip", "lstrip", "rstrip",     "split",
+                                                  "splitlines", "upper",    "lower", "title",  "capitalize", "replace",
+                                                  "find",       "count",    "join",  "format"};
   return std::find(kNames.begin(), kNames.end(), name) != kNames.end();
 }
 
-bool is_dict_method(const std::string& name) { return name == "items" || name == "keys" || name == "values" || name == "get"; }
+bool is_dict_method(const std::string& name) {
+  return name == "items" || name == "keys" || name == "values" || name == "get";
+}
 
 Value bound_method(const Value& self, const std::string& name, const Location& at) {
   const std::string* origin = at.origin;
@@ -402,8 +412,10 @@ Value attribute_path(const Value& value, const Value& attribute, const Location&
   Value current = value;
   for (const Value& part : split(need_string(attribute, "attribute", at), Value("."), -1, at)) {
     const std::string& name = part.string();
-    const bool numeric = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
-    current = numeric ? get_item(current, Value(static_cast<int64_t>(std::stoll(name))), at) : get_item(current, part, at);
+    const bool numeric =
+        !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+    current =
+        numeric ? get_item(current, Value(static_cast<int64_t>(std::stoll(name))), at) : get_item(current, part, at);
   }
   return current;
 }
@@ -414,11 +426,16 @@ using FilterFunction = std::function<Value(const Value&, Arguments&, const Locat
 
 Value length_of(const Value& value, const Location& at) {
   switch (value.kind()) {
-    case Value::Kind::Undefined: return Value(0);
-    case Value::Kind::String: return Value(static_cast<int64_t>(decode(value.string()).size()));
-    case Value::Kind::List: return Value(static_cast<int64_t>(value.list().size()));
-    case Value::Kind::Dict: return Value(static_cast<int64_t>(value.dict().entries.size()));
-    default: at.error(fmt::format("object of type '{}' has no len()", value.type_name()));
+    case Value::Kind::Undefined:
+      return Value(0);
+    case Value::Kind::String:
+      return Value(static_cast<int64_t>(decode(value.string()).size()));
+    case Value::Kind::List:
+      return Value(static_cast<int64_t>(value.list().size()));
+    case Value::Kind::Dict:
+      return Value(static_cast<int64_t>(value.dict().entries.size()));
+    default:
+      at.error(fmt::format("object of type '{}' has no len()", value.type_name()));
   }
 }
 
@@ -433,7 +450,8 @@ Value select_or_reject(const Value& input, Arguments& arguments, const Location&
   Arguments test_arguments;
   test_arguments.origin = arguments.origin;
   test_arguments.line = arguments.line;
-  for (size_t i = test_index + 1; i < arguments.positional.size(); ++i) test_arguments.positional.push_back(arguments.positional[i]);
+  for (size_t i = test_index + 1; i < arguments.positional.size(); ++i)
+    test_arguments.positional.push_back(arguments.positional[i]);
   for (const Value& item : iterate(input, at)) {
     const Value subject = by_attribute ? attribute_path(item, attribute, at) : item;
     bool passes;
@@ -451,8 +469,10 @@ Value select_or_reject(const Value& input, Arguments& arguments, const Location&
 JsonFormat json_format(const Arguments& arguments, const Location& at) {
   JsonFormat format;
   const Value indent = argument(arguments, 0, "indent", Value::none());
-  if (indent.is_int()) format.indent = static_cast<int>(indent.integer());
-  else if (indent.is_string()) at.error("tojson indent must be an integer");
+  if (indent.is_int())
+    format.indent = static_cast<int>(indent.integer());
+  else if (indent.is_string())
+    at.error("tojson indent must be an integer");
   const Value ensure_ascii = argument(arguments, SIZE_MAX, "ensure_ascii", Value(false));
   format.ensure_ascii = ensure_ascii.truthy();
   const Value separators = argument(arguments, SIZE_MAX, "separators", Value::none());
@@ -534,7 +554,9 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
     t["indent"] = [](const Value& v, Arguments& a, const Location& at) {
       check_arguments(a, 3, {"width", "first", "blank"}, "indent", at);
       const Value width = argument(a, 0, "width", Value(4));
-      const std::string pad = width.is_string() ? width.string() : std::string(static_cast<size_t>(need_int(width, "indent width", at)), ' ');
+      const std::string pad = width.is_string()
+                                  ? width.string()
+                                  : std::string(static_cast<size_t>(need_int(width, "indent width", at)), ' ');
       const bool first = argument(a, 1, "first", Value(false)).truthy();
       const bool blank = argument(a, 2, "blank", Value(false)).truthy();
       std::string text = soft_string(v);
@@ -575,8 +597,12 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       return Value(std::move(out));
     };
     t["list"] = [](const Value& v, Arguments&, const Location& at) { return Value(iterate(v, at)); };
-    t["lower"] = [](const Value& v, Arguments&, const Location&) { return Value(map_characters(soft_string(v), to_lower)); };
-    t["upper"] = [](const Value& v, Arguments&, const Location&) { return Value(map_characters(soft_string(v), to_upper)); };
+    t["lower"] = [](const Value& v, Arguments&, const Location&) {
+      return Value(map_characters(soft_string(v), to_lower));
+    };
+    t["upper"] = [](const Value& v, Arguments&, const Location&) {
+      return Value(map_characters(soft_string(v), to_upper));
+    };
     t["title"] = [](const Value& v, Arguments&, const Location&) { return Value(title_filter(soft_string(v))); };
     t["map"] = [](const Value& v, Arguments& a, const Location& at) {
       List out;
@@ -613,7 +639,8 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
         };
         size_t best = 0;
         for (size_t i = 1; i < items.size(); ++i) {
-          const bool better = maximum ? less_than(key(items[best]), key(items[i]), at) : less_than(key(items[i]), key(items[best]), at);
+          const bool better =
+              maximum ? less_than(key(items[best]), key(items[i]), at) : less_than(key(items[i]), key(items[best]), at);
           if (better) best = i;
         }
         return items[best];
@@ -621,10 +648,18 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
     };
     t["max"] = extreme(true);
     t["min"] = extreme(false);
-    t["select"] = [](const Value& v, Arguments& a, const Location& at) { return select_or_reject(v, a, at, true, false); };
-    t["reject"] = [](const Value& v, Arguments& a, const Location& at) { return select_or_reject(v, a, at, false, false); };
-    t["selectattr"] = [](const Value& v, Arguments& a, const Location& at) { return select_or_reject(v, a, at, true, true); };
-    t["rejectattr"] = [](const Value& v, Arguments& a, const Location& at) { return select_or_reject(v, a, at, false, true); };
+    t["select"] = [](const Value& v, Arguments& a, const Location& at) {
+      return select_or_reject(v, a, at, true, false);
+    };
+    t["reject"] = [](const Value& v, Arguments& a, const Location& at) {
+      return select_or_reject(v, a, at, false, false);
+    };
+    t["selectattr"] = [](const Value& v, Arguments& a, const Location& at) {
+      return select_or_reject(v, a, at, true, true);
+    };
+    t["rejectattr"] = [](const Value& v, Arguments& a, const Location& at) {
+      return select_or_reject(v, a, at, false, true);
+    };
     t["replace"] = [](const Value& v, Arguments& a, const Location& at) {
       check_arguments(a, 3, {"old", "new", "count"}, "replace", at);
       const Value count = argument(a, 2, "count", Value::none());
@@ -649,10 +684,14 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       const double scale = std::pow(10.0, static_cast<double>(precision));
       const double scaled = v.number() * scale;
       double rounded;
-      if (method == "common") rounded = std::round(scaled);
-      else if (method == "ceil") rounded = std::ceil(scaled);
-      else if (method == "floor") rounded = std::floor(scaled);
-      else at.error("round method must be common, ceil or floor");
+      if (method == "common")
+        rounded = std::round(scaled);
+      else if (method == "ceil")
+        rounded = std::ceil(scaled);
+      else if (method == "floor")
+        rounded = std::floor(scaled);
+      else
+        at.error("round method must be common, ceil or floor");
       return Value(rounded / scale);
     };
     t["safe"] = [](const Value& v, Arguments&, const Location&) { return v; };
@@ -697,7 +736,8 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       const Value attribute = argument(a, 1, "attribute");
       List out, seen;
       for (const Value& item : iterate(v, at)) {
-        const Value key = sort_key(attribute.is_undefined() ? item : attribute_path(item, attribute, at), case_sensitive);
+        const Value key =
+            sort_key(attribute.is_undefined() ? item : attribute_path(item, attribute, at), case_sensitive);
         if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
         seen.push_back(key);
         out.push_back(item);
@@ -746,11 +786,15 @@ const std::map<std::string, TestFunction, std::less<>>& tests() {
     t["number"] = unary([](const Value& v) { return v.is_number(); });
     t["string"] = unary([](const Value& v) { return v.is_string(); });
     t["mapping"] = unary([](const Value& v) { return v.is_dict() && !v.is_namespace(); });
-    t["iterable"] = unary([](const Value& v) { return v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace()); });
-    t["sequence"] = unary([](const Value& v) { return v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace()); });
+    t["iterable"] =
+        unary([](const Value& v) { return v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace()); });
+    t["sequence"] =
+        unary([](const Value& v) { return v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace()); });
     t["callable"] = unary([](const Value& v) { return v.is_function(); });
-    t["lower"] = unary([](const Value& v) { return v.is_string() && map_characters(v.string(), to_lower) == v.string(); });
-    t["upper"] = unary([](const Value& v) { return v.is_string() && map_characters(v.string(), to_upper) == v.string(); });
+    t["lower"] =
+        unary([](const Value& v) { return v.is_string() && map_characters(v.string(), to_lower) == v.string(); });
+    t["upper"] =
+        unary([](const Value& v) { return v.is_string() && map_characters(v.string(), to_upper) == v.string(); });
     t["odd"] = [](const Value& v, Arguments&, const Location& at) { return need_int(v, "odd operand", at) % 2 != 0; };
     t["even"] = [](const Value& v, Arguments&, const Location& at) { return need_int(v, "even operand", at) % 2 == 0; };
     t["divisibleby"] = [](const Value& v, Arguments& a, const Location& at) {
@@ -764,9 +808,14 @@ const std::map<std::string, TestFunction, std::less<>>& tests() {
         return compare(op, v, a.positional[0], at);
       };
     };
-    for (const auto& [names, op] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-             {{"eq", "equalto", "=="}, "=="}, {{"ne", "!="}, "!="}, {{"lt", "lessthan", "<"}, "<"},
-             {{"le", "<="}, "<="}, {{"gt", "greaterthan", ">"}, ">"}, {{"ge", ">="}, ">="}, {{"in"}, "in"}})
+    for (const auto& [names, op] :
+         std::vector<std::pair<std::vector<std::string>, std::string>>{{{"eq", "equalto", "=="}, "=="},
+                                                                       {{"ne", "!="}, "!="},
+                                                                       {{"lt", "lessthan", "<"}, "<"},
+                                                                       {{"le", "<="}, "<="},
+                                                                       {{"gt", "greaterthan", ">"}, ">"},
+                                                                       {{"ge", ">="}, ">="},
+                                                                       {{"in"}, "in"}})
       for (const auto& name : names) t[name] = comparison(op);
     t["sameas"] = [](const Value& v, Arguments& a, const Location& at) {
       if (a.positional.size() != 1) at.error("sameas takes one argument");
@@ -803,7 +852,8 @@ Value binary_operation(const std::string& op, const Value& left, const Value& ri
     }
   }
   if (op == "*") {
-    const Value* sequence = left.is_string() || left.is_list() ? &left : (right.is_string() || right.is_list() ? &right : nullptr);
+    const Value* sequence =
+        left.is_string() || left.is_list() ? &left : (right.is_string() || right.is_list() ? &right : nullptr);
     const Value* count = sequence == &left ? &right : &left;
     if (sequence && (count->is_int() || count->is_bool())) {
       const int64_t times = std::max<int64_t>(0, count->integer());
@@ -930,7 +980,8 @@ Value get_item(const Value& object, const Value& key, const Location& at) {
 
 Value get_slice(const Value& object, const Value* start, const Value* stop, const Value* step, const Location& at) {
   if (object.is_undefined()) undefined_error(object, at);
-  if (!object.is_list() && !object.is_string()) at.error(fmt::format("'{}' object is not subscriptable", object.type_name()));
+  if (!object.is_list() && !object.is_string())
+    at.error(fmt::format("'{}' object is not subscriptable", object.type_name()));
   const std::u32string characters = object.is_string() ? decode(object.string()) : std::u32string();
   const auto size = static_cast<int64_t>(object.is_list() ? object.list().size() : characters.size());
   auto bound = [&](const Value* value) -> std::optional<int64_t> {
@@ -956,16 +1007,20 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
   List items;
   std::u32string text;
   for (int64_t i = first; stride > 0 ? i < last : i > last; i += stride) {
-    if (object.is_list()) items.push_back(object.list()[static_cast<size_t>(i)]);
-    else text.push_back(characters[static_cast<size_t>(i)]);
+    if (object.is_list())
+      items.push_back(object.list()[static_cast<size_t>(i)]);
+    else
+      text.push_back(characters[static_cast<size_t>(i)]);
   }
   return object.is_list() ? Value(std::move(items)) : Value(encode(text));
 }
 
 List iterate(const Value& value, const Location& at) {
   switch (value.kind()) {
-    case Value::Kind::Undefined: return {};
-    case Value::Kind::List: return value.list();
+    case Value::Kind::Undefined:
+      return {};
+    case Value::Kind::List:
+      return value.list();
     case Value::Kind::String: {
       List characters;
       for (char32_t c : decode(value.string())) characters.emplace_back(encode(std::u32string(1, c)));
@@ -977,7 +1032,8 @@ List iterate(const Value& value, const Location& at) {
       for (const auto& entry : value.dict().entries) keys.emplace_back(entry.first);
       return keys;
     }
-    default: break;
+    default:
+      break;
   }
   at.error(fmt::format("'{}' object is not iterable", value.type_name()));
 }
@@ -996,9 +1052,6 @@ bool apply_test(const std::string& name, const Value& input, CallArguments& argu
   return found->second(input, arguments, at);
 }
 
-bool has_filter(const std::string& name) { return filters().count(name) > 0; }
-bool has_test(const std::string& name) { return tests().count(name) > 0; }
-
 std::optional<Value> global_function(const std::string& name) {
   if (name == "namespace" || name == "dict") {
     const bool is_namespace = name == "namespace";
@@ -1007,7 +1060,8 @@ std::optional<Value> global_function(const std::string& name) {
                             Dict dict;
                             dict.is_namespace = is_namespace;
                             for (const Value& positional : arguments.positional) {
-                              if (!positional.is_dict()) at.error("namespace()/dict() take keyword arguments or a dict");
+                              if (!positional.is_dict())
+                                at.error("namespace()/dict() take keyword arguments or a dict");
                               for (const auto& [key, value] : positional.dict().entries) dict.set(key, value);
                             }
                             for (const auto& [key, value] : arguments.keyword) dict.set(key, value);
@@ -1017,10 +1071,12 @@ std::optional<Value> global_function(const std::string& name) {
   if (name == "range") {
     return Value(Function{name, [](Arguments& arguments) {
                             const Location at{arguments.origin, arguments.line};
-                            if (arguments.positional.empty() || arguments.positional.size() > 3 || !arguments.keyword.empty())
+                            if (arguments.positional.empty() || arguments.positional.size() > 3 ||
+                                !arguments.keyword.empty())
                               at.error("range() takes 1 to 3 positional arguments");
                             std::vector<int64_t> bounds;
-                            for (const Value& value : arguments.positional) bounds.push_back(need_int(value, "range argument", at));
+                            for (const Value& value : arguments.positional)
+                              bounds.push_back(need_int(value, "range argument", at));
                             const int64_t start = bounds.size() == 1 ? 0 : bounds[0];
                             const int64_t stop = bounds.size() == 1 ? bounds[0] : bounds[1];
                             const int64_t step = bounds.size() == 3 ? bounds[2] : 1;
@@ -1040,7 +1096,8 @@ std::optional<Value> global_function(const std::string& name) {
     // transformers passes strftime_now(format) = datetime.now().strftime(format).
     return Value(Function{name, [](Arguments& arguments) {
                             const Location at{arguments.origin, arguments.line};
-                            const std::string& format = need_string(argument(arguments, 0, "format"), "strftime format", at);
+                            const std::string& format =
+                                need_string(argument(arguments, 0, "format"), "strftime format", at);
                             const std::time_t now = std::time(nullptr);
                             std::tm local{};
                             localtime_r(&now, &local);

@@ -1,11 +1,10 @@
-#include "tokenizer/jinja_template.h"
+#include <fmt/format.h>
 
 #include <unordered_map>
 
-#include <fmt/format.h>
-
 #include "core/error.h"
 #include "tokenizer/jinja_builtins.h"
+#include "tokenizer/jinja_template.h"
 
 namespace kiln::jinja {
 
@@ -39,7 +38,9 @@ class Renderer {
 
   Flow render(const Node& node, std::string& out) {
     switch (node.kind) {
-      case Node::Kind::Text: out += node.text; return Flow::Normal;
+      case Node::Kind::Text:
+        out += node.text;
+        return Flow::Normal;
       case Node::Kind::Output: {
         const Value value = evaluate(*node.expression);
         if (value.is_function()) at(node.line).error("cannot print a function; call it with ()");
@@ -50,15 +51,17 @@ class Renderer {
         for (size_t i = 0; i < node.conditions.size(); ++i)
           if (evaluate(*node.conditions[i]).truthy()) return render(node.bodies[i], out);
         return render(node.else_body, out);
-      case Node::Kind::For: return render_for(node, out);
+      case Node::Kind::For:
+        return render_for(node, out);
       case Node::Kind::Set: {
         const Value value = evaluate(*node.expression);
         if (!node.attribute.empty()) {
-          const Value target = lookup(node.targets[0], node.line);
+          const Value target = lookup(node.targets[0]);
           if (!target.is_namespace())
-            at(node.line).error(fmt::format("cannot assign attribute '{}' on '{}': only namespace() objects take "
-                                            "attribute assignment",
-                                            node.attribute, node.targets[0]));
+            at(node.line).error(
+                fmt::format("cannot assign attribute '{}' on '{}': only namespace() objects take "
+                            "attribute assignment",
+                            node.attribute, node.targets[0]));
           target.namespace_dict().set(node.attribute, value);
         } else {
           assign_targets(node.targets, value, node.line);
@@ -71,7 +74,9 @@ class Renderer {
         frames_.back()[node.targets[0]] = Value(std::move(captured));
         return Flow::Normal;
       }
-      case Node::Kind::Macro: frames_.back()[node.name] = make_macro(node); return Flow::Normal;
+      case Node::Kind::Macro:
+        frames_.back()[node.name] = make_macro(node);
+        return Flow::Normal;
       case Node::Kind::Break:
       case Node::Kind::Continue:
         if (loop_depth_ == 0) at(node.line).error("break or continue outside a loop");
@@ -83,7 +88,8 @@ class Renderer {
         out += apply_filter(node.filter->name, Value(std::move(captured)), arguments, at(node.line)).str();
         return flow;
       }
-      case Node::Kind::Generation: return render(node.body, out);
+      case Node::Kind::Generation:
+        return render(node.body, out);
     }
     return Flow::Normal;
   }
@@ -120,10 +126,14 @@ class Renderer {
     for (int64_t i = 0; i < length; ++i) {
       Dict loop;
       loop.entries = {
-          {"index", Value(i + 1)},          {"index0", Value(i)},
-          {"revindex", Value(length - i)},  {"revindex0", Value(length - i - 1)},
-          {"first", Value(i == 0)},         {"last", Value(i == length - 1)},
-          {"length", Value(length)},        {"depth", Value(1)},
+          {"index", Value(i + 1)},
+          {"index0", Value(i)},
+          {"revindex", Value(length - i)},
+          {"revindex0", Value(length - i - 1)},
+          {"first", Value(i == 0)},
+          {"last", Value(i == length - 1)},
+          {"length", Value(length)},
+          {"depth", Value(1)},
           {"depth0", Value(0)},
       };
       if (i > 0) loop.entries.emplace_back("previtem", items[static_cast<size_t>(i - 1)]);
@@ -155,15 +165,20 @@ class Renderer {
                             for (size_t i = 0; i < macro->parameters.size(); ++i) {
                               const auto& [name, default_value] = macro->parameters[i];
                               Value value;
-                              if (i < arguments.positional.size()) value = arguments.positional[i];
-                              else if (default_value) value = evaluate(*default_value);
-                              else value = Value::undefined(fmt::format("'{}' is undefined", name));
+                              if (i < arguments.positional.size())
+                                value = arguments.positional[i];
+                              else if (default_value)
+                                value = evaluate(*default_value);
+                              else
+                                value = Value::undefined(fmt::format("'{}' is undefined", name));
                               frames_.back()[name] = value;
                             }
                             for (const auto& [key, value] : arguments.keyword) {
-                              const bool known = std::any_of(macro->parameters.begin(), macro->parameters.end(),
-                                                             [&](const auto& parameter) { return parameter.first == key; });
-                              if (!known) location.error(fmt::format("macro '{}' has no parameter '{}'", macro->name, key));
+                              const bool known =
+                                  std::any_of(macro->parameters.begin(), macro->parameters.end(),
+                                              [&](const auto& parameter) { return parameter.first == key; });
+                              if (!known)
+                                location.error(fmt::format("macro '{}' has no parameter '{}'", macro->name, key));
                               frames_.back()[key] = value;
                             }
                             std::string out;
@@ -176,11 +191,10 @@ class Renderer {
                           }});
   }
 
-  Value lookup(const std::string& name, int line) {
+  Value lookup(const std::string& name) {
     for (auto frame = frames_.rbegin(); frame != frames_.rend(); ++frame)
       if (const auto found = frame->find(name); found != frame->end()) return found->second;
     if (auto builtin = global_function(name)) return *builtin;
-    (void)line;
     return Value::undefined(fmt::format("'{}' is undefined", name));
   }
 
@@ -196,9 +210,12 @@ class Renderer {
   Value evaluate(const Expression& expression) {
     const Location location = at(expression.line);
     switch (expression.kind) {
-      case Expression::Kind::Literal: return expression.literal;
-      case Expression::Kind::Name: return lookup(expression.name, expression.line);
-      case Expression::Kind::Attribute: return get_attribute(evaluate(*expression.object), expression.name, location);
+      case Expression::Kind::Literal:
+        return expression.literal;
+      case Expression::Kind::Name:
+        return lookup(expression.name);
+      case Expression::Kind::Attribute:
+        return get_attribute(evaluate(*expression.object), expression.name, location);
       case Expression::Kind::Item:
         return get_item(evaluate(*expression.object), evaluate(*expression.operands[0]), location);
       case Expression::Kind::Slice: {
@@ -229,7 +246,8 @@ class Renderer {
         CallArguments arguments = evaluate_arguments(expression);
         return Value(apply_test(expression.name, input, arguments, location) != expression.negated);
       }
-      case Expression::Kind::Unary: return unary_operation(expression.name, evaluate(*expression.object), location);
+      case Expression::Kind::Unary:
+        return unary_operation(expression.name, evaluate(*expression.object), location);
       case Expression::Kind::Binary: {
         const Value left = evaluate(*expression.operands[0]);
         // and / or return an operand, short-circuiting as in Python.

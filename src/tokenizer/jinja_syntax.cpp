@@ -1,11 +1,11 @@
 #include "tokenizer/jinja_syntax.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <optional>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "tokenizer/unicode.h"
@@ -44,7 +44,8 @@ class Scanner {
     bool strip_leading = false, trim_newline = false;
     while (true) {
       const size_t start = find_tag_start(position);
-      std::string text(source_.substr(position, start == std::string_view::npos ? std::string_view::npos : start - position));
+      std::string text(
+          source_.substr(position, start == std::string_view::npos ? std::string_view::npos : start - position));
       // Whether the text begins a line (what lstrip_blocks needs when the text has no newline).
       bool starts_line = position == 0;
       if (strip_leading) {
@@ -187,9 +188,9 @@ class Scanner {
       } else if (c == '\'' || c == '"') {
         position += lex_string(rest, token, line);
       } else {
-        static const std::vector<std::string_view> kOperators = {
-            "**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
-            "=",  "(",  ")",  "[",  "]",  "{",  "}", ",", ".", ":", "|"};
+        static const std::vector<std::string_view> kOperators = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                                                                 "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                                                 "]",  "{",  "}",  ",",  ".",  ":",  "|"};
         const auto found = std::find_if(kOperators.begin(), kOperators.end(),
                                         [&](std::string_view op) { return rest.substr(0, op.size()) == op; });
         if (found == kOperators.end()) fail("{}: line {}: unexpected character '{}' in a tag", origin_, line, c);
@@ -254,8 +255,10 @@ class Scanner {
       char32_t code = 0;
       for (size_t k = 0; k < digits; ++k) {
         const char h = rest[i + k];
-        if (!std::isxdigit(static_cast<unsigned char>(h))) fail("{}: line {}: bad escape in a string literal", origin_, line);
-        code = code * 16 + static_cast<char32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+        if (!std::isxdigit(static_cast<unsigned char>(h)))
+          fail("{}: line {}: bad escape in a string literal", origin_, line);
+        code = code * 16 + static_cast<char32_t>(
+                               std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
       }
       i += digits;
       return code;
@@ -273,20 +276,47 @@ class Scanner {
       const char escape = rest[i + 1];
       i += 2;
       switch (escape) {
-        case 'n': value += '\n'; break;
-        case 't': value += '\t'; break;
-        case 'r': value += '\r'; break;
-        case '\\': value += '\\'; break;
-        case '\'': value += '\''; break;
-        case '"': value += '"'; break;
-        case 'a': value += '\a'; break;
-        case 'b': value += '\b'; break;
-        case 'f': value += '\f'; break;
-        case 'v': value += '\v'; break;
-        case '\n': break;  // a backslash-newline continues the line
-        case 'x': unicode::append_utf8(value, hex_value(2)); break;
-        case 'u': unicode::append_utf8(value, hex_value(4)); break;
-        case 'U': unicode::append_utf8(value, hex_value(8)); break;
+        case 'n':
+          value += '\n';
+          break;
+        case 't':
+          value += '\t';
+          break;
+        case 'r':
+          value += '\r';
+          break;
+        case '\\':
+          value += '\\';
+          break;
+        case '\'':
+          value += '\'';
+          break;
+        case '"':
+          value += '"';
+          break;
+        case 'a':
+          value += '\a';
+          break;
+        case 'b':
+          value += '\b';
+          break;
+        case 'f':
+          value += '\f';
+          break;
+        case 'v':
+          value += '\v';
+          break;
+        case '\n':
+          break;  // a backslash-newline continues the line
+        case 'x':
+          unicode::append_utf8(value, hex_value(2));
+          break;
+        case 'u':
+          unicode::append_utf8(value, hex_value(4));
+          break;
+        case 'U':
+          unicode::append_utf8(value, hex_value(8));
+          break;
         default:
           if (escape >= '0' && escape <= '7') {
             char32_t code = static_cast<char32_t>(escape - '0');
@@ -446,9 +476,8 @@ class ExpressionParser {
     while (true) {
       std::string op;
       const Token& next = peek();
-      if (next.kind == Token::Kind::Operator &&
-          (next.text == "==" || next.text == "!=" || next.text == "<" || next.text == ">" || next.text == "<=" ||
-           next.text == ">=")) {
+      if (next.kind == Token::Kind::Operator && (next.text == "==" || next.text == "!=" || next.text == "<" ||
+                                                 next.text == ">" || next.text == "<=" || next.text == ">=")) {
         op = next.text;
         ++position_;
       } else if (peek_name("in")) {
@@ -542,9 +571,13 @@ class ExpressionParser {
         return literal(Value(std::move(text)), line_number);
       }
       case Token::Kind::Integer:
-      case Token::Kind::Float: ++position_; return literal(token.value, token.line);
-      case Token::Kind::Operator: break;
-      case Token::Kind::End: break;
+      case Token::Kind::Float:
+        ++position_;
+        return literal(token.value, token.line);
+      case Token::Kind::Operator:
+        break;
+      case Token::Kind::End:
+        break;
     }
     if (peek_operator("(")) {
       ++position_;

@@ -1,10 +1,10 @@
 #include "tokenizer/jinja_value.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "tokenizer/unicode.h"
@@ -46,16 +46,21 @@ Value::Value(Function value) : data_(std::make_shared<const Function>(std::move(
 
 Value Value::from_json(const nlohmann::ordered_json& json) {
   switch (json.type()) {
-    case nlohmann::ordered_json::value_t::null: return none();
-    case nlohmann::ordered_json::value_t::boolean: return Value(json.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value(json.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value(json.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value(json.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const auto value = json.get<uint64_t>();
       if (value > static_cast<uint64_t>(INT64_MAX)) return Value(static_cast<double>(value));
       return Value(static_cast<int64_t>(value));
     }
-    case nlohmann::ordered_json::value_t::number_float: return Value(json.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value(json.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value(json.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value(json.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List list;
       list.reserve(json.size());
@@ -67,7 +72,8 @@ Value Value::from_json(const nlohmann::ordered_json& json) {
       for (const auto& [key, element] : json.items()) dict.entries.emplace_back(key, from_json(element));
       return Value(std::move(dict));
     }
-    default: fail("chat template input: unsupported JSON value {}", json.dump());
+    default:
+      fail("chat template input: unsupported JSON value {}", json.dump());
   }
 }
 
@@ -84,14 +90,22 @@ double Value::number() const {
 bool Value::truthy() const {
   switch (kind()) {
     case Kind::Undefined:
-    case Kind::None: return false;
-    case Kind::Bool: return boolean();
-    case Kind::Int: return integer() != 0;
-    case Kind::Float: return number() != 0.0;
-    case Kind::String: return !string().empty();
-    case Kind::List: return !list().empty();
-    case Kind::Dict: return is_namespace() || !dict().entries.empty();
-    case Kind::Function: return true;
+    case Kind::None:
+      return false;
+    case Kind::Bool:
+      return boolean();
+    case Kind::Int:
+      return integer() != 0;
+    case Kind::Float:
+      return number() != 0.0;
+    case Kind::String:
+      return !string().empty();
+    case Kind::List:
+      return !list().empty();
+    case Kind::Dict:
+      return is_namespace() || !dict().entries.empty();
+    case Kind::Function:
+      return true;
   }
   return false;
 }
@@ -117,7 +131,8 @@ std::string python_float_repr(double value) {
     } else if (static_cast<size_t>(exponent) + 1 >= digits.size()) {
       out = digits + std::string(static_cast<size_t>(exponent) + 1 - digits.size(), '0') + ".0";
     } else {
-      out = digits.substr(0, static_cast<size_t>(exponent) + 1) + "." + digits.substr(static_cast<size_t>(exponent) + 1);
+      out =
+          digits.substr(0, static_cast<size_t>(exponent) + 1) + "." + digits.substr(static_cast<size_t>(exponent) + 1);
     }
   } else {
     out = digits.substr(0, 1);
@@ -164,12 +179,18 @@ std::string python_string_repr(const std::string& text) {
 
 std::string Value::str() const {
   switch (kind()) {
-    case Kind::Undefined: return "";
-    case Kind::None: return "None";
-    case Kind::Bool: return boolean() ? "True" : "False";
-    case Kind::Int: return std::to_string(integer());
-    case Kind::Float: return python_float_repr(number());
-    case Kind::String: return string();
+    case Kind::Undefined:
+      return "";
+    case Kind::None:
+      return "None";
+    case Kind::Bool:
+      return boolean() ? "True" : "False";
+    case Kind::Int:
+      return std::to_string(integer());
+    case Kind::Float:
+      return python_float_repr(number());
+    case Kind::String:
+      return string();
     case Kind::List: {
       std::string out = "[";
       for (size_t i = 0; i < list().size(); ++i) out += (i ? ", " : "") + list()[i].repr();
@@ -185,7 +206,8 @@ std::string Value::str() const {
       }
       return out + "}";
     }
-    case Kind::Function: return "<function " + function().name + ">";
+    case Kind::Function:
+      return "<function " + function().name + ">";
   }
   return "";
 }
@@ -194,15 +216,24 @@ std::string Value::repr() const { return is_string() ? python_string_repr(string
 
 std::string Value::type_name() const {
   switch (kind()) {
-    case Kind::Undefined: return "Undefined";
-    case Kind::None: return "NoneType";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int";
-    case Kind::Float: return "float";
-    case Kind::String: return "str";
-    case Kind::List: return "list";
-    case Kind::Dict: return is_namespace() ? "Namespace" : "dict";
-    case Kind::Function: return "function";
+    case Kind::Undefined:
+      return "Undefined";
+    case Kind::None:
+      return "NoneType";
+    case Kind::Bool:
+      return "bool";
+    case Kind::Int:
+      return "int";
+    case Kind::Float:
+      return "float";
+    case Kind::String:
+      return "str";
+    case Kind::List:
+      return "list";
+    case Kind::Dict:
+      return is_namespace() ? "Namespace" : "dict";
+    case Kind::Function:
+      return "function";
   }
   return "";
 }
@@ -215,9 +246,12 @@ bool operator==(const Value& left, const Value& right) {
   if (left.kind() != right.kind()) return false;
   switch (left.kind()) {
     case Value::Kind::Undefined:
-    case Value::Kind::None: return true;
-    case Value::Kind::String: return left.string() == right.string();
-    case Value::Kind::List: return left.list() == right.list();
+    case Value::Kind::None:
+      return true;
+    case Value::Kind::String:
+      return left.string() == right.string();
+    case Value::Kind::List:
+      return left.list() == right.list();
     case Value::Kind::Dict: {
       if (left.is_namespace() || right.is_namespace()) return &left.dict() == &right.dict();
       const auto& a = left.dict().entries;
@@ -229,8 +263,10 @@ bool operator==(const Value& left, const Value& right) {
       }
       return true;
     }
-    case Value::Kind::Function: return &left.function() == &right.function();
-    default: return false;
+    case Value::Kind::Function:
+      return &left.function() == &right.function();
+    default:
+      return false;
   }
 }
 
@@ -242,13 +278,27 @@ void append_json_string(std::string& out, const std::string& text, bool ensure_a
   while (offset < text.size()) {
     const char32_t c = unicode::next_code_point(text, offset);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
@@ -276,17 +326,28 @@ void append_json(std::string& out, const Value& value, const JsonFormat& format,
     out.append(static_cast<size_t>(format.indent * level), ' ');
   };
   switch (value.kind()) {
-    case Value::Kind::None: out += "null"; return;
-    case Value::Kind::Bool: out += value.boolean() ? "true" : "false"; return;
-    case Value::Kind::Int: out += std::to_string(value.integer()); return;
+    case Value::Kind::None:
+      out += "null";
+      return;
+    case Value::Kind::Bool:
+      out += value.boolean() ? "true" : "false";
+      return;
+    case Value::Kind::Int:
+      out += std::to_string(value.integer());
+      return;
     case Value::Kind::Float: {
       const double number = value.number();
-      if (std::isnan(number)) out += "NaN";
-      else if (std::isinf(number)) out += number > 0 ? "Infinity" : "-Infinity";
-      else out += python_float_repr(number);
+      if (std::isnan(number))
+        out += "NaN";
+      else if (std::isinf(number))
+        out += number > 0 ? "Infinity" : "-Infinity";
+      else
+        out += python_float_repr(number);
       return;
     }
-    case Value::Kind::String: append_json_string(out, value.string(), format.ensure_ascii); return;
+    case Value::Kind::String:
+      append_json_string(out, value.string(), format.ensure_ascii);
+      return;
     case Value::Kind::List: {
       const List& list = value.list();
       if (list.empty()) {

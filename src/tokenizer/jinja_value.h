@@ -7,13 +7,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace kiln::jinja {
 
@@ -46,15 +45,15 @@ class Value {
   Value() = default;  // Undefined
   static Value undefined(std::string description);
   static Value none();
-  Value(bool value) : data_(value) {}                 // NOLINT: implicit like Python literals
-  Value(int64_t value) : data_(value) {}              // NOLINT
-  Value(int value) : data_(int64_t{value}) {}         // NOLINT
-  Value(double value) : data_(value) {}               // NOLINT
-  Value(std::string value);                           // NOLINT
+  Value(bool value) : data_(value) {}                      // NOLINT: implicit like Python literals
+  Value(int64_t value) : data_(value) {}                   // NOLINT
+  Value(int value) : data_(int64_t{value}) {}              // NOLINT
+  Value(double value) : data_(value) {}                    // NOLINT
+  Value(std::string value);                                // NOLINT
   Value(const char* value) : Value(std::string(value)) {}  // NOLINT
-  Value(List value);                                  // NOLINT
-  Value(Dict value);                                  // NOLINT
-  Value(Function value);                              // NOLINT
+  Value(List value);                                       // NOLINT
+  Value(Dict value);                                       // NOLINT
+  Value(Function value);                                   // NOLINT
 
   static Value from_json(const nlohmann::ordered_json& json);
 

@@ -50,7 +50,8 @@ void Normalizer::add(const nlohmann::json& spec, const std::string& where) {
   const std::string type = spec["type"];
   const std::string here = where + " (" + type + ")";
   if (type == "Sequence") {
-    if (!spec.contains("normalizers") || !spec["normalizers"].is_array()) fail("{}: \"normalizers\" must be a list", here);
+    if (!spec.contains("normalizers") || !spec["normalizers"].is_array())
+      fail("{}: \"normalizers\" must be a list", here);
     for (const auto& child : spec["normalizers"]) add(child, where);
   } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     const unicode::NormalForm form = type == "NFC"    ? unicode::NormalForm::Nfc
@@ -89,7 +90,9 @@ std::string Normalizer::apply(std::string_view text) const {
   std::string current(text);
   for (const Step& step : steps_) {
     switch (step.kind) {
-      case Kind::Normalize: current = unicode::normalize(current, step.form); break;
+      case Kind::Normalize:
+        current = unicode::normalize(current, step.form);
+        break;
       case Kind::Prepend:
         // Hugging Face prepends only to non-empty text (normalizers/prepend.rs).
         if (!current.empty()) current.insert(0, step.text);

@@ -4,11 +4,10 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tokenizer/regex.h"
 #include "tokenizer/unicode.h"
@@ -28,8 +27,8 @@ class Normalizer {
   struct Step {
     Kind kind = Kind::Normalize;
     unicode::NormalForm form = unicode::NormalForm::Nfc;
-    std::string text;  // Prepend: what to prepend; Replace: the replacement
-    std::string literal;  // Replace with a String pattern: the string replaced
+    std::string text;                      // Prepend: what to prepend; Replace: the replacement
+    std::string literal;                   // Replace with a String pattern: the string replaced
     std::shared_ptr<const Regex> pattern;  // Replace with a Regex pattern
   };
   void add(const nlohmann::json& spec, const std::string& where);

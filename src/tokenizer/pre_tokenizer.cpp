@@ -11,7 +11,8 @@ namespace {
 
 // GPT-2's split pattern, used by the ByteLevel pre-tokenizer when use_regex is true
 // (tokenizers/src/pre_tokenizers/byte_level.rs).
-constexpr std::string_view kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 bool bool_field(const nlohmann::json& spec, const char* name, bool fallback, const std::string& where) {
   if (!spec.contains(name)) return fallback;
@@ -44,12 +45,18 @@ void PreTokenizer::add(const nlohmann::json& spec, const std::string& where) {
     step.kind = Step::Kind::Split;
     step.pattern = pattern_from_json(spec.value("pattern", nlohmann::json()), here + " pattern");
     const std::string behavior = spec.value("behavior", std::string());
-    if (behavior == "Removed") step.behavior = Behavior::Removed;
-    else if (behavior == "Isolated") step.behavior = Behavior::Isolated;
-    else if (behavior == "MergedWithPrevious") step.behavior = Behavior::MergedWithPrevious;
-    else if (behavior == "MergedWithNext") step.behavior = Behavior::MergedWithNext;
-    else if (behavior == "Contiguous") step.behavior = Behavior::Contiguous;
-    else fail("{}: unknown behavior \"{}\"", here, behavior);
+    if (behavior == "Removed")
+      step.behavior = Behavior::Removed;
+    else if (behavior == "Isolated")
+      step.behavior = Behavior::Isolated;
+    else if (behavior == "MergedWithPrevious")
+      step.behavior = Behavior::MergedWithPrevious;
+    else if (behavior == "MergedWithNext")
+      step.behavior = Behavior::MergedWithNext;
+    else if (behavior == "Contiguous")
+      step.behavior = Behavior::Contiguous;
+    else
+      fail("{}: unknown behavior \"{}\"", here, behavior);
     step.invert = bool_field(spec, "invert", false, here);
     steps_.push_back(std::move(step));
   } else if (type == "ByteLevel") {
@@ -66,10 +73,14 @@ void PreTokenizer::add(const nlohmann::json& spec, const std::string& where) {
     step.replacement = spec.value("replacement", std::string("\u2581"));
     if (spec.contains("prepend_scheme")) {
       const std::string scheme = spec["prepend_scheme"].is_string() ? spec["prepend_scheme"].get<std::string>() : "";
-      if (scheme == "always") step.prepend = Prepend::Always;
-      else if (scheme == "first") step.prepend = Prepend::First;
-      else if (scheme == "never") step.prepend = Prepend::Never;
-      else fail("{}: unknown prepend_scheme {}", here, spec["prepend_scheme"].dump());
+      if (scheme == "always")
+        step.prepend = Prepend::Always;
+      else if (scheme == "first")
+        step.prepend = Prepend::First;
+      else if (scheme == "never")
+        step.prepend = Prepend::Never;
+      else
+        fail("{}: unknown prepend_scheme {}", here, spec["prepend_scheme"].dump());
     } else {
       // Files written before prepend_scheme existed say add_prefix_space instead.
       step.prepend = bool_field(spec, "add_prefix_space", true, here) ? Prepend::Always : Prepend::Never;
@@ -123,8 +134,10 @@ void PreTokenizer::split_by_pattern(const Regex& pattern, Behavior behavior, boo
     case Behavior::Contiguous: {
       bool previous_match = false;
       for (const Span& span : spans) {
-        if (!groups.empty() && span.is_match == previous_match) groups.back().second = span.end;
-        else groups.emplace_back(span.begin, span.end);
+        if (!groups.empty() && span.is_match == previous_match)
+          groups.back().second = span.end;
+        else
+          groups.emplace_back(span.begin, span.end);
         previous_match = span.is_match;
       }
       break;
@@ -132,8 +145,10 @@ void PreTokenizer::split_by_pattern(const Regex& pattern, Behavior behavior, boo
     case Behavior::MergedWithPrevious: {
       bool previous_match = false;
       for (const Span& span : spans) {
-        if (!groups.empty() && span.is_match && !previous_match) groups.back().second = span.end;
-        else groups.emplace_back(span.begin, span.end);
+        if (!groups.empty() && span.is_match && !previous_match)
+          groups.back().second = span.end;
+        else
+          groups.emplace_back(span.begin, span.end);
         previous_match = span.is_match;
       }
       break;
@@ -141,8 +156,10 @@ void PreTokenizer::split_by_pattern(const Regex& pattern, Behavior behavior, boo
     case Behavior::MergedWithNext: {
       bool previous_match = false;
       for (auto span = spans.rbegin(); span != spans.rend(); ++span) {
-        if (!groups.empty() && span->is_match && !previous_match) groups.back().first = span->begin;
-        else groups.emplace_back(span->begin, span->end);
+        if (!groups.empty() && span->is_match && !previous_match)
+          groups.back().first = span->begin;
+        else
+          groups.emplace_back(span->begin, span->end);
         previous_match = span->is_match;
       }
       std::reverse(groups.begin(), groups.end());
@@ -161,7 +178,9 @@ void PreTokenizer::split(std::string_view segment, bool segment_at_input_start, 
     next.clear();
     for (const Piece& piece : pieces) {
       switch (step.kind) {
-        case Step::Kind::Split: split_by_pattern(*step.pattern, step.behavior, step.invert, piece, next); break;
+        case Step::Kind::Split:
+          split_by_pattern(*step.pattern, step.behavior, step.invert, piece, next);
+          break;
         case Step::Kind::ByteLevel: {
           Piece prefixed = piece;
           if (step.add_prefix_space && piece.text.front() != ' ') {
@@ -169,8 +188,10 @@ void PreTokenizer::split(std::string_view segment, bool segment_at_input_start, 
             text.append(piece.text);
             prefixed.text = text;
           }
-          if (step.pattern) split_by_pattern(*step.pattern, Behavior::Isolated, false, prefixed, next);
-          else next.push_back(prefixed);
+          if (step.pattern)
+            split_by_pattern(*step.pattern, Behavior::Isolated, false, prefixed, next);
+          else
+            next.push_back(prefixed);
           break;
         }
         case Step::Kind::Metaspace: {

@@ -5,11 +5,10 @@
 
 #include <deque>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tokenizer/regex.h"
 

@@ -57,12 +57,12 @@ void Regex::for_each_match(std::string_view text, const std::function<void(size_
   size_t start = 0;
   while (start <= text.size()) {
     // The caller guarantees well-formed UTF-8, so PCRE2's own check is skipped.
-    const int result = jit_ ? pcre2_jit_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.match_data,
-                                              state.context)
-                            : pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.match_data,
-                                          state.context);
+    const int result =
+        jit_ ? pcre2_jit_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.match_data, state.context)
+             : pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.match_data, state.context);
     if (result == PCRE2_ERROR_NOMATCH) return;
-    if (result < 0) fail("{}: regex matching failed on {} bytes of text: {}", what_, text.size(), pcre2_message(result));
+    if (result < 0)
+      fail("{}: regex matching failed on {} bytes of text: {}", what_, text.size(), pcre2_message(result));
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.match_data);
     const size_t begin = ovector[0], end = ovector[1];
     on_match(begin, end);

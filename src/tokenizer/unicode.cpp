@@ -1,9 +1,9 @@
 #include "tokenizer/unicode.h"
 
+#include <utf8proc.h>
+
 #include <cstdlib>
 #include <memory>
-
-#include <utf8proc.h>
 
 #include "core/error.h"
 
@@ -83,7 +83,8 @@ char32_t next_code_point(std::string_view text, size_t& offset) {
     return lead;
   }
   char32_t code_point = lead & (0x7F >> length);
-  for (int i = 1; i < length; ++i) code_point = (code_point << 6) | (static_cast<unsigned char>(text[offset + i]) & 0x3F);
+  for (int i = 1; i < length; ++i)
+    code_point = (code_point << 6) | (static_cast<unsigned char>(text[offset + i]) & 0x3F);
   offset += length;
   return code_point;
 }
@@ -109,8 +110,7 @@ void append_utf8(std::string& out, char32_t code_point) {
 bool is_white_space(char32_t c) {
   // Unicode 15.0 PropList.txt, White_Space.
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 std::string normalize(std::string_view text, NormalForm form) {
@@ -128,10 +128,18 @@ std::string normalize(std::string_view text, NormalForm form) {
 
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case NormalForm::Nfc: options |= UTF8PROC_COMPOSE; break;
-    case NormalForm::Nfd: options |= UTF8PROC_DECOMPOSE; break;
-    case NormalForm::Nfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormalForm::Nfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case NormalForm::Nfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case NormalForm::Nfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormalForm::Nfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalForm::Nfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
   }
   utf8proc_uint8_t* mapped = nullptr;
   const utf8proc_ssize_t length =
