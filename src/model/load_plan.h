@@ -5,6 +5,7 @@
 // plan gives a WeightMap: zero-copy views where no fix-up applies, fixed-up copies otherwise.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -35,6 +36,9 @@ struct DroppedTensor {
   std::string reason;  // e.g. "vision tower (text graph)", "multi-token-prediction head"
 };
 
+// The fix-up's name in LoadPlan::to_json, e.g. "subtract_one".
+const char* fixup_name(FixUp fixup);
+
 struct LoadPlan {
   std::vector<PlannedTensor> tensors;
   std::vector<DroppedTensor> dropped;
@@ -58,12 +62,15 @@ class WeightMap {
   Tensor take(const std::string& canonical, const Shape& shape);
   // The source name of a canonical tensor (for error messages).
   const std::string& source_name(const std::string& canonical) const;
-  // Fails naming every planned tensor that no graph code took.
+  // Fails naming every planned tensor that no graph code took, and every checkpoint tensor the
+  // plan neither maps nor drops.
   void require_all_used() const;
 
  private:
   std::map<std::string, Tensor> tensors_;
   std::map<std::string, std::string> sources_;
+  std::map<std::string, std::filesystem::path> source_files_;  // canonical → the file holding it
+  std::vector<std::string> unplanned_;  // "'name' in <file>" for tensors the plan ignores
   std::set<std::string> used_;
   std::string checkpoint_name_;
 };
