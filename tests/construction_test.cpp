@@ -357,3 +357,32 @@ TEST(LoadModel, ThePlanReportHasEveryField) {
   EXPECT_EQ(report["load_plan"]["tensors"].size(), tiny_tensors().size());
   EXPECT_EQ(probe.constructions, 0);
 }
+
+TEST(LoadModel, APlanBuildsOnlyOnItsOwnDevice) {
+  TempDir root;
+  const auto dir = root.path() / "tiny";
+  write_tiny_checkpoint(dir);
+  ConstructionProbe probe;
+  ModelImplementation on_cuda = probing_implementation(probe, /*fault=*/false);
+  on_cuda.backend = Device::CUDA;
+  const ImplementationRegistry registry({on_cuda});
+  const ModelPlan plan = plan_model(dir, Device::CUDA, /*backend_present=*/true, options_with(registry));
+  auto cpu = make_cpu_backend();
+  EXPECT_FAILS_MENTIONING(build_model(plan, *cpu), "llama-family", "planned for cuda", "backend is cpu");
+  EXPECT_EQ(probe.constructions, 0);
+}
+
+TEST(LoadModel, AnImplementationThatReturnsNoModelIsAnError) {
+  TempDir root;
+  const auto dir = root.path() / "tiny";
+  write_tiny_checkpoint(dir);
+  ModelImplementation empty_handed;
+  empty_handed.id = "llama";
+  empty_handed.create = [](WeightMap&, const ModelConfig&, const ResolvedProfile&, Backend&) {
+    return std::unique_ptr<Model>();
+  };
+  const ImplementationRegistry registry({empty_handed});
+  auto backend = make_cpu_backend();
+  EXPECT_FAILS_MENTIONING(load_model(dir, *backend, options_with(registry)), "implementation llama",
+                          "returned no model", "llama-family");
+}
