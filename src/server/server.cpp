@@ -53,7 +53,13 @@ Server::InFlight::~InFlight() {
 
 bool Server::wait_in_flight(std::chrono::milliseconds timeout) {
   std::unique_lock lock(in_flight_mutex_);
-  return in_flight_done_.wait_for(lock, timeout, [&] { return in_flight_ == 0; });
+  return in_flight_done_.wait_for(lock, timeout, [&] { return in_flight_ == 0 || cancel_now_; });
+}
+
+void Server::cancel_in_flight() {
+  std::lock_guard lock(in_flight_mutex_);
+  cancel_now_ = true;
+  in_flight_done_.notify_all();
 }
 
 Server::Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions options)
@@ -76,7 +82,10 @@ void Server::shutdown() {
     wait_in_flight(options_.shutdown_grace);
     // Whatever is still running is cancelled; its handlers tell their clients and return.
     scheduler_.shutdown(false);
-    wait_in_flight(options_.http.write_timeout);
+    {
+      std::unique_lock lock(in_flight_mutex_);
+      in_flight_done_.wait_for(lock, options_.http.write_timeout, [&] { return in_flight_ == 0; });
+    }
     http_.close();
   });
 }

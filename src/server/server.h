@@ -45,6 +45,8 @@ class Server {
   // Refuses new requests (503), lets those in flight run for up to shutdown_grace, then cancels
   // the rest by shutting the scheduler down, and closes every connection. Idempotent.
   void shutdown();
+  // Ends shutdown's grace period now: requests still running are cancelled.
+  void cancel_in_flight();
   std::string metrics_text() const;
 
  private:
@@ -87,6 +89,7 @@ class Server {
   std::mutex in_flight_mutex_;
   std::condition_variable in_flight_done_;
   int64_t in_flight_ = 0;
+  bool cancel_now_ = false;
   std::once_flag shutdown_once_;
   HttpServer http_;  // last: its threads call into everything above
 };
