@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git
-          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libcpp-httplib-dev
+          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libboost-dev libcpp-httplib-dev
           libgtest-dev libgmock-dev libbenchmark-dev nodejs npm python3)
 missing=()
 for package in "${packages[@]}"; do

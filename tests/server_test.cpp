@@ -1,7 +1,15 @@
 // kiln serve: the HTTP transport (keep-alive, timeouts, limits, disconnects), request validation,
 // stop strings and metrics; then the real `kiln serve` process on a free loopback port, driven by
 // raw HTTP here and by the official openai / Anthropic npm clients (tests/npm/server_client.mjs).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <fstream>
+#include <mutex>
+#include <regex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -16,6 +24,7 @@
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/stop_matcher.h"
+#include "server/tokenizer_codec.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -378,6 +387,419 @@ TEST(ServerMetrics, PrometheusTextHasCountersGaugesAndHistograms) {
   EXPECT_NE(text.find("kiln_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("kiln_inter_token_latency_seconds_count 1\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE kiln_time_to_first_token_seconds histogram\n"), std::string::npos);
+}
+
+// --- the real `kiln serve` process ---
+
+// `kiln serve` started on a free loopback port; its stderr is collected. Stopped (SIGTERM, then
+// SIGKILL after a bound) when the object dies.
+class ServeProcess {
+ public:
+  explicit ServeProcess(std::vector<std::string> arguments) {
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return;
+    std::vector<std::string> argv = {kiln_binary().string(), "serve", "--host", "127.0.0.1", "--port", "0"};
+    argv.insert(argv.end(), arguments.begin(), arguments.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(pipe_fds[1], STDERR_FILENO);
+      ::dup2(pipe_fds[1], STDOUT_FILENO);
+      std::vector<char*> raw;
+      for (auto& argument : argv) raw.push_back(argument.data());
+      raw.push_back(nullptr);
+      ::execv(raw[0], raw.data());
+      ::_exit(127);
+    }
+    ::close(pipe_fds[1]);
+    reader_ = std::thread([this, fd = pipe_fds[0]] {
+      char buffer[4096];
+      ssize_t count;
+      while ((count = ::read(fd, buffer, sizeof buffer)) > 0) {
+        std::lock_guard lock(mutex_);
+        log_.append(buffer, static_cast<size_t>(count));
+      }
+      ::close(fd);
+    });
+    const std::regex listening(R"(listening on http://127\.0\.0\.1:(\d+))");
+    for (int i = 0; i < 300 && port_ == 0 && running(); ++i) {
+      std::smatch match;
+      const std::string text = log();
+      if (std::regex_search(text, match, listening)) port_ = static_cast<uint16_t>(std::stoi(match[1]));
+      else std::this_thread::sleep_for(50ms);
+    }
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && running()) stop(SIGKILL, 5s);
+    if (reader_.joinable()) reader_.join();
+  }
+
+  uint16_t port() const { return port_; }
+  std::string log() const {
+    std::lock_guard lock(mutex_);
+    return log_;
+  }
+  bool running() {
+    if (exit_status_) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) exit_status_ = status;
+    return !exit_status_;
+  }
+  // Sends `signal` and waits for the exit; the exit code, or -1 if it did not exit in time.
+  int stop(int signal, std::chrono::milliseconds timeout) {
+    if (running()) ::kill(pid_, signal);
+    return wait_exit(timeout);
+  }
+  void signal(int signal) { ::kill(pid_, signal); }
+  int wait_exit(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (running() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+    if (running()) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      return -1;
+    }
+    return WIFEXITED(*exit_status_) ? WEXITSTATUS(*exit_status_) : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+  std::optional<int> exit_status_;
+  std::thread reader_;
+  mutable std::mutex mutex_;
+  std::string log_;
+};
+
+std::filesystem::path chat_template_file() { return source_dir() / "tests/data/stories_chat_template.jinja"; }
+
+#define KILN_REQUIRE_STORIES(dir)                                                                  \
+  KILN_REQUIRE_SHARED(shared_for_##dir);                                                           \
+  const std::filesystem::path dir = shared_for_##dir / "models/stories260K";                      \
+  if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " is missing"; \
+  if (!std::filesystem::exists(kiln_binary())) GTEST_SKIP() << kiln_binary() << " is not built"
+
+std::vector<std::string> stories_arguments(const std::filesystem::path& dir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> arguments = {"--model", dir.string(), "--chat-template", chat_template_file().string()};
+  arguments.insert(arguments.end(), extra.begin(), extra.end());
+  return arguments;
+}
+
+json chat_body(const std::string& content, int max_tokens, json extra = json::object()) {
+  json body = {{"model", "stories260K"},
+               {"messages", {{{"role", "user"}, {"content", content}}}},
+               {"max_tokens", max_tokens},
+               {"temperature", 0}};
+  body.update(extra);
+  return body;
+}
+
+std::optional<RawResponse> post(uint16_t port, const std::string& path, const json& body, const std::string& headers = "") {
+  return http_exchange(port, "POST", path, body.dump(), headers);
+}
+
+double metric_value(uint16_t port, const std::string& name) {
+  auto response = http_exchange(port, "GET", "/metrics", "");
+  if (!response) return -1;
+  std::smatch match;
+  if (!std::regex_search(response->body, match, std::regex("\n" + name + " ([0-9.e+-]+)\n"))) return -1;
+  return std::stod(match[1]);
+}
+
+// One server shared by the tests that do not stop it.
+class ServerEndToEnd : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto shared = shared_dir();
+    if (!shared || !std::filesystem::exists(*shared / "models/stories260K/model.safetensors") ||
+        !std::filesystem::exists(kiln_binary()))
+      return;
+    server_ = new ServeProcess(stories_arguments(*shared / "models/stories260K",
+                                                 {"--max-batch", "8", "--request-timeout", "2"}));
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    KILN_REQUIRE_STORIES(dir);
+    ASSERT_NE(server_->port(), 0) << "kiln serve did not start:\n" << server_->log();
+    port_ = server_->port();
+  }
+  static ServeProcess* server_;
+  uint16_t port_ = 0;
+};
+ServeProcess* ServerEndToEnd::server_ = nullptr;
+
+TEST_F(ServerEndToEnd, HealthModelsAndMetrics) {
+  auto health = http_exchange(port_, "GET", "/health", "");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto models = http_exchange(port_, "GET", "/v1/models", "");
+  ASSERT_TRUE(models);
+  const json list = json::parse(models->body);
+  EXPECT_EQ(list["data"][0]["id"], "stories260K");
+  EXPECT_EQ(list["data"][0]["max_model_len"], 512);
+  auto metrics = http_exchange(port_, "GET", "/metrics", "");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->headers["content-type"].find("text/plain"), std::string::npos);
+  for (const char* name : {"kiln_requests_waiting", "kiln_kv_cache_usage_ratio", "kiln_time_to_first_token_seconds_bucket",
+                           "kiln_inter_token_latency_seconds_bucket", "kiln_generation_tokens_total"})
+    EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
+  EXPECT_NE(server_->log().find("ready in"), std::string::npos) << "the load time is not logged";
+}
+
+TEST_F(ServerEndToEnd, UsageCountsThePromptAfterTemplatingAndEveryGeneratedToken) {
+  KILN_REQUIRE_STORIES(dir);
+  std::ifstream template_file(chat_template_file());
+  const TokenizerCodec codec(dir, std::string(std::istreambuf_iterator<char>(template_file), {}));
+  const json messages = {{{"role", "system"}, {"content", "A story."}}, {{"role", "user"}, {"content", "The dog ran"}}};
+  const size_t expected_prompt = codec.encode(codec.render_chat(messages, {}), false).size();
+  auto response = post(port_, "/v1/chat/completions",
+                       {{"model", "stories260K"}, {"messages", messages}, {"max_tokens", 17}, {"ignore_eos", true},
+                        {"temperature", 0.5}, {"seed", 3}});
+  ASSERT_TRUE(response);
+  ASSERT_EQ(response->status, 200) << response->body;
+  const json body = json::parse(response->body);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], expected_prompt);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 17);
+  EXPECT_EQ(body["usage"]["total_tokens"], expected_prompt + 17);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+}
+
+struct BadRequest {
+  std::string path;
+  std::string body;
+  int status;
+  std::string param;  // expected `param` (OpenAI), "" to skip the check
+};
+
+TEST_F(ServerEndToEnd, MalformedRequestsGetClearErrorsAndNeverHurtTheServer) {
+  const std::string long_prompt = [] {
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "Once upon a time there was a dog. ";
+    return text;
+  }();
+  const std::string chat = "/v1/chat/completions";
+  auto with = [](json body, const std::string& key, json value) {
+    body[key] = std::move(value);
+    return body.dump();
+  };
+  const json ok = chat_body("The cat", 8);
+  const std::vector<BadRequest> cases = {
+      {chat, "{", 400, ""},
+      {chat, "not json at all", 400, ""},
+      {chat, "[]", 400, ""},
+      {chat, "\"a string\"", 400, ""},
+      {chat, "", 400, ""},
+      {chat, R"({"model":"stories260K","messages":[{"role":"user","content":"hi"}]} trailing)", 400, ""},
+      {chat, std::string(200, '[') + std::string(200, ']'), 400, ""},
+      {chat, R"({"model":"stories260K"})", 400, "messages"},
+      {chat, with(ok, "messages", "hi"), 400, "messages"},
+      {chat, with(ok, "messages", json::array()), 400, "messages"},
+      {chat, with(ok, "messages", {{{"role", 5}, {"content", "hi"}}}), 400, "messages[0].role"},
+      {chat, with(ok, "messages", {{{"role", "user"}, {"content", 5}}}), 400, "messages[0].content"},
+      {chat, with(ok, "model", 7), 400, "model"},
+      {chat, with(ok, "model", "gpt-4"), 404, "model"},
+      {chat, with(ok, "temperature", "warm"), 400, "temperature"},
+      {chat, with(ok, "temperature", -1), 400, "temperature"},
+      {chat, with(ok, "top_p", 1.5), 400, "top_p"},
+      {chat, with(ok, "top_k", "ten"), 400, "top_k"},
+      {chat, with(ok, "min_p", 2), 400, "min_p"},
+      {chat, with(ok, "max_tokens", -5), 400, "max_tokens"},
+      {chat, with(ok, "max_tokens", 0), 400, "max_tokens"},
+      {chat, with(ok, "max_tokens", 1e12), 400, "max_tokens"},
+      {chat, with(ok, "max_tokens", 4000000000LL), 400, "max_tokens"},
+      {chat, with(ok, "max_tokens", 100000), 400, "max_tokens"},
+      {chat, with(ok, "max_tokens", "10"), 400, "max_tokens"},
+      {chat, with(ok, "seed", 1.5), 400, "seed"},
+      {chat, with(ok, "stop", 5), 400, "stop"},
+      {chat, with(ok, "stop", json::array({"a", 1})), 400, "stop"},
+      {chat, with(ok, "stream", 1), 400, "stream"},
+      {chat, with(ok, "logprobs", "true"), 400, "logprobs"},
+      {chat, with(ok, "n", 3), 400, "n"},
+      {chat, with(ok, "response_format", {{"type", "json_object"}}), 400, "response_format"},
+      {chat, with(ok, "logit_bias", {{"1", 5}}), 400, "logit_bias"},
+      {chat, with(ok, "tools", "all"), 400, "tools"},
+      {chat, with(ok, "tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}), 400, "tool_choice"},
+      {chat, with(ok, "chat_template_kwargs", json::array()), 400, "chat_template_kwargs"},
+      {chat, with(ok, "mystery_option", true), 400, "mystery_option"},
+      {chat, with(ok, "messages", {{{"role", "user"}, {"content", long_prompt}}}), 400, "messages"},
+      {"/v1/completions", R"({"model":"stories260K"})", 400, "prompt"},
+      {"/v1/completions", R"({"model":"stories260K","prompt":[1,2,99999]})", 400, "prompt"},
+      {"/v1/completions", R"({"model":"stories260K","prompt":["a","b"]})", 400, "prompt"},
+      {"/v1/completions", json{{"model", "stories260K"}, {"prompt", long_prompt}}.dump(), 400, "prompt"},
+      {"/v1/completions", R"({"model":"stories260K","prompt":"hi","max_tokens":-1})", 400, "max_tokens"},
+      {"/v1/messages", R"({"model":"stories260K","messages":[{"role":"user","content":"hi"}]})", 400, ""},
+      {"/v1/messages", R"({"model":"stories260K","max_tokens":"5","messages":[{"role":"user","content":"hi"}]})", 400, ""},
+      {"/v1/messages", R"({"model":"stories260K","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]})", 400, ""},
+      {"/v1/messages", "{oops", 400, ""},
+      {"/v1/nothing", "{}", 404, ""},
+  };
+  for (const auto& test : cases) {
+    auto response = http_exchange(port_, "POST", test.path, test.body);
+    ASSERT_TRUE(response) << "no response to " << test.body.substr(0, 200);
+    EXPECT_EQ(response->status, test.status) << test.body.substr(0, 200) << "\n" << response->body;
+    const json error = json::parse(response->body, nullptr, false);
+    ASSERT_TRUE(error.is_object()) << response->body;
+    if (test.path == "/v1/messages") {
+      EXPECT_EQ(error["type"], "error") << response->body;
+      EXPECT_EQ(error["error"]["type"], "invalid_request_error") << response->body;
+      EXPECT_TRUE(error["error"]["message"].is_string());
+    } else {
+      ASSERT_TRUE(error.contains("error")) << response->body;
+      EXPECT_FALSE(error["error"]["message"].get<std::string>().empty());
+      EXPECT_TRUE(error["error"]["type"].is_string());
+      if (!test.param.empty()) EXPECT_EQ(error["error"]["param"], test.param) << response->body;
+    }
+  }
+  EXPECT_GE(cases.size(), 30u);
+  // The context error names both lengths.
+  auto overflow = http_exchange(port_, "POST", chat, with(ok, "max_tokens", 100000));
+  ASSERT_TRUE(overflow);
+  EXPECT_NE(overflow->body.find("512"), std::string::npos) << overflow->body;
+  // Wrong method; and the server still answers.
+  auto wrong_method = http_exchange(port_, "GET", chat, "");
+  ASSERT_TRUE(wrong_method);
+  EXPECT_EQ(wrong_method->status, 405);
+  auto still = post(port_, chat, ok);
+  ASSERT_TRUE(still);
+  EXPECT_EQ(still->status, 200) << still->body;
+}
+
+TEST_F(ServerEndToEnd, HalfSentRequestDoesNotBlockOthers) {
+  RawConnection stalled(port_);
+  ASSERT_TRUE(stalled.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"model\":"));
+  const auto start = std::chrono::steady_clock::now();
+  auto response = post(port_, "/v1/chat/completions", chat_body("The cat", 16));
+  ASSERT_TRUE(response);
+  EXPECT_EQ(response->status, 200) << response->body;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1500ms);
+  auto timed_out = stalled.read_response(5s);  // --request-timeout 2
+  ASSERT_TRUE(timed_out);
+  EXPECT_EQ(timed_out->status, 408);
+}
+
+TEST_F(ServerEndToEnd, AClientThatDisconnectsCancelsItsRequestAndFreesTheCache) {
+  {
+    RawConnection connection(port_);
+    ASSERT_TRUE(connection.send(http_request(
+        "POST", "/v1/chat/completions",
+        chat_body("The cat", 450, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
+    ASSERT_TRUE(connection.read_until("\"content\":", 10s)) << connection.buffer();
+    connection.reset();
+  }
+  double running = -1, used = -1;
+  for (int i = 0; i < 100 && (running != 0 || used != 0); ++i) {
+    std::this_thread::sleep_for(50ms);
+    running = metric_value(port_, "kiln_requests_running");
+    used = metric_value(port_, "kiln_kv_cache_tokens_used");
+  }
+  EXPECT_EQ(running, 0);
+  EXPECT_EQ(used, 0);
+  auto metrics = http_exchange(port_, "GET", "/metrics", "");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("finish_reason=\"cancelled\""), std::string::npos);
+  // A non-streamed request whose client leaves is cancelled too.
+  {
+    RawConnection connection(port_);
+    ASSERT_TRUE(connection.send(http_request(
+        "POST", "/v1/completions",
+        json{{"model", "stories260K"}, {"prompt", "The dog"}, {"max_tokens", 450}, {"ignore_eos", true}}.dump())));
+    std::this_thread::sleep_for(30ms);
+  }
+  for (int i = 0; i < 100 && metric_value(port_, "kiln_requests_running") != 0; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(metric_value(port_, "kiln_requests_running"), 0);
+}
+
+TEST(ServerProcess, AFullQueueGets429WithRetryAfter) {
+  KILN_REQUIRE_STORIES(dir);
+  ServeProcess server(stories_arguments(dir, {"--max-batch", "1", "--max-queue", "1"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  const std::string long_request =
+      http_request("POST", "/v1/completions",
+                   json{{"model", "stories260K"}, {"prompt", "The dog"}, {"max_tokens", 500}, {"ignore_eos", true},
+                        {"stream", true}}.dump());
+  RawConnection running(server.port()), waiting(server.port());
+  ASSERT_TRUE(running.send(long_request));
+  ASSERT_TRUE(running.read_until("data:", 10s));
+  ASSERT_TRUE(waiting.send(long_request));
+  for (int i = 0; i < 100 && metric_value(server.port(), "kiln_requests_waiting") != 1; ++i) std::this_thread::sleep_for(20ms);
+  auto refused = http_exchange(server.port(), "POST", "/v1/completions",
+                               json{{"model", "stories260K"}, {"prompt", "x"}, {"max_tokens", 2}}.dump());
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 429) << refused->body;
+  EXPECT_EQ(refused->headers["retry-after"], "1");
+  EXPECT_EQ(json::parse(refused->body)["error"]["type"], "rate_limit_error");
+}
+
+TEST(ServerProcess, ApiKeyIsRequiredWhenSet) {
+  KILN_REQUIRE_STORIES(dir);
+  ServeProcess server(stories_arguments(dir, {"--api-key", "sesame"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  auto missing = http_exchange(server.port(), "GET", "/v1/models", "");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 401);
+  auto bearer = http_exchange(server.port(), "GET", "/v1/models", "", "Authorization: Bearer sesame\r\n");
+  ASSERT_TRUE(bearer);
+  EXPECT_EQ(bearer->status, 200);
+  auto anthropic = post(server.port(), "/v1/messages",
+                        {{"model", "stories260K"}, {"max_tokens", 3}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}},
+                        "x-api-key: wrong\r\n");
+  ASSERT_TRUE(anthropic);
+  EXPECT_EQ(anthropic->status, 401);
+  EXPECT_EQ(json::parse(anthropic->body)["error"]["type"], "authentication_error");
+  EXPECT_EQ(http_exchange(server.port(), "GET", "/health", "")->status, 200);
+}
+
+TEST(ServerProcess, SigtermFinishesRequestsInFlightThenExits) {
+  KILN_REQUIRE_STORIES(dir);
+  ServeProcess server(stories_arguments(dir));
+  ASSERT_NE(server.port(), 0) << server.log();
+  RawConnection streaming(server.port());
+  ASSERT_TRUE(streaming.send(http_request(
+      "POST", "/v1/chat/completions",
+      chat_body("The cat", 300, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
+  ASSERT_TRUE(streaming.read_until("\"content\":", 10s));
+  server.signal(SIGTERM);
+  auto finished = streaming.read_response(20s);
+  ASSERT_TRUE(finished);
+  EXPECT_NE(finished->body.find("\"finish_reason\":\"length\""), std::string::npos) << finished->body.substr(0, 300);
+  EXPECT_NE(finished->body.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(server.wait_exit(10s), 0) << server.log();
+}
+
+TEST(ServerProcess, ShutdownPastTheGraceCancelsAndTellsTheClient) {
+  KILN_REQUIRE_STORIES(dir);
+  ServeProcess server(stories_arguments(dir, {"--shutdown-grace", "0"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  RawConnection streaming(server.port());
+  ASSERT_TRUE(streaming.send(http_request(
+      "POST", "/v1/chat/completions",
+      chat_body("The cat", 450, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
+  ASSERT_TRUE(streaming.read_until("\"content\":", 10s));
+  server.signal(SIGINT);
+  auto cancelled = streaming.read_response(10s);
+  ASSERT_TRUE(cancelled);
+  EXPECT_NE(cancelled->body.find("shutting down"), std::string::npos) << cancelled->body.substr(cancelled->body.size() > 400 ? cancelled->body.size() - 400 : 0);
+  EXPECT_EQ(server.wait_exit(10s), 0) << server.log();
+}
+
+// The official npm clients (openai, @anthropic-ai/sdk) against the real server.
+TEST(ServerNpm, OfficialClientsAgainstTheRealServer) {
+  KILN_REQUIRE_STORIES(dir);
+  const auto npm_cache = source_dir() / ".cache/npm";
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (!std::filesystem::exists(npm_cache / "node_modules/openai") ||
+      !std::filesystem::exists(npm_cache / "node_modules/@anthropic-ai/sdk"))
+    GTEST_SKIP() << "the npm clients are not installed in " << npm_cache << " (scripts/setup.sh installs them)";
+  ServeProcess server(stories_arguments(dir, {"--max-batch", "8"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  const auto result = run_command(fmt::format(
+      "cd {} && KILN_BASE_URL=http://127.0.0.1:{} KILN_MODEL=stories260K KILN_NPM_CACHE={} timeout 120 node "
+      "tests/npm/server_client.mjs",
+      source_dir().string(), server.port(), npm_cache.string()));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("# fail 0"), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -307,7 +307,7 @@ json utf8_bytes(const std::string& text) {
 json chat_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& codec) {
   json content = json::array();
   for (const auto& token : tokens) {
-    const std::string text = codec.token_text(token.id);
+    const std::string& text = token.text;
     json top = json::array();
     for (const auto& [id, logprob] : token.top) {
       const std::string alternative = codec.token_text(id);
@@ -322,7 +322,7 @@ json completion_logprobs(const std::vector<GeneratedToken>& tokens, const TextCo
   json result = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
                  {"text_offset", json::array()}};
   for (const auto& token : tokens) {
-    const std::string text = codec.token_text(token.id);
+    const std::string& text = token.text;
     result["tokens"].push_back(text);
     result["token_logprobs"].push_back(token.logprob);
     json top = json::object();

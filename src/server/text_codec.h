@@ -30,8 +30,10 @@ class TextCodec {
  public:
   virtual ~TextCodec() = default;
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const = 0;
-  // Decodes generated ids, skipping special tokens (an end-of-text token shows no text).
-  virtual std::unique_ptr<TokenTextStream> text_stream() const = 0;
+  // Decodes ids generated after `prompt`, skipping special tokens (an end-of-text token shows no
+  // text). The text is what decoding prompt + generated ids adds to the prompt's own text (so a
+  // leading space is kept where decoding the generated ids alone would strip it).
+  virtual std::unique_ptr<TokenTextStream> text_stream(const std::vector<int32_t>& prompt) const = 0;
   // One token on its own, as logprobs report it.
   virtual std::string token_text(int32_t id) const = 0;
   virtual bool has_chat_template() const = 0;

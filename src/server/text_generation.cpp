@@ -25,7 +25,8 @@ TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, Tex
                                ServerMetrics& metrics, std::string endpoint, Clock::time_point arrival,
                                bool shutting_down)
     : metrics_(metrics), endpoint_(std::move(endpoint)), logprobs_(request.logprobs),
-      prompt_tokens_(request.prompt.size()), decoder_(codec.text_stream()), stop_matcher_(std::move(request.stop)),
+      prompt_tokens_(request.prompt.size()), decoder_(codec.text_stream(request.prompt)),
+      stop_matcher_(std::move(request.stop)),
       arrival_(arrival), last_disconnect_check_(Clock::now()) {
   GenerationRequest generation;
   generation.prompt = std::move(request.prompt);
@@ -84,8 +85,9 @@ TextDelta TextGeneration::next(const std::function<bool()>& client_gone) {
         metrics_.observe_time_to_first_token(std::chrono::duration<double>(arrived - arrival_).count());
       last_token_time_ = arrived;
       ++completion_tokens_;
-      if (logprobs_) delta.tokens.push_back({event->token, event->logprob, std::move(event->top_logprobs)});
-      if (absorb(decoder_->push(event->token), delta)) {
+      std::string text = decoder_->push(event->token);
+      if (logprobs_) delta.tokens.push_back({event->token, text, event->logprob, std::move(event->top_logprobs)});
+      if (absorb(text, delta)) {
         stream_->cancel();  // the rest of the generation is not wanted: free the slot now
         return finish(delta, "stop");
       }

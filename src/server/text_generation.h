@@ -33,6 +33,7 @@ struct TextGenerationRequest {
 
 struct GeneratedToken {
   int32_t id = 0;
+  std::string text;  // what the token added to the output (empty inside an unfinished character)
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;  // the most likely alternatives (when asked)
 };
