@@ -287,6 +287,7 @@ class HttpServer::Impl {
 
   void stop_accepting() {
     std::call_once(stop_accepting_once_, [this] {
+      draining_.store(true);
       drain_.signal();
       if (accept_thread_.joinable()) accept_thread_.join();
       error_code ec;
@@ -387,7 +388,8 @@ class HttpServer::Impl {
       }
       http::request<http::string_body> message = parser.release();
       HttpRequest request = to_request(message);
-      Exchange exchange(stream, message.version(), message.keep_alive());
+      // A draining server answers what it has been sent, then closes the connection.
+      Exchange exchange(stream, message.version(), message.keep_alive() && !draining_.load());
       try {
         handler_(request, exchange);
       } catch (const std::exception& error) {
@@ -449,6 +451,7 @@ class HttpServer::Impl {
   Latch closing_;
   std::thread accept_thread_;
   std::once_flag stop_accepting_once_;
+  std::atomic<bool> draining_{false};
   mutable std::mutex mutex_;
   std::list<Connection> connections_;
 };
