@@ -15,7 +15,8 @@ TestModel open_cpu_model(const std::filesystem::path& dir, const std::string& dt
   TestModel loaded;
   loaded.backend = make_cpu_backend();
   LoadOptions options;
-  if (dtype != "auto") options.dtype = parse_dtype(dtype == "f32" ? "F32" : dtype == "bf16" ? "BF16" : dtype);
+  if (dtype == "f32") options.dtype = DType::F32;
+  if (dtype == "bf16") options.dtype = DType::BF16;
   loaded.model = load_model(dir, *loaded.backend, options);
   return loaded;
 }
