@@ -31,7 +31,7 @@ using namespace kiln;
 using namespace kiln::server;
 using namespace kiln::testing;
 using namespace std::chrono_literals;
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 

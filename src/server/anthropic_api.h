@@ -13,7 +13,7 @@
 
 namespace kiln::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 struct MessagesRequest {
   json messages;  // converted for the chat template (system first, tool results as tool messages)

@@ -14,7 +14,7 @@
 
 namespace kiln::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // Parses a request body: malformed JSON, nesting deeper than kMaxJsonDepth (which would make any
 // recursive walk of it expensive) or a top level that is not an object is a 400.

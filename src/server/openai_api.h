@@ -15,7 +15,7 @@
 
 namespace kiln::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // Most alternatives per token a request may ask for (OpenAI's limits: 20 for chat, 5 for
 // the legacy completions API).

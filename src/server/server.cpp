@@ -10,7 +10,7 @@
 
 namespace kiln::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 

@@ -54,13 +54,13 @@ class Server {
 
   void handle(const HttpRequest& request, HttpExchange& exchange);
   void route(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
-  void respond_json(HttpExchange& exchange, int status, const nlohmann::json& body, HeaderList headers = {});
+  void respond_json(HttpExchange& exchange, int status, const nlohmann::ordered_json& body, HeaderList headers = {});
   void respond_error(HttpExchange& exchange, Dialect dialect, const ApiError& error);
   HttpResponse error_response(Dialect dialect, int status, const std::string& message, const std::string& param,
                               const std::string& code);
   void check_api_key(const HttpRequest& request) const;
 
-  std::vector<int32_t> chat_prompt(const nlohmann::json& messages, const ChatPromptOptions& options) const;
+  std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                            const std::string& prompt_param, const std::string& max_tokens_param) const;
 

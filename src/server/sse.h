@@ -8,10 +8,10 @@
 namespace kiln::server {
 
 // "data: {json}\n\n" (OpenAI's streams carry no event names).
-inline std::string sse_data(const nlohmann::json& payload) { return "data: " + dump_json(payload) + "\n\n"; }
+inline std::string sse_data(const nlohmann::ordered_json& payload) { return "data: " + dump_json(payload) + "\n\n"; }
 
 // "event: NAME\ndata: {json}\n\n" (Anthropic names every event).
-inline std::string sse_event(const std::string& name, const nlohmann::json& payload) {
+inline std::string sse_event(const std::string& name, const nlohmann::ordered_json& payload) {
   return "event: " + name + "\ndata: " + dump_json(payload) + "\n\n";
 }
 

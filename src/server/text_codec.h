@@ -14,8 +14,8 @@ namespace kiln::server {
 
 struct ChatPromptOptions {
   bool add_generation_prompt = true;
-  nlohmann::json tools;                                      // null, or an array of tool schemas
-  nlohmann::json template_kwargs = nlohmann::json::object();  // e.g. {"enable_thinking": false}
+  nlohmann::ordered_json tools;  // null, or an array of tool schemas
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // e.g. {"enable_thinking": false}
 };
 
 // Generated ids in, complete UTF-8 text out (nothing while a character is unfinished).
@@ -39,7 +39,7 @@ class TextCodec {
   virtual bool has_chat_template() const = 0;
   // The prompt text of a conversation (messages in OpenAI's shape). A template error is a
   // kiln::Error whose message the client sees.
-  virtual std::string render_chat(const nlohmann::json& messages, const ChatPromptOptions& options) const = 0;
+  virtual std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const = 0;
   // Ids that end generation (end of text, end of turn).
   virtual std::vector<int32_t> stop_token_ids() const = 0;
 };

@@ -29,8 +29,11 @@ class StreamingText final : public TokenTextStream {
 
 TokenizerCodec::TokenizerCodec(const std::filesystem::path& model_dir, std::optional<std::string> chat_template)
     : tokenizer_(Tokenizer::load(model_dir)) {
-  if (!chat_template) chat_template = tokenizer_.chat_template();
-  if (chat_template) chat_template_ = std::make_unique<ChatTemplate>(*chat_template, tokenizer_);
+  if (chat_template)
+    chat_template_ = std::make_unique<ChatTemplate>(*chat_template, "--chat-template", tokenizer_.bos_token(),
+                                                    tokenizer_.eos_token());
+  else if (tokenizer_.chat_template())
+    chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::for_tokenizer(tokenizer_));
   const std::vector<int32_t> anchor = tokenizer_.encode("a", false);
   if (!anchor.empty() && !tokenizer_.is_special(anchor.back())) {
     anchor_ = anchor.back();
@@ -55,12 +58,19 @@ std::string TokenizerCodec::token_text(int32_t id) const {
   return tokenizer_.decode(std::vector<int32_t>{id}, false);
 }
 
-std::string TokenizerCodec::render_chat(const nlohmann::json& messages, const ChatPromptOptions& options) const {
+std::string TokenizerCodec::render_chat(const nlohmann::ordered_json& messages,
+                                       const ChatPromptOptions& options) const {
   if (!chat_template_) fail("{}: the model has no chat template", tokenizer_.source().string());
   ChatTemplateOptions template_options;
   template_options.add_generation_prompt = options.add_generation_prompt;
   template_options.tools = options.tools;
   template_options.extra = options.template_kwargs;
+  // vLLM passes enable_thinking inside chat_template_kwargs; the template takes it as its switch.
+  if (const auto found = options.template_kwargs.find("enable_thinking");
+      found != options.template_kwargs.end() && found->is_boolean()) {
+    template_options.enable_thinking = found->get<bool>();
+    template_options.extra.erase("enable_thinking");
+  }
   return chat_template_->render(messages, template_options);
 }
 

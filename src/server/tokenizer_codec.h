@@ -23,7 +23,7 @@ class TokenizerCodec final : public TextCodec {
   std::unique_ptr<TokenTextStream> text_stream(const std::vector<int32_t>& prompt) const override;
   std::string token_text(int32_t id) const override;
   bool has_chat_template() const override { return chat_template_ != nullptr; }
-  std::string render_chat(const nlohmann::json& messages, const ChatPromptOptions& options) const override;
+  std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const override;
   std::vector<int32_t> stop_token_ids() const override { return tokenizer_.eos_ids(); }
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
