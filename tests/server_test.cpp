@@ -649,7 +649,9 @@ TEST_F(ServerEndToEnd, MalformedRequestsGetClearErrorsAndNeverHurtTheServer) {
       ASSERT_TRUE(error.contains("error")) << response->body;
       EXPECT_FALSE(error["error"]["message"].get<std::string>().empty());
       EXPECT_TRUE(error["error"]["type"].is_string());
-      if (!test.param.empty()) EXPECT_EQ(error["error"]["param"], test.param) << response->body;
+      if (!test.param.empty()) {
+        EXPECT_EQ(error["error"]["param"], test.param) << response->body;
+      }
     }
   }
   EXPECT_GE(cases.size(), 30u);

@@ -141,12 +141,12 @@ test('an aborted stream is cancelled and frees its cache', async () => {
   const stream = await openai.chat.completions.create(
     { model, messages: user(story), max_tokens: 400, temperature: 0.8, ignore_eos: true, stream: true },
     { signal: controller.signal });
+  // The SDK ends the iteration quietly when its signal aborts the request.
   let chunks = 0;
-  await assert.rejects(async () => {
-    for await (const chunk of stream) {
-      if (++chunks === 3) controller.abort();
-    }
-  });
+  for await (const chunk of stream) {
+    if (++chunks === 2) controller.abort();
+  }
+  assert.ok(chunks < 400, `the stream ran to its end (${chunks} chunks) instead of being aborted`);
   let running = 1;
   let used = 1;
   for (let i = 0; i < 100 && (running !== 0 || used !== 0); ++i) {
