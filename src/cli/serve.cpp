@@ -49,7 +49,7 @@ std::string read_text_file(const std::string& path) {
   return text.str();
 }
 
-std::chrono::milliseconds milliseconds(double seconds) {
+std::chrono::milliseconds to_milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
@@ -73,10 +73,11 @@ void serve(const ServeCommand& options) {
 
   SchedulerOptions scheduler_options;
   scheduler_options.max_batch = options.max_batch;
-  scheduler_options.context_tokens = config.max_position_embeddings;
-  if (options.max_context > 0) scheduler_options.context_tokens = std::min(options.max_context, scheduler_options.context_tokens);
-  if (scheduler_options.context_tokens <= 0)
-    fail("{}: max_position_embeddings is missing; give --max-context", config.source.string());
+  // The model's context, or less when --max-context asks (KV-cache memory is slots x context).
+  int64_t context = config.max_position_embeddings;
+  if (options.max_context > 0) context = context > 0 ? std::min(options.max_context, context) : options.max_context;
+  if (context <= 0) fail("{}: max_position_embeddings is missing; give --max-context", config.source.string());
+  scheduler_options.context_tokens = context;
   scheduler_options.max_queue = options.max_queue;
   scheduler_options.prefill_chunk = options.prefill_chunk;
   Scheduler scheduler(*opened.model, scheduler_options);
@@ -86,15 +87,15 @@ void serve(const ServeCommand& options) {
   server_options.http.port = options.port;
   server_options.http.max_body_bytes = options.max_body_bytes;
   server_options.http.max_connections = options.max_connections;
-  server_options.http.request_timeout = milliseconds(options.request_timeout_seconds);
-  server_options.http.idle_timeout = milliseconds(options.idle_timeout_seconds);
+  server_options.http.request_timeout = to_milliseconds(options.request_timeout_seconds);
+  server_options.http.idle_timeout = to_milliseconds(options.idle_timeout_seconds);
   server_options.model_name = options.served_model_name.empty()
                                   ? std::filesystem::path(options.model.model_dir).lexically_normal().filename().string()
                                   : options.served_model_name;
   if (server_options.model_name.empty()) server_options.model_name = "model";
   server_options.vocab_size = config.vocab_size;
   server_options.api_key = options.api_key;
-  server_options.shutdown_grace = milliseconds(options.shutdown_grace_seconds);
+  server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
   server::Server server(scheduler, codec, server_options);
   server.start();
   const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();

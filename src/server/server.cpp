@@ -149,7 +149,8 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
   };
   static const Route kRoutes[] = {{"/health", "GET"},          {"/metrics", "GET"},         {"/v1/models", "GET"},
                                   {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/messages", "POST"}};
-  const bool model_path = path.rfind("/v1/models/", 0) == 0;
+  const std::string model_prefix = "/v1/models/";
+  const bool model_path = path.rfind(model_prefix, 0) == 0;
   const Route* route = nullptr;
   for (const auto& candidate : kRoutes)
     if (path == candidate.path) route = &candidate;
@@ -178,10 +179,10 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
     return;
   }
   if (model_path) {
-    const json list = models_list(options_.model_name, context, unix_seconds());
-    if (path.substr(std::string("/v1/models/").size()) != options_.model_name)
-      throw ApiError(404, fmt::format("the model `{}` does not exist", path.substr(11)), "model", "model_not_found");
-    respond_json(exchange, 200, list["data"][0]);
+    const std::string requested = path.substr(model_prefix.size());
+    if (requested != options_.model_name)
+      throw ApiError(404, fmt::format("the model `{}` does not exist", requested), "model", "model_not_found");
+    respond_json(exchange, 200, models_list(options_.model_name, context, unix_seconds())["data"][0]);
     return;
   }
 
