@@ -593,6 +593,7 @@ TEST_F(ServerEndToEnd, MalformedRequestsGetClearErrorsAndNeverHurtTheServer) {
       {chat, "", 400, ""},
       {chat, R"({"model":"stories260K","messages":[{"role":"user","content":"hi"}]} trailing)", 400, ""},
       {chat, std::string(200, '[') + std::string(200, ']'), 400, ""},
+      {chat, "{\"model\":\"stories260K\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, ""},
       {chat, R"({"model":"stories260K"})", 400, "messages"},
       {chat, with(ok, "messages", "hi"), 400, "messages"},
       {chat, with(ok, "messages", json::array()), 400, "messages"},
