@@ -223,7 +223,6 @@ BpeModel BpeModel::from_json(const nlohmann::json& model, bool byte_level, const
   // and a pair listed twice keeps its last rank, as Hugging Face's map construction does.
   const auto& merges = model["merges"];
   bpe.merges_.reserve(merges.size());
-  bpe.merge_boundaries_.reserve(64);
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& merge = merges[rank];
     std::string left, right;
@@ -366,6 +365,7 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
   struct Candidate {
     uint32_t rank;
     int32_t position;
+    int32_t left_id, right_id;  // the pair as it was when queued
     int32_t merged_id;
     // Orders the heap so that the lowest rank, then the leftmost position, comes out first.
     bool operator<(const Candidate& other) const {
@@ -382,12 +382,13 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
 
   const auto count = static_cast<int32_t>(symbol_ids.size());
   for (int32_t i = 0; i < count; ++i) symbols.push_back({symbol_ids[i], i - 1, i + 1 < count ? i + 1 : -1, true});
-  auto push = [&](const Merge& merge, int32_t position) {
-    heap.push_back({merge.rank, position, merge.merged_id});
-    std::push_heap(heap.begin(), heap.end());
+  auto queue_pair = [&](int32_t position, int32_t left_id, int32_t right_id) {
+    if (const auto* merge = merges_.find(left_id, right_id)) {
+      heap.push_back({merge->rank, position, left_id, right_id, merge->merged_id});
+      std::push_heap(heap.begin(), heap.end());
+    }
   };
-  for (int32_t i = 0; i + 1 < count; ++i)
-    if (const auto* merge = merges_.find(symbols[i].id, symbols[i + 1].id)) push(*merge, i);
+  for (int32_t i = 0; i + 1 < count; ++i) queue_pair(i, symbols[i].id, symbols[i + 1].id);
 
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end());
@@ -395,19 +396,17 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
     heap.pop_back();
     Symbol& left = symbols[top.position];
     if (!left.alive || left.next < 0) continue;
-    const Symbol& right = symbols[left.next];
-    // Skip entries made stale by an earlier merge of either symbol.
-    const auto* merge = merges_.find(left.id, right.id);
-    if (!merge || merge->merged_id != top.merged_id) continue;
+    // Skip entries made stale by an earlier merge of either symbol. (Hugging Face compares the
+    // merged token instead; a symbol only grows to the right, so the two tests agree.)
+    if (left.id != top.left_id || symbols[left.next].id != top.right_id) continue;
     const int32_t right_index = left.next;
+    const Symbol& right = symbols[right_index];
     left.id = top.merged_id;
     left.next = right.next;
     symbols[right_index].alive = false;
     if (left.next >= 0) symbols[left.next].previous = top.position;
-    if (left.previous >= 0)
-      if (const auto* before = merges_.find(symbols[left.previous].id, left.id)) push(*before, left.previous);
-    if (left.next >= 0)
-      if (const auto* after = merges_.find(left.id, symbols[left.next].id)) push(*after, top.position);
+    if (left.previous >= 0) queue_pair(left.previous, symbols[left.previous].id, left.id);
+    if (left.next >= 0) queue_pair(top.position, left.id, symbols[left.next].id);
   }
   for (int32_t i = 0; i >= 0 && i < count; i = symbols[i].next) ids.push_back(symbols[i].id);
 }

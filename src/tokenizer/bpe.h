@@ -75,6 +75,8 @@ class BpeModel {
   const std::string* id_to_token(int32_t id) const;
   // One past the largest id in the vocabulary.
   int32_t id_limit() const { return static_cast<int32_t>(tokens_.size()); }
+  // Number of tokens in the vocabulary.
+  int32_t vocab_count() const { return static_cast<int32_t>(vocab_.size()); }
 
   BpeModel(BpeModel&& other) noexcept;
   BpeModel& operator=(BpeModel&&) = delete;
@@ -129,7 +131,7 @@ class BpeModel {
   PairMap<bool> merge_boundaries_;
 
   mutable std::mutex cache_mutex_;
-  mutable std::unique_ptr<WordCache> cache_ = std::make_unique<WordCache>();
+  std::unique_ptr<WordCache> cache_ = std::make_unique<WordCache>();
 };
 
 }  // namespace kiln

@@ -61,7 +61,7 @@ void DecoderPipeline::add(const nlohmann::json& spec, const std::string& where) 
     // After Fuse or ByteLevel there is one token, the whole text; only a leading Strip is
     // supported there (what SentencePiece-style decoders use).
     if (type == "Strip" && count_field(spec, "stop", here) == 0 && joined_strip_start_ == 0) {
-      joined_strip_content = single_character(spec, "content", here);
+      joined_strip_content_ = single_character(spec, "content", here);
       joined_strip_start_ = count_field(spec, "start", here);
       return;
     }
@@ -192,7 +192,7 @@ void DecoderPipeline::Stream::flush(size_t stage_index, std::string& out) {
 
 void DecoderPipeline::Stream::emit_text(std::string_view text, std::string& out) {
   if (!past_leading_ && pipeline_->joined_strip_start_ > 0) {
-    const std::string& content = pipeline_->joined_strip_content;
+    const std::string& content = pipeline_->joined_strip_content_;
     while (!text.empty() && leading_stripped_ < pipeline_->joined_strip_start_ && text.substr(0, content.size()) == content) {
       text.remove_prefix(content.size());
       ++leading_stripped_;

@@ -64,8 +64,8 @@ class DecoderPipeline {
   bool fused_ = false;               // a Fuse or ByteLevel joined the tokens into one text
   bool byte_level_ = false;          // the joined text is bytes to decode as lossy UTF-8
   bool has_decoder_ = true;          // without one, tokens are joined with spaces
-  // Strip applied to the joined text: how many leading `joined_strip_content` characters go.
-  std::string joined_strip_content;
+  // Strip applied to the joined text: how many leading `joined_strip_content_` characters go.
+  std::string joined_strip_content_;
   size_t joined_strip_start_ = 0;
 };
 

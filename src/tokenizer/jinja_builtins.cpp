@@ -538,7 +538,7 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       const bool first = argument(a, 1, "first", Value(false)).truthy();
       const bool blank = argument(a, 2, "blank", Value(false)).truthy();
       std::string text = soft_string(v);
-      // Jinja2 splits on "\n" after appending one, then joins lines with "\n" + pad.
+      // Jinja2 pads every line but the first (unless `first`), skipping empty lines unless `blank`.
       std::vector<std::string> lines;
       size_t start = 0;
       for (size_t found = text.find('\n'); found != std::string::npos; found = text.find('\n', start)) {
@@ -549,7 +549,7 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       std::string out;
       for (size_t i = 0; i < lines.size(); ++i) {
         if (i) out += '\n';
-        const bool pad_line = (i > 0 || first) && (blank || !strip(lines[i], Value::none(), true, true, at).empty());
+        const bool pad_line = i == 0 ? first : (blank || !lines[i].empty());
         if (pad_line) out += pad;
         out += lines[i];
       }
@@ -866,7 +866,7 @@ bool compare(const std::string& op, const Value& left, const Value& right, const
     } else if (right.is_dict()) {
       found = left.is_string() && right.dict().find(left.string()) != nullptr;
     } else if (right.is_undefined()) {
-      undefined_error(right, at);
+      found = false;  // Jinja2's Undefined iterates as empty
     } else {
       at.error(fmt::format("argument of type '{}' is not iterable", right.type_name()));
     }
@@ -995,9 +995,6 @@ bool apply_test(const std::string& name, const Value& input, CallArguments& argu
   if (found == table.end()) at.error("unknown test '" + name + "'");
   return found->second(input, arguments, at);
 }
-
-bool has_filter(const std::string& name) { return filters().count(name) > 0; }
-bool has_test(const std::string& name) { return tests().count(name) > 0; }
 
 std::optional<Value> global_function(const std::string& name) {
   if (name == "namespace" || name == "dict") {

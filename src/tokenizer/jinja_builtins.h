@@ -32,8 +32,6 @@ List iterate(const Value& value, const Location& at);
 
 Value apply_filter(const std::string& name, const Value& input, CallArguments& arguments, const Location& at);
 bool apply_test(const std::string& name, const Value& input, CallArguments& arguments, const Location& at);
-bool has_filter(const std::string& name);
-bool has_test(const std::string& name);
 
 // namespace(), range(), dict(), raise_exception(), strftime_now(): the globals transformers sets.
 std::optional<Value> global_function(const std::string& name);

@@ -54,7 +54,7 @@ class Renderer {
       case Node::Kind::Set: {
         const Value value = evaluate(*node.expression);
         if (!node.attribute.empty()) {
-          const Value target = lookup(node.targets[0], node.line);
+          const Value target = lookup(node.targets[0]);
           if (!target.is_namespace())
             at(node.line).error(fmt::format("cannot assign attribute '{}' on '{}': only namespace() objects take "
                                             "attribute assignment",
@@ -176,11 +176,10 @@ class Renderer {
                           }});
   }
 
-  Value lookup(const std::string& name, int line) {
+  Value lookup(const std::string& name) {
     for (auto frame = frames_.rbegin(); frame != frames_.rend(); ++frame)
       if (const auto found = frame->find(name); found != frame->end()) return found->second;
     if (auto builtin = global_function(name)) return *builtin;
-    (void)line;
     return Value::undefined(fmt::format("'{}' is undefined", name));
   }
 
@@ -197,7 +196,7 @@ class Renderer {
     const Location location = at(expression.line);
     switch (expression.kind) {
       case Expression::Kind::Literal: return expression.literal;
-      case Expression::Kind::Name: return lookup(expression.name, expression.line);
+      case Expression::Kind::Name: return lookup(expression.name);
       case Expression::Kind::Attribute: return get_attribute(evaluate(*expression.object), expression.name, location);
       case Expression::Kind::Item:
         return get_item(evaluate(*expression.object), evaluate(*expression.operands[0]), location);

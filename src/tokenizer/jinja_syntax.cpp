@@ -155,6 +155,7 @@ class Scanner {
   // Lexes the inside of a tag up to its closing delimiter ("}}" or "%}", optionally "-" first);
   // returns the position after it.
   size_t lex(size_t position, char closing, int line, std::vector<Token>& tokens, bool& strip_after) const {
+    int depth = 0;  // open brackets: "}}" inside {'a': {'b': 1}} closes dicts, not the tag
     while (true) {
       while (position < source_.size() && is_space(source_[position])) {
         line += source_[position] == '\n';
@@ -163,11 +164,11 @@ class Scanner {
       if (position >= source_.size()) fail("{}: line {}: unclosed tag", origin_, line);
       const std::string_view rest = source_.substr(position);
       const std::string close = std::string(1, closing) + "}";
-      if (rest.substr(0, 2) == close) {
+      if (depth == 0 && rest.substr(0, 2) == close) {
         strip_after = false;
         return position + 2;
       }
-      if (rest.substr(0, 3) == "-" + close) {
+      if (depth == 0 && rest.substr(0, 3) == "-" + close) {
         strip_after = true;
         return position + 3;
       }
@@ -195,6 +196,8 @@ class Scanner {
         token.kind = Token::Kind::Operator;
         token.text = std::string(*found);
         position += found->size();
+        if (token.text == "(" || token.text == "[" || token.text == "{") ++depth;
+        if ((token.text == ")" || token.text == "]" || token.text == "}") && depth > 0) --depth;
       }
       tokens.push_back(std::move(token));
     }

@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,11 @@ struct Tokenizer::Impl {
   std::optional<std::string> chat_template;
   std::map<std::string, std::string, std::less<>> named_chat_templates;
   std::string chat_template_origin;
+
+  std::optional<int32_t> token_to_id(std::string_view token) const {
+    if (const auto found = added_token_ids.find(token); found != added_token_ids.end()) return found->second;
+    return model.token_to_id(token);
+  }
 
   const std::string& token_text(int32_t id) const {
     if (const auto found = added_token_text.find(id); found != added_token_text.end()) return found->second;
@@ -125,8 +131,9 @@ std::optional<std::string> special_token_field(const json& config, const char* f
   fail("{}: \"{}\" must be a string, an object with \"content\", or null", where, field);
 }
 
-void add_post_processor(const json& spec, const std::string& where, const StringMap<int32_t>& ids_by_token,
-                        std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
+// What add_special_tokens puts before and after a sequence (the "single" template).
+void add_post_processor(const json& spec, const std::string& where, std::vector<int32_t>& prefix,
+                        std::vector<int32_t>& suffix) {
   if (spec.is_null()) return;
   if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
     fail("{}: expected an object with a \"type\"", where);
@@ -134,7 +141,7 @@ void add_post_processor(const json& spec, const std::string& where, const String
   const std::string here = where + " (" + type + ")";
   if (type == "Sequence") {
     if (!spec.contains("processors") || !spec["processors"].is_array()) fail("{}: \"processors\" must be a list", here);
-    for (const auto& child : spec["processors"]) add_post_processor(child, where, ids_by_token, prefix, suffix);
+    for (const auto& child : spec["processors"]) add_post_processor(child, where, prefix, suffix);
   } else if (type == "ByteLevel") {
     // Adjusts offsets only; ids are unchanged.
   } else if (type == "TemplateProcessing") {
@@ -148,14 +155,9 @@ void add_post_processor(const json& spec, const std::string& where, const String
         seen_sequence = true;
       } else if (piece.contains("SpecialToken") && piece["SpecialToken"].contains("id")) {
         const std::string name = piece["SpecialToken"]["id"];
-        std::vector<int32_t> ids;
-        if (special_tokens.contains(name) && special_tokens[name].contains("ids")) {
-          ids = special_tokens[name]["ids"].get<std::vector<int32_t>>();
-        } else if (const auto found = ids_by_token.find(name); found != ids_by_token.end()) {
-          ids = {found->second};
-        } else {
-          fail("{}: special token \"{}\" has no id", here, name);
-        }
+        if (!special_tokens.contains(name) || !special_tokens[name].contains("ids") || !special_tokens[name]["ids"].is_array())
+          fail("{}: special token \"{}\" is not in \"special_tokens\" with its ids", here, name);
+        const auto ids = special_tokens[name]["ids"].get<std::vector<int32_t>>();
         (seen_sequence ? after : before).insert((seen_sequence ? after : before).end(), ids.begin(), ids.end());
       } else {
         fail("{}: unknown template piece {}", here, piece.dump());
@@ -198,27 +200,15 @@ std::vector<int32_t> id_list_field(const json& object, const char* field, const 
   fail("{}: \"{}\" must be an id or a list of ids", where, field);
 }
 
-}  // namespace
-
-Tokenizer Tokenizer::load(const fs::path& path) {
-  const fs::path file = fs::is_directory(path) ? path / "tokenizer.json" : path;
-  if (!fs::exists(file)) fail("{}: no tokenizer.json there", path.string());
-  const fs::path directory = file.parent_path();
-  const json spec = read_json(file);
-  const std::string where = file.string();
-  if (!spec.is_object()) fail("{}: expected a JSON object", where);
-
-  PreTokenizer pre_tokenizer = PreTokenizer::from_json(spec.value("pre_tokenizer", json()), where + ": pre_tokenizer");
-  const bool byte_level = pre_tokenizer.byte_level();
-  auto impl = std::make_shared<Impl>(file, Normalizer::from_json(spec.value("normalizer", json()), where + ": normalizer"),
-                                     std::move(pre_tokenizer),
-                                     BpeModel::from_json(spec.value("model", json()), byte_level, where + ": model"),
-                                     DecoderPipeline::from_json(spec.value("decoder", json()), where + ": decoder"));
-
-  // Added tokens.
+// added_tokens, the ids they are matched to, and which ids are special.
+void load_added_tokens(Tokenizer::Impl& impl, const json& spec, const std::string& where) {
   const json added = spec.value("added_tokens", json::array());
   if (!added.is_array()) fail("{}: \"added_tokens\" must be a list", where);
   std::vector<std::string> raw_patterns, normalized_patterns;
+  // Hugging Face ignores the ids written here: a token in the model's vocabulary keeps its id, any
+  // other takes the next one after the vocabulary, in list order (added_vocabulary.rs add_tokens).
+  // A file whose ids disagree with that is refused rather than read two ways.
+  int32_t next_id = impl.model.vocab_count();
   for (size_t i = 0; i < added.size(); ++i) {
     const json& entry = added[i];
     const std::string here = fmt::format("{}: added_tokens[{}]", where, i);
@@ -233,45 +223,55 @@ Tokenizer Tokenizer::load(const fs::path& path) {
     token.rstrip = flag(entry, "rstrip", here);
     token.normalized = flag(entry, "normalized", here);
     if (flag(entry, "single_word", here)) fail("{}: single_word added tokens are not supported", here);
-    if (token.id < 0) fail("{}: negative id", here);
+    int32_t assigned;
+    if (const auto model_id = impl.model.token_to_id(token.content)) assigned = *model_id;
+    else if (const auto found = impl.added_token_ids.find(token.content); found != impl.added_token_ids.end()) assigned = found->second;
+    else assigned = next_id++;
+    if (token.id != assigned)
+      fail("{}: \"{}\" has id {}, but Hugging Face tokenizers gives it id {} (tokens outside the vocabulary are "
+           "numbered in order after it)",
+           here, token.content, token.id, assigned);
     // A normalized token is matched, and decoded, as its normalized content
     // (tokenizer/added_vocabulary.rs normalized_cache).
     const std::string normalized_content =
-        token.normalized && !impl->normalizer.empty() ? impl->normalizer.apply(token.content) : token.content;
-    impl->added_token_text[token.id] = normalized_content;
-    impl->added_token_ids[token.content] = token.id;
+        token.normalized && !impl.normalizer.empty() ? impl.normalizer.apply(token.content) : token.content;
+    impl.added_token_text[token.id] = normalized_content;
+    impl.added_token_ids[token.content] = token.id;
     raw_patterns.push_back(token.normalized ? std::string() : token.content);
     normalized_patterns.push_back(token.normalized ? normalized_content : std::string());
-    impl->added_tokens.push_back(std::move(token));
+    impl.added_tokens.push_back(std::move(token));
   }
-  impl->raw_matcher = std::make_unique<AddedTokenMatcher>(impl->added_tokens, raw_patterns);
-  impl->normalized_matcher = std::make_unique<AddedTokenMatcher>(impl->added_tokens, normalized_patterns);
+  impl.raw_matcher = std::make_unique<AddedTokenMatcher>(impl.added_tokens, raw_patterns);
+  impl.normalized_matcher = std::make_unique<AddedTokenMatcher>(impl.added_tokens, normalized_patterns);
 
-  impl->vocab_size = impl->model.id_limit();
-  for (const auto& token : impl->added_tokens) impl->vocab_size = std::max(impl->vocab_size, token.id + 1);
-  impl->special.assign(impl->vocab_size, false);
-  for (const auto& token : impl->added_tokens) {
-    if (!token.special) continue;
-    impl->special[token.id] = true;
-    // Hugging Face skips by token string, so a model token spelled like a special token goes too.
-    if (const auto model_id = impl->model.token_to_id(token.content)) impl->special[*model_id] = true;
-  }
+  impl.vocab_size = impl.model.id_limit();
+  for (const auto& token : impl.added_tokens) impl.vocab_size = std::max(impl.vocab_size, token.id + 1);
+  // Hugging Face skips a token in decoding when the text it decodes from is the content of a
+  // special added token (tokenizer/mod.rs decode): so also a model token spelled like one, but not
+  // a special token marked `normalized` whose normalized text differs.
+  impl.special.assign(impl.vocab_size, false);
+  std::unordered_set<std::string> special_contents;
+  for (const auto& token : impl.added_tokens)
+    if (token.special) special_contents.insert(token.content);
+  for (const auto& token : impl.added_tokens)
+    impl.special[token.id] = special_contents.count(impl.added_token_text.at(token.id)) > 0;
+  for (const auto& content : special_contents)
+    if (const auto model_id = impl.model.token_to_id(content); model_id && !impl.added_token_text.count(*model_id))
+      impl.special[*model_id] = true;
 
-  StringMap<int32_t> ids_by_token = impl->added_token_ids;
-  add_post_processor(spec.value("post_processor", json()), where + ": post_processor", ids_by_token, impl->prefix_ids,
-                     impl->suffix_ids);
+}
 
-  // tokenizer_config.json: special tokens, the chat template, and for Llama-style tokenizer
-  // classes the add_bos_token / add_eos_token flags, which transformers turns into the
-  // post-processor (LlamaTokenizerFast.update_post_processor).
-  const Tokenizer view(impl);
+// tokenizer_config.json: special tokens, the chat template, and for Llama-style tokenizer classes
+// the add_bos_token / add_eos_token flags, which transformers turns into the post-processor
+// (LlamaTokenizerFast.update_post_processor).
+void load_tokenizer_config(Tokenizer::Impl& impl, const fs::path& directory) {
   if (const fs::path config_path = directory / "tokenizer_config.json"; fs::exists(config_path)) {
     const json config = read_json(config_path);
     const std::string here = config_path.string();
-    impl->bos_token = special_token_field(config, "bos_token", here);
-    impl->eos_token = special_token_field(config, "eos_token", here);
-    if (impl->bos_token) impl->bos_id = view.token_to_id(*impl->bos_token);
-    if (impl->eos_token) impl->eos_id = view.token_to_id(*impl->eos_token);
+    impl.bos_token = special_token_field(config, "bos_token", here);
+    impl.eos_token = special_token_field(config, "eos_token", here);
+    if (impl.bos_token) impl.bos_id = impl.token_to_id(*impl.bos_token);
+    if (impl.eos_token) impl.eos_id = impl.token_to_id(*impl.eos_token);
     const std::string tokenizer_class = config.value("tokenizer_class", std::string());
     static const std::vector<std::string> kFlagDrivenClasses = {
         "LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast",
@@ -279,50 +279,57 @@ Tokenizer Tokenizer::load(const fs::path& path) {
     const bool flag_driven =
         std::find(kFlagDrivenClasses.begin(), kFlagDrivenClasses.end(), tokenizer_class) != kFlagDrivenClasses.end();
     if (flag_driven && (config.contains("add_bos_token") || config.contains("add_eos_token"))) {
-      impl->prefix_ids.clear();
-      impl->suffix_ids.clear();
+      impl.prefix_ids.clear();
+      impl.suffix_ids.clear();
       if (flag(config, "add_bos_token", here)) {
-        if (!impl->bos_id) fail("{}: add_bos_token is true but bos_token has no id", here);
-        impl->prefix_ids.push_back(*impl->bos_id);
+        if (!impl.bos_id) fail("{}: add_bos_token is true but bos_token has no id", here);
+        impl.prefix_ids.push_back(*impl.bos_id);
       }
       if (flag(config, "add_eos_token", here)) {
-        if (!impl->eos_id) fail("{}: add_eos_token is true but eos_token has no id", here);
-        impl->suffix_ids.push_back(*impl->eos_id);
+        if (!impl.eos_id) fail("{}: add_eos_token is true but eos_token has no id", here);
+        impl.suffix_ids.push_back(*impl.eos_id);
       }
     }
     if (config.contains("chat_template") && !config["chat_template"].is_null()) {
       const json& chat = config["chat_template"];
       if (chat.is_string()) {
-        impl->chat_template = chat.get<std::string>();
+        impl.chat_template = chat.get<std::string>();
       } else if (chat.is_array()) {
         for (const auto& named : chat) {
           if (!named.is_object() || !named.contains("name") || !named["name"].is_string() ||
               !named.contains("template") || !named["template"].is_string())
             fail("{}: chat_template entries must be {{\"name\": ..., \"template\": ...}}", here);
-          impl->named_chat_templates[named["name"].get<std::string>()] = named["template"].get<std::string>();
+          impl.named_chat_templates[named["name"].get<std::string>()] = named["template"].get<std::string>();
         }
-        if (const auto found = impl->named_chat_templates.find("default"); found != impl->named_chat_templates.end())
-          impl->chat_template = found->second;
+        if (const auto found = impl.named_chat_templates.find("default"); found != impl.named_chat_templates.end())
+          impl.chat_template = found->second;
       } else {
         fail("{}: chat_template must be a string or a list of named templates", here);
       }
-      impl->chat_template_origin = here + " chat_template";
+      impl.chat_template_origin = here + " chat_template";
     }
   }
+}
+
+// chat_template.json and chat_template.jinja, which win over tokenizer_config.json's template.
+void load_chat_template_files(Tokenizer::Impl& impl, const fs::path& directory) {
   if (const fs::path json_template = directory / "chat_template.json"; fs::exists(json_template)) {
     const json chat = read_json(json_template);
     if (!chat.is_object() || !chat.contains("chat_template") || !chat["chat_template"].is_string())
       fail("{}: expected {{\"chat_template\": string}}", json_template.string());
-    impl->chat_template = chat["chat_template"].get<std::string>();
-    impl->chat_template_origin = json_template.string();
+    impl.chat_template = chat["chat_template"].get<std::string>();
+    impl.chat_template_origin = json_template.string();
   }
   if (const fs::path jinja_template = directory / "chat_template.jinja"; fs::exists(jinja_template)) {
-    impl->chat_template = read_text(jinja_template);
-    impl->chat_template_origin = jinja_template.string();
+    impl.chat_template = read_text(jinja_template);
+    impl.chat_template_origin = jinja_template.string();
   }
 
-  // Generation defaults: generation_config.json, with config.json's eos_token_id when it has none.
-  GenerationDefaults& generation = impl->generation;
+}
+
+// generation_config.json, with config.json's eos_token_id (else the eos_token) when it has none.
+void load_generation_defaults(Tokenizer::Impl& impl, const fs::path& directory) {
+  GenerationDefaults& generation = impl.generation;
   if (const fs::path generation_path = directory / "generation_config.json"; fs::exists(generation_path)) {
     const json config = read_json(generation_path);
     const std::string here = generation_path.string();
@@ -347,10 +354,35 @@ Tokenizer Tokenizer::load(const fs::path& path) {
         generation.eos_token_ids = id_list_field(config, "eos_token_id", config_path.string());
     }
   }
-  if (generation.eos_token_ids.empty() && impl->eos_id) generation.eos_token_ids = {*impl->eos_id};
+  if (generation.eos_token_ids.empty() && impl.eos_id) generation.eos_token_ids = {*impl.eos_id};
   for (int32_t id : generation.eos_token_ids)
-    if (id < 0 || id >= impl->vocab_size)
-      fail("{}: eos token id {} is outside the vocabulary ({} ids)", directory.string(), id, impl->vocab_size);
+    if (id < 0 || id >= impl.vocab_size)
+      fail("{}: eos token id {} is outside the vocabulary ({} ids)", directory.string(), id, impl.vocab_size);
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::load(const fs::path& path) {
+  const fs::path file = fs::is_directory(path) ? path / "tokenizer.json" : path;
+  if (!fs::exists(file)) fail("{}: no tokenizer.json there", path.string());
+  const fs::path directory = file.parent_path();
+  const json spec = read_json(file);
+  const std::string where = file.string();
+  if (!spec.is_object()) fail("{}: expected a JSON object", where);
+
+  PreTokenizer pre_tokenizer = PreTokenizer::from_json(spec.value("pre_tokenizer", json()), where + ": pre_tokenizer");
+  const bool byte_level = pre_tokenizer.byte_level();
+  auto impl = std::make_shared<Impl>(file, Normalizer::from_json(spec.value("normalizer", json()), where + ": normalizer"),
+                                     std::move(pre_tokenizer),
+                                     BpeModel::from_json(spec.value("model", json()), byte_level, where + ": model"),
+                                     DecoderPipeline::from_json(spec.value("decoder", json()), where + ": decoder"));
+
+  load_added_tokens(*impl, spec, where);
+  add_post_processor(spec.value("post_processor", json()), where + ": post_processor", impl->prefix_ids, impl->suffix_ids);
+
+  load_tokenizer_config(*impl, directory);
+  load_chat_template_files(*impl, directory);
+  load_generation_defaults(*impl, directory);
   return Tokenizer(std::move(impl));
 }
 
@@ -385,11 +417,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 
 int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
 
-std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
-  if (const auto found = impl_->added_token_ids.find(token); found != impl_->added_token_ids.end())
-    return found->second;
-  return impl_->model.token_to_id(token);
-}
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const { return impl_->token_to_id(token); }
 
 std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   if (id < 0 || id >= impl_->vocab_size) return std::nullopt;
@@ -428,6 +456,10 @@ StreamingDecoder::StreamingDecoder(const Tokenizer& tokenizer, bool skip_special
 StreamingDecoder::~StreamingDecoder() = default;
 StreamingDecoder::StreamingDecoder(StreamingDecoder&&) noexcept = default;
 StreamingDecoder& StreamingDecoder::operator=(StreamingDecoder&&) noexcept = default;
+
+void StreamingDecoder::feed_prompt(std::span<const int32_t> ids) {
+  for (int32_t id : ids) push(id);
+}
 
 std::string StreamingDecoder::push(int32_t id) {
   std::string text;

@@ -93,6 +93,11 @@ class StreamingDecoder {
   StreamingDecoder(StreamingDecoder&&) noexcept;
   StreamingDecoder& operator=(StreamingDecoder&&) noexcept;
 
+  // Feeds ids whose text the caller already has (the prompt), so that what follows continues it:
+  // pushing generated ids then yields decode(prompt + generated) minus decode(prompt). Without it
+  // the first generated token counts as the start of the text (SentencePiece decoders drop its
+  // leading space).
+  void feed_prompt(std::span<const int32_t> ids);
   std::string push(int32_t id);
   std::string finish();
 

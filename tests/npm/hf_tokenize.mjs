@@ -3,8 +3,9 @@
 //   node hf_tokenize.mjs < requests.jsonl > results.jsonl
 // The first input line is {"tokenizers": {"name": "path/to/tokenizer.json", ...}}, every further
 // line one JSON string. For each tokenizer one output line:
-//   {"tokenizer": name, "results": [{"ids": [...], "decoded": text, "decoded_skip_special": text}, ...]}
-// with ids encoded without added special tokens, and the decodings of those ids.
+//   {"tokenizer": name, "results": [{"ids": [...], "ids_with_special": [...], "decoded": text,
+//                                    "decoded_skip_special": text}, ...]}
+// with ids encoded without and with added special tokens, and the decodings of the first.
 import { readFileSync } from 'node:fs';
 import { requireReference } from './reference_packages.mjs';
 
@@ -18,10 +19,12 @@ for (const [name, file] of Object.entries(tokenizers)) {
   const tokenizer = Tokenizer.fromFile(file);
   const encodings = await tokenizer.encodeBatch(texts, { addSpecialTokens: false });
   const idLists = encodings.map((encoding) => Array.from(encoding.getIds()));
+  const withSpecial = await tokenizer.encodeBatch(texts, { addSpecialTokens: true });
   const decoded = await tokenizer.decodeBatch(idLists, false);
   const decodedSkipSpecial = await tokenizer.decodeBatch(idLists, true);
   const results = idLists.map((ids, i) => ({
     ids,
+    ids_with_special: Array.from(withSpecial[i].getIds()),
     decoded: decoded[i],
     decoded_skip_special: decodedSkipSpecial[i],
   }));
