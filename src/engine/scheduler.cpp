@@ -154,7 +154,17 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     finish(*active, {-1, 0, {}, true, "cancelled", ""});
     return true;
   });
-  if (running.empty()) return;
+  // With nothing left to run the loop sleeps, so the stats must say so now (a cancelled last
+  // request would otherwise stay counted as running, holding its cache positions).
+  auto publish_idle = [&] {
+    std::lock_guard lock(mutex_);
+    stats_.running = 0;
+    stats_.cache_tokens_used = 0;
+  };
+  if (running.empty()) {
+    publish_idle();
+    return;
+  }
 
   std::vector<SequenceStep> steps;
   std::vector<bool> samples;  // whether the step's logit row is used to sample a token
@@ -181,6 +191,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   } catch (const std::exception& error) {
     for (auto& active : running) finish(*active, {-1, 0, {}, true, "error", error.what()});
     running.clear();
+    publish_idle();
     return;
   }
   const int64_t vocab = model_.config().vocab_size;
