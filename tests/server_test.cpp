@@ -23,7 +23,7 @@
 #include "server/json_fields.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
-#include "server/stop_matcher.h"
+#include "engine/stop_matcher.h"
 #include "server/tokenizer_codec.h"
 #include "test_support.h"
 

@@ -14,7 +14,7 @@
 
 #include "engine/scheduler.h"
 #include "server/metrics.h"
-#include "server/stop_matcher.h"
+#include "engine/stop_matcher.h"
 #include "server/text_codec.h"
 
 namespace kiln::server {

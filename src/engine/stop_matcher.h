@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-namespace kiln::server {
+namespace kiln {
 
 class StopMatcher {
  public:
@@ -30,4 +30,4 @@ class StopMatcher {
   bool matched_ = false;
 };
 
-}  // namespace kiln::server
+}  // namespace kiln

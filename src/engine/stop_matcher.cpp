@@ -1,8 +1,8 @@
-#include "server/stop_matcher.h"
+#include "engine/stop_matcher.h"
 
 #include <algorithm>
 
-namespace kiln::server {
+namespace kiln {
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
   std::erase_if(stops_, [](const std::string& stop) { return stop.empty(); });
@@ -52,4 +52,4 @@ std::string StopMatcher::flush() {
   return rest;
 }
 
-}  // namespace kiln::server
+}  // namespace kiln
