@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "http_test_client.h"
+#include "npm_reference.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
@@ -790,7 +791,7 @@ TEST(ServerProcess, ShutdownPastTheGraceCancelsAndTellsTheClient) {
 // The official npm clients (openai, @anthropic-ai/sdk) against the real server.
 TEST(ServerNpm, OfficialClientsAgainstTheRealServer) {
   KILN_REQUIRE_STORIES(dir);
-  const auto npm_cache = source_dir() / ".cache/npm";
+  const auto npm_cache = npm_cache_dir();
   if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
   if (!std::filesystem::exists(npm_cache / "node_modules/openai") ||
       !std::filesystem::exists(npm_cache / "node_modules/@anthropic-ai/sdk"))
