@@ -2,6 +2,7 @@
 // stop strings and metrics; then the real `kiln serve` process on a free loopback port, driven by
 // raw HTTP here and by the official openai / Anthropic npm clients (tests/npm/server_client.mjs).
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,14 +10,13 @@
 #include <atomic>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
 #include "http_test_client.h"
+#include "npm_reference.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
@@ -266,8 +266,10 @@ int parse_status(const std::string& endpoint, const std::string& body, std::stri
 TEST(ServerValidation, ChatRequestsAreCheckedFieldByField) {
   const std::vector<ParseCase> cases = {
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}]})", 200, ""},
-      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"temperature":0,"top_p":0.5,"top_k":-1,"min_p":0.1,"seed":-3,"stop":["a","b"],"max_tokens":5,"logprobs":true,"top_logprobs":3,"stream":true,"stream_options":{"include_usage":true},"chat_template_kwargs":{"enable_thinking":false},"user":"u","n":1})", 200, ""},
-      {R"({"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"tool_choice":"auto"})", 200, ""},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"temperature":0,"top_p":0.5,"top_k":-1,"min_p":0.1,"seed":-3,"stop":["a","b"],"max_tokens":5,"logprobs":true,"top_logprobs":3,"stream":true,"stream_options":{"include_usage":true},"chat_template_kwargs":{"enable_thinking":false},"user":"u","n":1})",
+       200, ""},
+      {R"({"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"tool_choice":"auto"})",
+       200, ""},
       {R"({"messages":[{"role":"user","content":"hi"}]})", 400, "model"},
       {R"({"model":"other","messages":[{"role":"user","content":"hi"}]})", 404, "model"},
       {R"({"model":"m"})", 400, "messages"},
@@ -275,7 +277,8 @@ TEST(ServerValidation, ChatRequestsAreCheckedFieldByField) {
       {R"({"model":"m","messages":"hi"})", 400, "messages"},
       {R"({"model":"m","messages":[{"role":"wizard","content":"hi"}]})", 400, "messages[0].role"},
       {R"({"model":"m","messages":[{"role":"user"}]})", 400, "messages[0].content"},
-      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", 400, "messages[0].content[0].type"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", 400,
+       "messages[0].content[0].type"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi","colour":"red"}]})", 400, "messages[0].colour"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":"hot"})", 400, "temperature"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":3})", 400, "temperature"},
@@ -283,22 +286,30 @@ TEST(ServerValidation, ChatRequestsAreCheckedFieldByField) {
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"top_k":2.5})", 400, "top_k"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":-1})", 400, "max_tokens"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1e30})", 400, "max_tokens"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":99999999999999999999})", 400, "max_tokens"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"max_completion_tokens":5})", 400, "max_tokens"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":99999999999999999999})", 400,
+       "max_tokens"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"max_completion_tokens":5})", 400,
+       "max_tokens"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stop":[""]})", 400, "stop"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stop":[1]})", 400, "stop"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"seed":"1"})", 400, "seed"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":"yes"})", 400, "stream"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}})", 400, "stream_options"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}})", 400,
+       "stream_options"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"top_logprobs":2})", 400, "top_logprobs"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21})", 400, "top_logprobs"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21})", 400,
+       "top_logprobs"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":2})", 400, "n"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{}}})", 400, "response_format"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{}}})",
+       400, "response_format"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":10}})", 400, "logit_bias"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"presence_penalty":0.5})", 400, "presence_penalty"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tool_choice":"required","tools":[{"type":"function","function":{"name":"f"}}]})", 400, "tool_choice"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{}}]})", 400, "tools[0].function.name"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":true})", 400, "chat_template_kwargs"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tool_choice":"required","tools":[{"type":"function","function":{"name":"f"}}]})",
+       400, "tool_choice"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{}}]})", 400,
+       "tools[0].function.name"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":true})", 400,
+       "chat_template_kwargs"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"frobnicate":1})", 400, "frobnicate"},
       {R"({"model":"m","messages":[{"role":"tool","content":"r"}]})", 400, "messages[0].tool_call_id"},
       {R"([1,2,3])", 400, ""},
@@ -324,15 +335,28 @@ TEST(ServerValidation, CompletionAndMessagesRequests) {
       {"completions", {R"({"model":"m","prompt":"x","logprobs":6})", 400, "logprobs"}},
       {"completions", {R"({"model":"m","prompt":"x","echo":true})", 400, "echo"}},
       {"completions", {R"({"model":"m","prompt":"x","best_of":3})", 400, "best_of"}},
-      {"messages", {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"system":"be brief","stop_sequences":["x"],"temperature":1,"top_k":5,"stream":true,"metadata":{"user_id":"u"}})", 200, ""}},
-      {"messages", {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"thinking":{"type":"disabled"}})", 200, ""}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"system":"be brief","stop_sequences":["x"],"temperature":1,"top_k":5,"stream":true,"metadata":{"user_id":"u"}})",
+        200, ""}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"thinking":{"type":"disabled"}})",
+        200, ""}},
       {"messages", {R"({"model":"m","messages":[{"role":"user","content":"hi"}]})", 400, "max_tokens"}},
       {"messages", {R"({"model":"m","max_tokens":0,"messages":[{"role":"user","content":"hi"}]})", 400, "max_tokens"}},
-      {"messages", {R"({"model":"m","max_tokens":5,"messages":[{"role":"system","content":"hi"}]})", 400, "messages[0].role"}},
-      {"messages", {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"temperature":1.5})", 400, "temperature"}},
-      {"messages", {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"stop_sequences":"x"})", 400, "stop_sequences"}},
-      {"messages", {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]})", 400, "messages[0].content[0].type"}},
-      {"messages", {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"tool_choice":{"type":"any"}})", 400, "tool_choice"}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"messages":[{"role":"system","content":"hi"}]})", 400, "messages[0].role"}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"temperature":1.5})", 400,
+        "temperature"}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"stop_sequences":"x"})", 400,
+        "stop_sequences"}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]})", 400,
+        "messages[0].content[0].type"}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"tool_choice":{"type":"any"}})", 400,
+        "tool_choice"}},
   };
   for (const auto& [endpoint, test] : cases) {
     std::string param;
@@ -424,8 +448,10 @@ class ServeProcess {
     for (int i = 0; i < 300 && port_ == 0 && running(); ++i) {
       std::smatch match;
       const std::string text = log();
-      if (std::regex_search(text, match, listening)) port_ = static_cast<uint16_t>(std::stoi(match[1]));
-      else std::this_thread::sleep_for(50ms);
+      if (std::regex_search(text, match, listening))
+        port_ = static_cast<uint16_t>(std::stoi(match[1]));
+      else
+        std::this_thread::sleep_for(50ms);
     }
   }
   ~ServeProcess() {
@@ -472,9 +498,9 @@ class ServeProcess {
 
 std::filesystem::path chat_template_file() { return source_dir() / "tests/data/stories_chat_template.jinja"; }
 
-#define KILN_REQUIRE_STORIES(dir)                                                                  \
-  KILN_REQUIRE_SHARED(shared_for_##dir);                                                           \
-  const std::filesystem::path dir = shared_for_##dir / "models/stories260K";                      \
+#define KILN_REQUIRE_STORIES(dir)                                                                \
+  KILN_REQUIRE_SHARED(shared_for_##dir);                                                         \
+  const std::filesystem::path dir = shared_for_##dir / "models/stories260K";                     \
   if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " is missing"; \
   if (!std::filesystem::exists(kiln_binary())) GTEST_SKIP() << kiln_binary() << " is not built"
 
@@ -493,7 +519,8 @@ json chat_body(const std::string& content, int max_tokens, json extra = json::ob
   return body;
 }
 
-std::optional<RawResponse> post(uint16_t port, const std::string& path, const json& body, const std::string& headers = "") {
+std::optional<RawResponse> post(uint16_t port, const std::string& path, const json& body,
+                                const std::string& headers = "") {
   return http_exchange(port, "POST", path, body.dump(), headers);
 }
 
@@ -513,8 +540,8 @@ class ServerEndToEnd : public ::testing::Test {
     if (!shared || !std::filesystem::exists(*shared / "models/stories260K/model.safetensors") ||
         !std::filesystem::exists(kiln_binary()))
       return;
-    server_ = new ServeProcess(stories_arguments(*shared / "models/stories260K",
-                                                 {"--max-batch", "8", "--request-timeout", "2"}));
+    server_ = new ServeProcess(
+        stories_arguments(*shared / "models/stories260K", {"--max-batch", "8", "--request-timeout", "2"}));
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -542,8 +569,9 @@ TEST_F(ServerEndToEnd, HealthModelsAndMetrics) {
   auto metrics = http_exchange(port_, "GET", "/metrics", "");
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->headers["content-type"].find("text/plain"), std::string::npos);
-  for (const char* name : {"kiln_requests_waiting", "kiln_kv_cache_usage_ratio", "kiln_time_to_first_token_seconds_bucket",
-                           "kiln_inter_token_latency_seconds_bucket", "kiln_generation_tokens_total"})
+  for (const char* name :
+       {"kiln_requests_waiting", "kiln_kv_cache_usage_ratio", "kiln_time_to_first_token_seconds_bucket",
+        "kiln_inter_token_latency_seconds_bucket", "kiln_generation_tokens_total"})
     EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
   EXPECT_NE(server_->log().find("ready in"), std::string::npos) << "the load time is not logged";
 }
@@ -555,8 +583,12 @@ TEST_F(ServerEndToEnd, UsageCountsThePromptAfterTemplatingAndEveryGeneratedToken
   const json messages = {{{"role", "system"}, {"content", "A story."}}, {{"role", "user"}, {"content", "The dog ran"}}};
   const size_t expected_prompt = codec.encode(codec.render_chat(messages, {}), false).size();
   auto response = post(port_, "/v1/chat/completions",
-                       {{"model", "stories260K"}, {"messages", messages}, {"max_tokens", 17}, {"ignore_eos", true},
-                        {"temperature", 0.5}, {"seed", 3}});
+                       {{"model", "stories260K"},
+                        {"messages", messages},
+                        {"max_tokens", 17},
+                        {"ignore_eos", true},
+                        {"temperature", 0.5},
+                        {"seed", 3}});
   ASSERT_TRUE(response);
   ASSERT_EQ(response->status, 200) << response->body;
   const json body = json::parse(response->body);
@@ -631,8 +663,10 @@ TEST_F(ServerEndToEnd, MalformedRequestsGetClearErrorsAndNeverHurtTheServer) {
       {"/v1/completions", json{{"model", "stories260K"}, {"prompt", long_prompt}}.dump(), 400, "prompt"},
       {"/v1/completions", R"({"model":"stories260K","prompt":"hi","max_tokens":-1})", 400, "max_tokens"},
       {"/v1/messages", R"({"model":"stories260K","messages":[{"role":"user","content":"hi"}]})", 400, ""},
-      {"/v1/messages", R"({"model":"stories260K","max_tokens":"5","messages":[{"role":"user","content":"hi"}]})", 400, ""},
-      {"/v1/messages", R"({"model":"stories260K","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]})", 400, ""},
+      {"/v1/messages", R"({"model":"stories260K","max_tokens":"5","messages":[{"role":"user","content":"hi"}]})", 400,
+       ""},
+      {"/v1/messages",
+       R"({"model":"stories260K","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]})", 400, ""},
       {"/v1/messages", "{oops", 400, ""},
       {"/v1/nothing", "{}", 404, ""},
   };
@@ -718,15 +752,16 @@ TEST(ServerProcess, AFullQueueGets429WithRetryAfter) {
   KILN_REQUIRE_STORIES(dir);
   ServeProcess server(stories_arguments(dir, {"--max-batch", "1", "--max-queue", "1"}));
   ASSERT_NE(server.port(), 0) << server.log();
-  const std::string long_request =
-      http_request("POST", "/v1/completions",
-                   json{{"model", "stories260K"}, {"prompt", "The dog"}, {"max_tokens", 500}, {"ignore_eos", true},
-                        {"stream", true}}.dump());
+  const std::string long_request = http_request(
+      "POST", "/v1/completions",
+      json{{"model", "stories260K"}, {"prompt", "The dog"}, {"max_tokens", 500}, {"ignore_eos", true}, {"stream", true}}
+          .dump());
   RawConnection running(server.port()), waiting(server.port());
   ASSERT_TRUE(running.send(long_request));
   ASSERT_TRUE(running.read_until("data:", 10s));
   ASSERT_TRUE(waiting.send(long_request));
-  for (int i = 0; i < 100 && metric_value(server.port(), "kiln_requests_waiting") != 1; ++i) std::this_thread::sleep_for(20ms);
+  for (int i = 0; i < 100 && metric_value(server.port(), "kiln_requests_waiting") != 1; ++i)
+    std::this_thread::sleep_for(20ms);
   auto refused = http_exchange(server.port(), "POST", "/v1/completions",
                                json{{"model", "stories260K"}, {"prompt", "x"}, {"max_tokens", 2}}.dump());
   ASSERT_TRUE(refused);
@@ -745,9 +780,10 @@ TEST(ServerProcess, ApiKeyIsRequiredWhenSet) {
   auto bearer = http_exchange(server.port(), "GET", "/v1/models", "", "Authorization: Bearer sesame\r\n");
   ASSERT_TRUE(bearer);
   EXPECT_EQ(bearer->status, 200);
-  auto anthropic = post(server.port(), "/v1/messages",
-                        {{"model", "stories260K"}, {"max_tokens", 3}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}},
-                        "x-api-key: wrong\r\n");
+  auto anthropic =
+      post(server.port(), "/v1/messages",
+           {{"model", "stories260K"}, {"max_tokens", 3}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}},
+           "x-api-key: wrong\r\n");
   ASSERT_TRUE(anthropic);
   EXPECT_EQ(anthropic->status, 401);
   EXPECT_EQ(json::parse(anthropic->body)["error"]["type"], "authentication_error");
@@ -759,9 +795,9 @@ TEST(ServerProcess, SigtermFinishesRequestsInFlightThenExits) {
   ServeProcess server(stories_arguments(dir));
   ASSERT_NE(server.port(), 0) << server.log();
   RawConnection streaming(server.port());
-  ASSERT_TRUE(streaming.send(http_request(
-      "POST", "/v1/chat/completions",
-      chat_body("The cat", 300, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
+  ASSERT_TRUE(streaming.send(
+      http_request("POST", "/v1/chat/completions",
+                   chat_body("The cat", 300, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
   ASSERT_TRUE(streaming.read_until("\"content\":", 10s));
   server.signal(SIGTERM);
   auto finished = streaming.read_response(20s);
@@ -776,21 +812,22 @@ TEST(ServerProcess, ShutdownPastTheGraceCancelsAndTellsTheClient) {
   ServeProcess server(stories_arguments(dir, {"--shutdown-grace", "0"}));
   ASSERT_NE(server.port(), 0) << server.log();
   RawConnection streaming(server.port());
-  ASSERT_TRUE(streaming.send(http_request(
-      "POST", "/v1/chat/completions",
-      chat_body("The cat", 450, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
+  ASSERT_TRUE(streaming.send(
+      http_request("POST", "/v1/chat/completions",
+                   chat_body("The cat", 450, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
   ASSERT_TRUE(streaming.read_until("\"content\":", 10s));
   server.signal(SIGINT);
   auto cancelled = streaming.read_response(10s);
   ASSERT_TRUE(cancelled);
-  EXPECT_NE(cancelled->body.find("shutting down"), std::string::npos) << cancelled->body.substr(cancelled->body.size() > 400 ? cancelled->body.size() - 400 : 0);
+  EXPECT_NE(cancelled->body.find("shutting down"), std::string::npos)
+      << cancelled->body.substr(cancelled->body.size() > 400 ? cancelled->body.size() - 400 : 0);
   EXPECT_EQ(server.wait_exit(10s), 0) << server.log();
 }
 
 // The official npm clients (openai, @anthropic-ai/sdk) against the real server.
 TEST(ServerNpm, OfficialClientsAgainstTheRealServer) {
   KILN_REQUIRE_STORIES(dir);
-  const auto npm_cache = source_dir() / ".cache/npm";
+  const auto npm_cache = npm_cache_dir();
   if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
   if (!std::filesystem::exists(npm_cache / "node_modules/openai") ||
       !std::filesystem::exists(npm_cache / "node_modules/@anthropic-ai/sdk"))

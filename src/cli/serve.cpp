@@ -2,6 +2,7 @@
 // scheduler. Loopback only unless --host says otherwise. SIGINT/SIGTERM shut it down cleanly:
 // new requests get 503, those in flight finish within --shutdown-grace, the rest are cancelled;
 // a second signal cancels at once.
+#include <fmt/format.h>
 #include <signal.h>
 
 #include <atomic>
@@ -10,8 +11,6 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "cli/command.h"
 #include "cli/model_options.h"
@@ -89,19 +88,21 @@ void serve(const ServeCommand& options) {
   server_options.http.max_connections = options.max_connections;
   server_options.http.request_timeout = to_milliseconds(options.request_timeout_seconds);
   server_options.http.idle_timeout = to_milliseconds(options.idle_timeout_seconds);
-  server_options.model_name = options.served_model_name.empty()
-                                  ? std::filesystem::path(options.model.model_dir).lexically_normal().filename().string()
-                                  : options.served_model_name;
+  server_options.model_name =
+      options.served_model_name.empty()
+          ? std::filesystem::path(options.model.model_dir).lexically_normal().filename().string()
+          : options.served_model_name;
   if (server_options.model_name.empty()) server_options.model_name = "model";
   server_options.vocab_size = config.vocab_size;
   server_options.api_key = options.api_key;
   server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
   server::Server server(scheduler, codec, server_options);
   server.start();
-  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
-  fmt::print(stderr, "kiln: serving {} ({} on {}, batch {}, context {}) — ready in {:.0f} ms\n", server_options.model_name,
-             config.model_type, opened.backend->name(), scheduler_options.max_batch, scheduler_options.context_tokens,
-             load_ms);
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
+  fmt::print(stderr, "kiln: serving {} ({} on {}, batch {}, context {}) — ready in {:.0f} ms\n",
+             server_options.model_name, config.model_type, opened.backend->name(), scheduler_options.max_batch,
+             scheduler_options.context_tokens, load_ms);
   fmt::print(stderr, "kiln: listening on http://{}:{}\n", options.host, server.port());
 
   int received = 0;
@@ -133,18 +134,33 @@ RegisterCommand register_serve([](CLI::App& app) {
   options->model.add_to(*command);
   command->add_option("--host", options->host, "Address to listen on (loopback by default)");
   command->add_option("--port", options->port, "Port to listen on (0: any free port)");
-  command->add_option("--max-batch", options->max_batch, "Sequences decoded together (KV-cache slots)")->check(CLI::PositiveNumber);
-  command->add_option("--max-context", options->max_context, "Tokens per sequence (default: the model's context)")->check(CLI::NonNegativeNumber);
-  command->add_option("--max-queue", options->max_queue, "Waiting requests beyond which new ones get 429")->check(CLI::NonNegativeNumber);
-  command->add_option("--prefill-chunk", options->prefill_chunk, "Most prompt tokens a sequence prefills per step (multiple of 64)")->check(CLI::PositiveNumber);
+  command->add_option("--max-batch", options->max_batch, "Sequences decoded together (KV-cache slots)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--max-context", options->max_context, "Tokens per sequence (default: the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--max-queue", options->max_queue, "Waiting requests beyond which new ones get 429")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--prefill-chunk", options->prefill_chunk,
+                   "Most prompt tokens a sequence prefills per step (multiple of 64)")
+      ->check(CLI::PositiveNumber);
   command->add_option("--api-key", options->api_key, "Require this key (Authorization: Bearer, or x-api-key)");
-  command->add_option("--served-model-name", options->served_model_name, "The model id clients use (default: the directory name)");
+  command->add_option("--served-model-name", options->served_model_name,
+                      "The model id clients use (default: the directory name)");
   command->add_option("--chat-template", options->chat_template, "A Jinja chat template file replacing the model's");
-  command->add_option("--shutdown-grace", options->shutdown_grace_seconds, "Seconds shutdown lets requests finish")->check(CLI::NonNegativeNumber);
-  command->add_option("--request-timeout", options->request_timeout_seconds, "Seconds a client has to send a whole request")->check(CLI::PositiveNumber);
-  command->add_option("--idle-timeout", options->idle_timeout_seconds, "Seconds an idle keep-alive connection stays open")->check(CLI::PositiveNumber);
-  command->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted (413 beyond)")->check(CLI::PositiveNumber);
-  command->add_option("--max-connections", options->max_connections, "Open connections beyond which new ones get 503")->check(CLI::PositiveNumber);
+  command->add_option("--shutdown-grace", options->shutdown_grace_seconds, "Seconds shutdown lets requests finish")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--request-timeout", options->request_timeout_seconds,
+                   "Seconds a client has to send a whole request")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--idle-timeout", options->idle_timeout_seconds, "Seconds an idle keep-alive connection stays open")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted (413 beyond)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--max-connections", options->max_connections, "Open connections beyond which new ones get 503")
+      ->check(CLI::PositiveNumber);
   command->callback([options] { serve(*options); });
 });
 

@@ -26,7 +26,8 @@ std::string tool_result_text(const json& content, const std::string& param) {
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const std::string block_param = fmt::format("{}[{}]", param, i);
-    if (!content[i].is_object()) reject_field(block_param, "`{}` must be an object, got {}", block_param, json_type_name(content[i]));
+    if (!content[i].is_object())
+      reject_field(block_param, "`{}` must be an object, got {}", block_param, json_type_name(content[i]));
     JsonFields block(content[i], block_param);
     const auto type = block.string("type");
     if (type != "text") reject_unsupported(block.param("type"), "tool results other than text");
@@ -41,12 +42,14 @@ std::string tool_result_text(const json& content, const std::string& param) {
 // tool_use blocks (assistant) become tool_calls; tool_result blocks (user) become tool messages.
 void convert_message(const json& message_json, size_t index, json& conversation) {
   const std::string param = fmt::format("messages[{}]", index);
-  if (!message_json.is_object()) reject_field(param, "`{}` must be an object, got {}", param, json_type_name(message_json));
+  if (!message_json.is_object())
+    reject_field(param, "`{}` must be an object, got {}", param, json_type_name(message_json));
   JsonFields message(message_json, param);
   const auto role = message.string("role");
   if (!role) reject_field(message.param("role"), "`{}` is required", message.param("role"));
   if (*role != "user" && *role != "assistant")
-    reject_field(message.param("role"), "`{}` must be \"user\" or \"assistant\", got \"{}\"", message.param("role"), *role);
+    reject_field(message.param("role"), "`{}` must be \"user\" or \"assistant\", got \"{}\"", message.param("role"),
+                 *role);
   const json* content = message.value("content");
   if (!content) reject_field(message.param("content"), "`{}` is required", message.param("content"));
   message.reject_unknown();
@@ -65,7 +68,8 @@ void convert_message(const json& message_json, size_t index, json& conversation)
   for (size_t i = 0; i < content->size(); ++i) {
     const std::string block_param = fmt::format("{}.content[{}]", param, i);
     const json& block_json = (*content)[i];
-    if (!block_json.is_object()) reject_field(block_param, "`{}` must be an object, got {}", block_param, json_type_name(block_json));
+    if (!block_json.is_object())
+      reject_field(block_param, "`{}` must be an object, got {}", block_param, json_type_name(block_json));
     JsonFields block(block_json, block_param);
     const auto type = block.string("type");
     if (!type) reject_field(block.param("type"), "`{}` is required", block.param("type"));
@@ -90,7 +94,8 @@ void convert_message(const json& message_json, size_t index, json& conversation)
                               {"tool_call_id", *tool_use_id},
                               {"content", result ? tool_result_text(*result, block.param("content")) : ""}});
     } else {
-      reject_unsupported(block.param("type"), fmt::format("content blocks of type \"{}\" in {} messages", *type, *role));
+      reject_unsupported(block.param("type"),
+                         fmt::format("content blocks of type \"{}\" in {} messages", *type, *role));
     }
     block.reject_unknown();
   }
@@ -169,8 +174,10 @@ MessagesRequest parse_messages_request(const json& body, const std::string& serv
     const auto type = choice_fields.string("type");
     if (!type) reject_field("tool_choice.type", "`tool_choice.type` is required");
     if (*type == "any" || *type == "tool") reject_unsupported("tool_choice", "forcing a tool call with `tool_choice`");
-    if (*type == "none") request.prompt.tools = json();
-    else if (*type != "auto") reject_field("tool_choice.type", "`tool_choice.type` must be auto, any, tool or none");
+    if (*type == "none")
+      request.prompt.tools = json();
+    else if (*type != "auto")
+      reject_field("tool_choice.type", "`tool_choice.type` must be auto, any, tool or none");
     choice_fields.string("name");
     choice_fields.boolean("disable_parallel_tool_use");
     choice_fields.reject_unknown();
@@ -193,13 +200,20 @@ MessagesRequest parse_messages_request(const json& body, const std::string& serv
 
 json anthropic_error_body(int status, const std::string& message) {
   std::string type = "invalid_request_error";
-  if (status == 401) type = "authentication_error";
-  else if (status == 403) type = "permission_error";
-  else if (status == 404) type = "not_found_error";
-  else if (status == 413) type = "request_too_large";
-  else if (status == 429) type = "rate_limit_error";
-  else if (status == 503) type = "overloaded_error";
-  else if (status >= 500) type = "api_error";
+  if (status == 401)
+    type = "authentication_error";
+  else if (status == 403)
+    type = "permission_error";
+  else if (status == 404)
+    type = "not_found_error";
+  else if (status == 413)
+    type = "request_too_large";
+  else if (status == 429)
+    type = "rate_limit_error";
+  else if (status == 503)
+    type = "overloaded_error";
+  else if (status >= 500)
+    type = "api_error";
   return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }
 

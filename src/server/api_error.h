@@ -3,10 +3,10 @@
 // ({"type": "error", "error": {type, message}}) by the endpoint that caught it.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 #include <string>
-
-#include <fmt/format.h>
 
 namespace kiln::server {
 

@@ -7,18 +7,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <list>
 #include <mutex>
 #include <thread>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/write.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http.hpp>
 
 #include "core/error.h"
 
@@ -264,8 +263,7 @@ net::ip::address parse_host(const std::string& host) {
 class HttpServer::Impl {
  public:
   Impl(HttpServerOptions options, HttpHandler handler, ProtocolErrorBody error_body)
-      : options_(std::move(options)), handler_(std::move(handler)), error_body_(std::move(error_body)),
-        acceptor_(io_) {
+      : options_(std::move(options)), handler_(std::move(handler)), error_body_(std::move(error_body)), acceptor_(io_) {
     const tcp::endpoint endpoint(parse_host(options_.host), options_.port);
     error_code ec;
     acceptor_.open(endpoint.protocol(), ec);
@@ -327,7 +325,8 @@ class HttpServer::Impl {
       tcp::socket socket(io_);
       error_code ec;
       acceptor_.accept(socket, ec);
-      if (ec == net::error::would_block || ec == net::error::try_again || ec == net::error::connection_aborted) continue;
+      if (ec == net::error::would_block || ec == net::error::try_again || ec == net::error::connection_aborted)
+        continue;
       if (ec) {
         // Out of file descriptors, typically: back off instead of spinning on the ready socket.
         std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -68,11 +68,11 @@ struct HttpServerOptions {
   uint16_t port = 8080;  // 0: any free port (see HttpServer::port())
   size_t max_body_bytes = 8u << 20;
   size_t max_header_bytes = 64u << 10;
-  int max_connections = 256;  // beyond this a connection gets 503 and is closed
+  int max_connections = 256;                          // beyond this a connection gets 503 and is closed
   std::chrono::milliseconds idle_timeout{60'000};     // keep-alive wait for the next request
   std::chrono::milliseconds request_timeout{30'000};  // first byte to the end of a request
   std::chrono::milliseconds write_timeout{30'000};    // longest a write may make no progress
-  int retry_after_seconds = 1;                         // sent with the connection-limit 503
+  int retry_after_seconds = 1;                        // sent with the connection-limit 503
 };
 
 class HttpServer {

@@ -24,15 +24,23 @@ json parse_request_json(std::string_view body) {
 
 std::string json_type_name(const json& value) {
   switch (value.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a number";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    default: return "a binary value";
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a binary value";
   }
 }
 
@@ -57,21 +65,24 @@ const json* JsonFields::value(const std::string& name) { return lookup(name); }
 std::optional<std::string> JsonFields::string(const std::string& name) {
   const json* field = lookup(name);
   if (!field) return std::nullopt;
-  if (!field->is_string()) reject_field(param(name), "`{}` must be a string, got {}", param(name), json_type_name(*field));
+  if (!field->is_string())
+    reject_field(param(name), "`{}` must be a string, got {}", param(name), json_type_name(*field));
   return field->get<std::string>();
 }
 
 std::optional<bool> JsonFields::boolean(const std::string& name) {
   const json* field = lookup(name);
   if (!field) return std::nullopt;
-  if (!field->is_boolean()) reject_field(param(name), "`{}` must be a boolean, got {}", param(name), json_type_name(*field));
+  if (!field->is_boolean())
+    reject_field(param(name), "`{}` must be a boolean, got {}", param(name), json_type_name(*field));
   return field->get<bool>();
 }
 
 std::optional<double> JsonFields::number(const std::string& name, double min, double max) {
   const json* field = lookup(name);
   if (!field) return std::nullopt;
-  if (!field->is_number()) reject_field(param(name), "`{}` must be a number, got {}", param(name), json_type_name(*field));
+  if (!field->is_number())
+    reject_field(param(name), "`{}` must be a number, got {}", param(name), json_type_name(*field));
   const double number = field->get<double>();
   if (!(number >= min && number <= max))
     reject_field(param(name), "`{}` must be between {} and {}, got {}", param(name), min, max, field->dump());

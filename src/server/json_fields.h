@@ -5,12 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace kiln::server {
 

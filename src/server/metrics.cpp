@@ -1,8 +1,8 @@
 #include "server/metrics.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace kiln::server {
 
@@ -45,7 +45,8 @@ void append_metric(std::string& text, const std::string& name, const std::string
 }  // namespace
 
 ServerMetrics::ServerMetrics()
-    : time_to_first_token_(latency_bounds()), inter_token_latency_(latency_bounds()),
+    : time_to_first_token_(latency_bounds()),
+      inter_token_latency_(latency_bounds()),
       request_duration_(latency_bounds()) {}
 
 void ServerMetrics::count_request(const std::string& endpoint, const std::string& finish_reason) {
@@ -85,8 +86,10 @@ std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
       "# HELP kiln_requests_total Generation requests served, by endpoint and finish reason.\n"
       "# TYPE kiln_requests_total counter\n";
   for (const auto& [key, count] : requests_)
-    text += fmt::format("kiln_requests_total{{endpoint=\"{}\",finish_reason=\"{}\"}} {}\n", key.first, key.second, count);
-  text += "# HELP kiln_http_responses_total HTTP responses, by status code.\n# TYPE kiln_http_responses_total counter\n";
+    text +=
+        fmt::format("kiln_requests_total{{endpoint=\"{}\",finish_reason=\"{}\"}} {}\n", key.first, key.second, count);
+  text +=
+      "# HELP kiln_http_responses_total HTTP responses, by status code.\n# TYPE kiln_http_responses_total counter\n";
   for (const auto& [status, count] : responses_)
     text += fmt::format("kiln_http_responses_total{{code=\"{}\"}} {}\n", status, count);
   append_metric(text, "kiln_prompt_tokens_total", "counter", "Prompt tokens prefilled (after chat templating).",
@@ -102,9 +105,9 @@ std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
   append_metric(text, "kiln_kv_cache_tokens_total", "gauge", "KV-cache token positions (slots x context).",
                 static_cast<double>(scheduler.cache_tokens_total));
   append_metric(text, "kiln_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache in use.",
-                scheduler.cache_tokens_total > 0
-                    ? static_cast<double>(scheduler.cache_tokens_used) / static_cast<double>(scheduler.cache_tokens_total)
-                    : 0.0);
+                scheduler.cache_tokens_total > 0 ? static_cast<double>(scheduler.cache_tokens_used) /
+                                                       static_cast<double>(scheduler.cache_tokens_total)
+                                                 : 0.0);
   append_metric(text, "kiln_scheduler_steps_total", "counter", "Batched forward steps run.",
                 static_cast<double>(scheduler.steps));
   text += time_to_first_token_.render("kiln_time_to_first_token_seconds",

@@ -42,7 +42,8 @@ json normalise_tool_calls(const json& tool_calls, const std::string& param) {
     json out = json::object();
     if (auto id = call.string("id")) out["id"] = *id;
     const auto type = call.string("type");
-    if (type && *type != "function") reject_unsupported(call.param("type"), fmt::format("tool calls of type \"{}\"", *type));
+    if (type && *type != "function")
+      reject_unsupported(call.param("type"), fmt::format("tool calls of type \"{}\"", *type));
     out["type"] = "function";
     const json* function = call.object("function");
     if (!function) reject_field(call.param("function"), "`{}` is required", call.param("function"));
@@ -75,7 +76,8 @@ json normalise_messages(const json& messages) {
   json normalised = json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string param = fmt::format("messages[{}]", i);
-    if (!messages[i].is_object()) reject_field(param, "`{}` must be an object, got {}", param, json_type_name(messages[i]));
+    if (!messages[i].is_object())
+      reject_field(param, "`{}` must be an object, got {}", param, json_type_name(messages[i]));
     JsonFields message(messages[i], param);
     const auto role = message.string("role");
     if (!role) reject_field(message.param("role"), "`{}` is required", message.param("role"));
@@ -89,7 +91,8 @@ json normalise_messages(const json& messages) {
     const json* content = message.value("content");
     const json* tool_calls = message.array("tool_calls");
     if (tool_calls && *role != "assistant")
-      reject_field(message.param("tool_calls"), "`{}` is only allowed on assistant messages", message.param("tool_calls"));
+      reject_field(message.param("tool_calls"), "`{}` is only allowed on assistant messages",
+                   message.param("tool_calls"));
     if (content)
       out["content"] = message_text(*content, message.param("content"));
     else if (!tool_calls)
@@ -123,7 +126,8 @@ json validate_tools(const json& tools) {
     if (!function) reject_field(tool.param("function"), "`{}` is required", tool.param("function"));
     JsonFields function_fields(*function, tool.param("function"));
     const auto name = function_fields.string("name");
-    if (!name || name->empty()) reject_field(function_fields.param("name"), "`{}` must be a non-empty string", function_fields.param("name"));
+    if (!name || name->empty())
+      reject_field(function_fields.param("name"), "`{}` must be a non-empty string", function_fields.param("name"));
     function_fields.string("description");
     function_fields.object("parameters");
     function_fields.boolean("strict");
@@ -135,7 +139,8 @@ json validate_tools(const json& tools) {
 
 // Options OpenAI defines that this server does not implement: accepted only at their neutral value.
 void reject_unsupported_options(JsonFields& fields) {
-  if (auto n = fields.integer("n", 1, 128); n && *n != 1) reject_unsupported(fields.param("n"), "n > 1 (several choices per request)");
+  if (auto n = fields.integer("n", 1, 128); n && *n != 1)
+    reject_unsupported(fields.param("n"), "n > 1 (several choices per request)");
   if (auto best_of = fields.integer("best_of", 1, 128); best_of && *best_of != 1)
     reject_unsupported(fields.param("best_of"), "best_of > 1");
   if (const json* bias = fields.object("logit_bias"); bias && !bias->empty())
@@ -199,8 +204,7 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
 
   request.logprobs = fields.boolean("logprobs").value_or(false);
   if (auto top = fields.integer("top_logprobs", 0, kMaxChatTopLogprobs)) {
-    if (*top > 0 && !request.logprobs)
-      reject_field("top_logprobs", "`top_logprobs` needs `logprobs` set to true");
+    if (*top > 0 && !request.logprobs) reject_field("top_logprobs", "`top_logprobs` needs `logprobs` set to true");
     request.top_logprobs = static_cast<int32_t>(*top);
   }
 
@@ -213,7 +217,8 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
     if (*tool_choice == "none")
       request.prompt.tools = json();
     else if (*tool_choice != "auto")
-      reject_field("tool_choice", "`tool_choice` must be \"none\", \"auto\" or \"required\", got {}", tool_choice->dump());
+      reject_field("tool_choice", "`tool_choice` must be \"none\", \"auto\" or \"required\", got {}",
+                   tool_choice->dump());
   }
   if (const json* format = fields.object("response_format")) {
     JsonFields format_fields(*format, "response_format");
@@ -243,7 +248,8 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
     single = &(*prompt)[0];
   if (single->is_string()) {
     request.prompt_text = single->get<std::string>();
-  } else if (single->is_array() && !single->empty() && std::all_of(single->begin(), single->end(), [](const json& item) { return item.is_number_integer(); })) {
+  } else if (single->is_array() && !single->empty() &&
+             std::all_of(single->begin(), single->end(), [](const json& item) { return item.is_number_integer(); })) {
     for (const json& id : *single) {
       const int64_t value = id.is_number_unsigned() && id.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
                                 ? INT64_MAX
@@ -253,7 +259,8 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
       request.prompt_ids.push_back(static_cast<int32_t>(value));
     }
   } else if (prompt->is_array() && prompt->size() > 1 &&
-             std::all_of(prompt->begin(), prompt->end(), [](const json& item) { return item.is_string() || item.is_array(); })) {
+             std::all_of(prompt->begin(), prompt->end(),
+                         [](const json& item) { return item.is_string() || item.is_array(); })) {
     reject_unsupported("prompt", "more than one prompt per request");
   } else {
     reject_field("prompt", "`prompt` must be a string, an array of one string, or a non-empty array of token ids");
@@ -265,7 +272,8 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
   request.generation.stop = read_stop_strings(fields, "stop", true);
   request.generation.ignore_eos = fields.boolean("ignore_eos").value_or(false);
   read_stream_fields(fields, request.generation, request.include_usage);
-  if (auto logprobs = fields.integer("logprobs", 0, kMaxCompletionLogprobs)) request.logprobs = static_cast<int32_t>(*logprobs);
+  if (auto logprobs = fields.integer("logprobs", 0, kMaxCompletionLogprobs))
+    request.logprobs = static_cast<int32_t>(*logprobs);
   if (fields.boolean("echo").value_or(false)) reject_unsupported("echo", "echo");
   if (fields.string("suffix")) reject_unsupported("suffix", "suffix");
   reject_unsupported_options(fields);
@@ -276,11 +284,16 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
 
 json openai_error_body(int status, const std::string& message, const std::string& param, const std::string& code) {
   std::string type = "invalid_request_error";
-  if (status == 401) type = "authentication_error";
-  else if (status == 404) type = "not_found_error";
-  else if (status == 429) type = "rate_limit_error";
-  else if (status == 503) type = "service_unavailable_error";
-  else if (status >= 500) type = "server_error";
+  if (status == 401)
+    type = "authentication_error";
+  else if (status == 404)
+    type = "not_found_error";
+  else if (status == 429)
+    type = "rate_limit_error";
+  else if (status == 503)
+    type = "service_unavailable_error";
+  else if (status >= 500)
+    type = "server_error";
   return {{"error",
            {{"message", message},
             {"type", type},
@@ -313,13 +326,16 @@ json chat_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& c
       const std::string alternative = codec.token_text(id);
       top.push_back({{"token", alternative}, {"logprob", logprob}, {"bytes", utf8_bytes(alternative)}});
     }
-    content.push_back({{"token", text}, {"logprob", token.logprob}, {"bytes", utf8_bytes(text)}, {"top_logprobs", top}});
+    content.push_back(
+        {{"token", text}, {"logprob", token.logprob}, {"bytes", utf8_bytes(text)}, {"top_logprobs", top}});
   }
   return {{"content", content}};
 }
 
 json completion_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& codec, size_t text_offset) {
-  json result = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+  json result = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
                  {"text_offset", json::array()}};
   for (const auto& token : tokens) {
     const std::string& text = token.text;

@@ -7,7 +7,8 @@
 namespace kiln::server {
 
 void read_sampling(JsonFields& fields, double temperature_max, SamplingParams& sampling) {
-  if (auto temperature = fields.number("temperature", 0.0, temperature_max)) sampling.temperature = static_cast<float>(*temperature);
+  if (auto temperature = fields.number("temperature", 0.0, temperature_max))
+    sampling.temperature = static_cast<float>(*temperature);
   if (auto top_p = fields.number("top_p", 0.0, 1.0)) {
     if (*top_p <= 0.0) reject_field(fields.param("top_p"), "`top_p` must be greater than 0, got {}", *top_p);
     sampling.top_p = static_cast<float>(*top_p);
@@ -57,12 +58,12 @@ int64_t completion_budget(int64_t prompt_tokens, std::optional<int64_t> max_toke
                    prompt_param, "context_length_exceeded");
   const int64_t room = context_tokens - prompt_tokens;
   if (max_tokens && *max_tokens > room)
-    throw ApiError(400,
-                   fmt::format("this model's context holds {} tokens, but {} were requested ({} in the prompt and "
-                               "{} for the completion); reduce the prompt or `{}`",
-                               context_tokens, prompt_tokens + *max_tokens, prompt_tokens, *max_tokens,
-                               max_tokens_param),
-                   max_tokens_param, "context_length_exceeded");
+    throw ApiError(
+        400,
+        fmt::format("this model's context holds {} tokens, but {} were requested ({} in the prompt and "
+                    "{} for the completion); reduce the prompt or `{}`",
+                    context_tokens, prompt_tokens + *max_tokens, prompt_tokens, *max_tokens, max_tokens_param),
+        max_tokens_param, "context_length_exceeded");
   return max_tokens ? *max_tokens : room;
 }
 

@@ -27,8 +27,8 @@ int64_t unix_seconds() {
 // its client sees.
 ApiError generation_failure(const TextDelta& end) {
   if (end.finish_reason == "cancelled")
-    return ApiError(503, end.error.empty() ? "the request was cancelled" : "the request was cancelled: " + end.error, "",
-                    "cancelled");
+    return ApiError(503, end.error.empty() ? "the request was cancelled" : "the request was cancelled: " + end.error,
+                    "", "cancelled");
   return ApiError(500, "generation failed: " + end.error, "", "generation_error");
 }
 
@@ -63,12 +63,15 @@ void Server::cancel_in_flight() {
 }
 
 Server::Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions options)
-    : scheduler_(scheduler), codec_(codec), options_(std::move(options)),
+    : scheduler_(scheduler),
+      codec_(codec),
+      options_(std::move(options)),
       http_(
           options_.http, [this](const HttpRequest& request, HttpExchange& exchange) { handle(request, exchange); },
           [this](int status, const std::string& message, const std::string& path) {
             metrics_.count_response(status);
-            return error_response(path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI, status, message, "", "");
+            return error_response(path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI, status, message, "",
+                                  "");
           }) {
   if (options_.model_name.empty()) fail("the server needs a model name");
 }
@@ -137,7 +140,8 @@ void Server::handle(const HttpRequest& request, HttpExchange& exchange) {
     // conversation, a token id the scheduler refuses).
     if (!exchange.responded()) respond_error(exchange, dialect, ApiError(400, error.what()));
   } catch (const std::exception& error) {
-    if (!exchange.responded()) respond_error(exchange, dialect, ApiError(500, std::string("internal error: ") + error.what()));
+    if (!exchange.responded())
+      respond_error(exchange, dialect, ApiError(500, std::string("internal error: ") + error.what()));
   }
 }
 
@@ -147,14 +151,16 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
     const char* path;
     const char* method;
   };
-  static const Route kRoutes[] = {{"/health", "GET"},          {"/metrics", "GET"},         {"/v1/models", "GET"},
-                                  {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/messages", "POST"}};
+  static const Route kRoutes[] = {{"/health", "GET"},          {"/metrics", "GET"},
+                                  {"/v1/models", "GET"},       {"/v1/chat/completions", "POST"},
+                                  {"/v1/completions", "POST"}, {"/v1/messages", "POST"}};
   const std::string model_prefix = "/v1/models/";
   const bool model_path = path.rfind(model_prefix, 0) == 0;
   const Route* route = nullptr;
   for (const auto& candidate : kRoutes)
     if (path == candidate.path) route = &candidate;
-  if (!route && !model_path) throw ApiError(404, fmt::format("no route for {} {}", request.method, path), "", "not_found");
+  if (!route && !model_path)
+    throw ApiError(404, fmt::format("no route for {} {}", request.method, path), "", "not_found");
   const char* method = route ? route->method : "GET";
   if (request.method != method)
     throw ApiError(405, fmt::format("{} takes {}, not {}", path, method, request.method), "", "method_not_allowed");
@@ -188,9 +194,12 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
 
   InFlight in_flight(*this);
   if (draining_.load()) throw ApiError(503, "the server is shutting down", "", "shutting_down");
-  if (path == "/v1/chat/completions") chat_completions(request, exchange, arrival);
-  else if (path == "/v1/completions") completions(request, exchange, arrival);
-  else messages(request, exchange, arrival);
+  if (path == "/v1/chat/completions")
+    chat_completions(request, exchange, arrival);
+  else if (path == "/v1/completions")
+    completions(request, exchange, arrival);
+  else
+    messages(request, exchange, arrival);
 }
 
 std::vector<int32_t> Server::chat_prompt(const json& messages, const ChatPromptOptions& options) const {
@@ -278,8 +287,8 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
     TextDelta delta = generation.next(client_gone);
     const bool has_logprobs = request.logprobs && !delta.tokens.empty();
     if (!delta.text.empty() || has_logprobs) {
-      if (!exchange.write(chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(),
-                                json())))
+      if (!exchange.write(
+              chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(), json())))
         return;
     }
     if (!delta.finished) continue;
@@ -308,7 +317,8 @@ void Server::completions(const HttpRequest& http_request, HttpExchange& exchange
       parse_completion_request(parse_request_json(http_request.body), options_.model_name, options_.vocab_size);
   std::vector<int32_t> prompt = request.prompt_text ? codec_.encode(*request.prompt_text, true) : request.prompt_ids;
   if (prompt.empty()) throw ApiError(400, "the prompt is empty (it encodes to no tokens)", "prompt");
-  TextGenerationRequest generation_fields = generation_request(std::move(prompt), request.generation, "prompt", "max_tokens");
+  TextGenerationRequest generation_fields =
+      generation_request(std::move(prompt), request.generation, "prompt", "max_tokens");
   generation_fields.logprobs = request.logprobs.has_value();
   generation_fields.top_logprobs = request.logprobs.value_or(0);
   TextGeneration generation(scheduler_, codec_, std::move(generation_fields), metrics_, "completions", arrival,
@@ -436,12 +446,11 @@ void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, C
     }
     exchange.write(
         sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
-        sse_event("message_delta",
-                  {{"type", "message_delta"},
-                   {"delta",
-                    {{"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
-                     {"stop_sequence", delta.stop_sequence ? json(*delta.stop_sequence) : json()}}},
-                   {"usage", {{"output_tokens", generation.completion_tokens()}}}}) +
+        sse_event("message_delta", {{"type", "message_delta"},
+                                    {"delta",
+                                     {{"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
+                                      {"stop_sequence", delta.stop_sequence ? json(*delta.stop_sequence) : json()}}},
+                                    {"usage", {{"output_tokens", generation.completion_tokens()}}}}) +
         sse_event("message_stop", {{"type", "message_stop"}}));
     return;
   }

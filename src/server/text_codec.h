@@ -4,17 +4,16 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace kiln::server {
 
 struct ChatPromptOptions {
   bool add_generation_prompt = true;
-  nlohmann::ordered_json tools;  // null, or an array of tool schemas
+  nlohmann::ordered_json tools;                                               // null, or an array of tool schemas
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // e.g. {"enable_thinking": false}
 };
 

@@ -24,10 +24,14 @@ std::shared_ptr<RequestStream> submit(Scheduler& scheduler, GenerationRequest re
 TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, TextGenerationRequest request,
                                ServerMetrics& metrics, std::string endpoint, Clock::time_point arrival,
                                bool shutting_down)
-    : metrics_(metrics), endpoint_(std::move(endpoint)), logprobs_(request.logprobs),
-      prompt_tokens_(request.prompt.size()), decoder_(codec.text_stream(request.prompt)),
+    : metrics_(metrics),
+      endpoint_(std::move(endpoint)),
+      logprobs_(request.logprobs),
+      prompt_tokens_(request.prompt.size()),
+      decoder_(codec.text_stream(request.prompt)),
       stop_matcher_(std::move(request.stop)),
-      arrival_(arrival), last_disconnect_check_(Clock::now()) {
+      arrival_(arrival),
+      last_disconnect_check_(Clock::now()) {
   GenerationRequest generation;
   generation.prompt = std::move(request.prompt);
   generation.max_tokens = request.max_tokens;

@@ -39,12 +39,12 @@ struct GeneratedToken {
 };
 
 struct TextDelta {
-  std::string text;                     // new output text (possibly empty on the final delta)
-  std::vector<GeneratedToken> tokens;   // with logprobs: the tokens generated since the last delta
+  std::string text;                    // new output text (possibly empty on the final delta)
+  std::vector<GeneratedToken> tokens;  // with logprobs: the tokens generated since the last delta
   bool finished = false;
-  std::string finish_reason;            // "stop" | "length" | "cancelled" | "error" (when finished)
+  std::string finish_reason;                 // "stop" | "length" | "cancelled" | "error" (when finished)
   std::optional<std::string> stop_sequence;  // the stop string that ended the output
-  std::string error;                    // why it was cancelled or failed
+  std::string error;                         // why it was cancelled or failed
 };
 
 class TextGeneration {

@@ -59,7 +59,7 @@ std::string TokenizerCodec::token_text(int32_t id) const {
 }
 
 std::string TokenizerCodec::render_chat(const nlohmann::ordered_json& messages,
-                                       const ChatPromptOptions& options) const {
+                                        const ChatPromptOptions& options) const {
   if (!chat_template_) fail("{}: the model has no chat template", tokenizer_.source().string());
   ChatTemplateOptions template_options;
   template_options.add_generation_prompt = options.add_generation_prompt;
