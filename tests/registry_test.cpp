@@ -168,11 +168,11 @@ TEST(Registry, CapabilitiesComeFromTheImplementationsOfADevice) {
       require_engine_capabilities(resolved.profile, Device::CUDA, engine_capabilities(registry, Device::CUDA, true)));
 }
 
-TEST(Registry, TheBuiltinRegistryServesEveryFamilyGraphOnEveryBackend) {
+TEST(Registry, TheBuiltinRegistryServesTheDenseGraphsOnEveryBackendAndTheHybridOnTheCpu) {
   const struct {
     const char* model_type;
     const char* implementation;
-  } cases[] = {{"llama", "llama"}, {"qwen2", "llama"}, {"qwen3", "qwen3"}, {"qwen3_5_text", "qwen3_5"}};
+  } cases[] = {{"llama", "llama"}, {"qwen2", "llama"}, {"qwen3", "qwen3"}};
   for (Device device : {Device::CPU, Device::CUDA}) {
     for (const auto& c : cases) {
       const auto config = tiny_config(c.model_type);
@@ -181,4 +181,8 @@ TEST(Registry, TheBuiltinRegistryServesEveryFamilyGraphOnEveryBackend) {
       EXPECT_EQ(selected->backend, device) << c.model_type;
     }
   }
+  const auto hybrid = tiny_config("qwen3_5_text");
+  EXPECT_EQ(builtin_registry().select(hybrid, resolve_family(hybrid), Device::CPU)->id, "qwen3_5");
+  EXPECT_FAILS_MENTIONING(builtin_registry().select(hybrid, resolve_family(hybrid), Device::CUDA), "qwen3_5-family",
+                          "qwen3_5", "refusing to fall back");
 }

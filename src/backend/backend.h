@@ -90,7 +90,16 @@ class Backend {
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const BatchLayout& layout, float scale, Tensor& out) = 0;
 
-  // --- hybrid ops (Qwen3.5 / Qwen3-Next; spec A.5, A.6) ---
+  // The Gated DeltaNet / gated-attention ops, or null when this backend has no kernels for them
+  // (a hybrid model then has no implementation for this backend: its construction fails).
+  virtual class HybridOps* hybrid_ops() { return nullptr; }
+};
+
+// The ops only the hybrid Qwen3.5 / Qwen3-Next graph needs (spec A.5, A.6), on the same tensors
+// and device as the Backend that provides them.
+class HybridOps {
+ public:
+  virtual ~HybridOps() = default;
   // Gated attention's q_proj output [T, heads, 2·head_dim] holds per head the query, then the
   // gate: split into query and gate [T, heads, head_dim].
   virtual void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) = 0;

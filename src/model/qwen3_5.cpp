@@ -86,7 +86,9 @@ class HybridCache final : public ModelCache {
 
 class Qwen35Model final : public Model {
  public:
-  Qwen35Model(WeightMap& weights, const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {
+  Qwen35Model(WeightMap& weights, const ModelConfig& config, Backend& backend)
+      : config_(config), backend_(backend), hybrid_(backend.hybrid_ops()) {
+    if (!hybrid_) fail("the {} backend has no Gated DeltaNet kernels: the qwen3_5 graph cannot run on it", backend.name());
     const int64_t hidden = config.hidden_size;
     const int64_t ffn = config.intermediate_size;
     const int64_t key_heads = config.linear_num_key_heads, key_dim = config.linear_key_head_dim;
@@ -215,18 +217,18 @@ class Qwen35Model final : public Model {
     ops.matmul(x, d.in_proj_a, nullptr, a);
 
     Tensor convolved = ops.alloc(qkv.shape(), act);
-    ops.causal_conv1d_silu(qkv, d.conv1d, layout, cache.conv_states[layer.state_index], convolved);
+    hybrid_->causal_conv1d_silu(qkv, d.conv1d, layout, cache.conv_states[layer.state_index], convolved);
     Tensor q = ops.alloc({tokens, key_heads, key_dim}, act);
     Tensor k = ops.alloc({tokens, key_heads, key_dim}, act);
     Tensor v = ops.alloc({tokens, value_heads, value_dim}, act);
-    ops.gated_delta_prepare_qkv(convolved, q, k, v);
+    hybrid_->gated_delta_prepare_qkv(convolved, q, k, v);
     Tensor beta = ops.alloc({tokens, value_heads}, DType::F32);
     Tensor g = ops.alloc({tokens, value_heads}, DType::F32);
-    ops.gated_delta_gates(b, a, d.a_log, d.dt_bias, beta, g);
+    hybrid_->gated_delta_gates(b, a, d.a_log, d.dt_bias, beta, g);
 
     Tensor core = ops.alloc({tokens, value_heads, value_dim}, act);
-    ops.gated_delta_rule(q, k, v, g, beta, layout, cache.delta_states[layer.state_index], core);
-    ops.rms_norm_gated(core, z, d.norm, static_cast<float>(config_.rms_norm_eps), core);
+    hybrid_->gated_delta_rule(q, k, v, g, beta, layout, cache.delta_states[layer.state_index], core);
+    hybrid_->rms_norm_gated(core, z, d.norm, static_cast<float>(config_.rms_norm_eps), core);
     ops.matmul(core.reshape({tokens, value_heads * value_dim}), d.out_proj, nullptr, out);
   }
 
@@ -244,7 +246,7 @@ class Qwen35Model final : public Model {
     ops.matmul(x, w.q_proj, nullptr, query_and_gate_flat);
     Tensor q = ops.alloc({tokens, heads, head_dim}, act);
     Tensor gate = ops.alloc({tokens, heads, head_dim}, act);
-    ops.split_query_gate(query_and_gate, q, gate);
+    hybrid_->split_query_gate(query_and_gate, q, gate);
     Tensor k = ops.alloc({tokens, kv_heads, head_dim}, act);
     Tensor v = ops.alloc({tokens, kv_heads, head_dim}, act);
     Tensor k_flat = k.reshape({tokens, kv_heads * head_dim}), v_flat = v.reshape({tokens, kv_heads * head_dim});
@@ -258,7 +260,7 @@ class Qwen35Model final : public Model {
     Tensor attended = ops.alloc({tokens, heads, head_dim}, act);
     ops.attention(q, cache.keys[layer.state_index], cache.values[layer.state_index], layout,
                   1.0f / std::sqrt(static_cast<float>(head_dim)), attended);
-    ops.sigmoid_gate(attended, gate);
+    hybrid_->sigmoid_gate(attended, gate);
     ops.matmul(attended.reshape({tokens, heads * head_dim}), w.o_proj, nullptr, out);
   }
 
@@ -274,6 +276,7 @@ class Qwen35Model final : public Model {
 
   ModelConfig config_;
   Backend& backend_;
+  HybridOps* hybrid_;
   Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
   std::vector<HybridLayer> layers_;
   int64_t attention_layers_ = 0, delta_layers_ = 0;

@@ -12,7 +12,7 @@
 
 namespace kiln::cpu {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, public HybridOps {
  public:
   // Fails (kiln::Error) when this CPU cannot run `isa`.
   explicit CpuBackend(CpuIsa isa);
@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
                  float scale, Tensor& out) override;
 
+  HybridOps* hybrid_ops() override { return this; }
   void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) override;
   void sigmoid_gate(Tensor& x, const Tensor& gate) override;
   void causal_conv1d_silu(const Tensor& x, const Tensor& weight, const BatchLayout& layout, Tensor& conv_state,
