@@ -1,0 +1,160 @@
+// kv_write and causal GQA attention over the f32 KV cache.
+//
+// attention computes each (token, head) pair alone: scores in key order with a fixed-order dot,
+// an exact two-pass softmax (max, then Σ exp(s − max) in key order), and Σ_j e_j · v_j in key
+// order divided by Σ e_j (attention_kernels.h). Nothing depends on the other tokens of the batch,
+// the threads, or the instruction set.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/attention_kernels.h"
+#include "backend/cpu/checks.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/reductions.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace kiln::cpu {
+namespace {
+
+struct CacheShape {
+  int64_t slots, capacity, kv_heads, head_dim;
+};
+
+CacheShape check_caches(std::string_view op, const Tensor& k_cache, const Tensor& v_cache) {
+  require_dtype(k_cache, DType::F32, op, "k_cache");
+  require_dtype(v_cache, DType::F32, op, "v_cache");
+  if (k_cache.ndim() != 4)
+    fail("{}: k_cache has shape {}, expected [slots, capacity, kv_heads, head_dim]", op,
+         shape_string(k_cache.shape()));
+  require_shape(v_cache, k_cache.shape(), op, "v_cache");
+  return {k_cache.dim(0), k_cache.dim(1), k_cache.dim(2), k_cache.dim(3)};
+}
+
+// The layout's host slot and position of every token, each checked against the cache.
+void check_layout(std::string_view op, const BatchLayout& layout, int64_t tokens, const CacheShape& cache) {
+  require_dtype(layout.slots, DType::I32, op, "layout.slots");
+  require_dtype(layout.positions, DType::I32, op, "layout.positions");
+  require_shape(layout.slots, {tokens}, op, "layout.slots");
+  require_shape(layout.positions, {tokens}, op, "layout.positions");
+  const int32_t* slots = layout.slots.data<int32_t>();
+  const int32_t* positions = layout.positions.data<int32_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0 || slots[t] >= cache.slots)
+      fail("{}: token {} is in slot {}, but the cache has {} slots", op, t, slots[t], cache.slots);
+    if (positions[t] < 0 || positions[t] >= cache.capacity)
+      fail("{}: token {} is at position {}, but the cache holds {} positions per slot", op, t, positions[t],
+           cache.capacity);
+  }
+}
+
+void scalar_group_scores(const float* q, int64_t heads, const float* keys, int64_t key_stride, int64_t count,
+                         int64_t head_dim, float scale, float* scores) {
+  for (int64_t j = 0; j < count; ++j)
+    for (int64_t g = 0; g < heads; ++g)
+      scores[g * count + j] = scale * dot_fixed_order(q + g * head_dim, keys + j * key_stride, head_dim);
+}
+
+void scalar_group_weighted_sums(const float* weights, int64_t heads, const float* values, int64_t value_stride,
+                                int64_t count, int64_t head_dim, float* sums) {
+  for (int64_t j = 0; j < count; ++j) {
+    const float* row = values + j * value_stride;
+    for (int64_t g = 0; g < heads; ++g)
+      for (int64_t d = 0; d < head_dim; ++d) sums[g * head_dim + d] += weights[g * count + j] * row[d];
+  }
+}
+
+}  // namespace
+
+const AttentionKernels& attention_kernels_scalar() {
+  static const AttentionKernels kernels{&scalar_group_scores, &scalar_group_weighted_sums};
+  return kernels;
+}
+
+void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache, Tensor& v_cache) {
+  constexpr std::string_view op = "kv_write";
+  const CacheShape cache = check_caches(op, k_cache, v_cache);
+  const int64_t row = cache.kv_heads * cache.head_dim;
+  require_dtype(k, DType::F32, op, "k");
+  require_dtype(v, DType::F32, op, "v");
+  const int64_t tokens = layout.total_tokens;
+  require_shape(k, {tokens, cache.kv_heads, cache.head_dim}, op, "k");
+  require_shape(v, {tokens, cache.kv_heads, cache.head_dim}, op, "v");
+  check_layout(op, layout, tokens, cache);
+  const int32_t* slots = layout.slots.data<int32_t>();
+  const int32_t* positions = layout.positions.data<int32_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t offset = (slots[t] * cache.capacity + positions[t]) * row;
+    std::memcpy(k_cache.data<float>() + offset, k.data<float>() + t * row, static_cast<size_t>(row) * sizeof(float));
+    std::memcpy(v_cache.data<float>() + offset, v.data<float>() + t * row, static_cast<size_t>(row) * sizeof(float));
+  }
+}
+
+void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+               const BatchLayout& layout, float scale, Tensor& out) {
+  constexpr std::string_view op = "attention";
+  const CacheShape cache = check_caches(op, k_cache, v_cache);
+  require_dtype(q, DType::F32, op, "q");
+  if (q.ndim() != 3 || q.dim(2) != cache.head_dim)
+    fail("attention: q has shape {}, expected [T, heads, head_dim = {}]", shape_string(q.shape()), cache.head_dim);
+  const int64_t tokens = q.dim(0);
+  const int64_t heads = q.dim(1);
+  const int64_t head_dim = cache.head_dim;
+  if (cache.kv_heads == 0 || heads % cache.kv_heads != 0)
+    fail("attention: {} query heads are not a multiple of {} kv heads", heads, cache.kv_heads);
+  const int64_t group = heads / cache.kv_heads;
+  require_dtype(out, DType::F32, op, "out");
+  require_shape(out, q.shape(), op, "out");
+  if (layout.total_tokens != tokens)
+    fail("attention: q has {} tokens, but the layout has {}", tokens, layout.total_tokens);
+  check_layout(op, layout, tokens, cache);
+
+  const int32_t* slots = layout.slots.data<int32_t>();
+  const int32_t* positions = layout.positions.data<int32_t>();
+  const float* queries = q.data<float>();
+  const float* keys = k_cache.data<float>();
+  const float* values = v_cache.data<float>();
+  float* outputs = out.data<float>();
+  const int64_t key_stride = cache.kv_heads * head_dim;
+  // A task is one token and one kv head with its group of query heads, which read the same key and
+  // value rows. Tasks are visited as tokens 0, T-1, 1, T-2, ...: in a causal prefill a later token
+  // reads more keys, so alternating ends gives each thread's contiguous block a similar load.
+  ThreadPool::global().parallel_for(tokens * cache.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> weights;
+    std::vector<float> sums(static_cast<size_t>(group * head_dim));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t rank = task / cache.kv_heads;
+      const int64_t t = rank % 2 == 0 ? rank / 2 : tokens - 1 - rank / 2;
+      const int64_t kv_head = task % cache.kv_heads;
+      const int64_t first_head = kv_head * group;
+      const int64_t slot_offset = slots[t] * cache.capacity * key_stride + kv_head * head_dim;
+      const int64_t key_count = int64_t{positions[t]} + 1;
+
+      weights.resize(static_cast<size_t>(group * key_count));
+      kernels.group_scores(queries + (t * heads + first_head) * head_dim, group, keys + slot_offset, key_stride,
+                           key_count, head_dim, scale, weights.data());
+      std::vector<float> totals(static_cast<size_t>(group));
+      for (int64_t g = 0; g < group; ++g) {
+        float* head_weights = weights.data() + g * key_count;
+        const float max_score = *std::max_element(head_weights, head_weights + key_count);
+        float total = 0.0f;
+        for (int64_t j = 0; j < key_count; ++j) {
+          head_weights[j] = std::exp(head_weights[j] - max_score);
+          total += head_weights[j];
+        }
+        totals[g] = total;
+      }
+      std::fill(sums.begin(), sums.end(), 0.0f);
+      kernels.group_weighted_sums(weights.data(), group, values + slot_offset, key_stride, key_count, head_dim,
+                                  sums.data());
+      for (int64_t g = 0; g < group; ++g) {
+        float* output = outputs + (t * heads + first_head + g) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) output[d] = sums[g * head_dim + d] / totals[g];
+      }
+    }
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,111 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <cstring>
+
+#include "backend/cpu/checks.h"
+#include "backend/cpu/memory_bandwidth.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace kiln::cpu {
+namespace {
+
+CpuIsa checked(CpuIsa isa) {
+  if (!cpu_supports(isa)) fail("cpu backend: this CPU does not support the {} instruction set", isa_name(isa));
+  return isa;
+}
+
+const MatmulKernels& matmul_kernels_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Avx512: return matmul_kernels_avx512();
+    case CpuIsa::Avx2: return matmul_kernels_avx2();
+    case CpuIsa::Scalar: break;
+  }
+  return matmul_kernels_scalar();
+}
+
+const AttentionKernels& attention_kernels_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Avx512: return attention_kernels_avx512();
+    case CpuIsa::Avx2: return attention_kernels_avx2();
+    case CpuIsa::Scalar: break;
+  }
+  return attention_kernels_scalar();
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(CpuIsa isa)
+    : isa_(checked(isa)), matmul_kernels_(matmul_kernels_for(isa)), attention_kernels_(attention_kernels_for(isa)) {}
+
+double CpuBackend::measure_copy_bandwidth_gbps() {
+  return cpu::measure_copy_bandwidth_gbps(ThreadPool::global().size());
+}
+
+Tensor CpuBackend::alloc(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype); }
+
+Tensor CpuBackend::upload(const Tensor& host) {
+  require_cpu(host, "upload", "tensor");
+  return host;
+}
+
+Tensor CpuBackend::download(const Tensor& tensor) {
+  require_cpu(tensor, "download", "tensor");
+  Tensor copy = Tensor::empty(tensor.shape(), tensor.dtype());
+  std::memcpy(copy.raw(), tensor.raw(), tensor.nbytes());
+  return copy;
+}
+
+void CpuBackend::zero(Tensor& tensor) {
+  require_cpu(tensor, "zero", "tensor");
+  std::memset(tensor.raw(), 0, tensor.nbytes());
+}
+
+BatchLayout CpuBackend::make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) {
+  return cpu::make_layout(spans, token_ids);
+}
+
+void CpuBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) { cpu::embedding(table, ids, out); }
+
+void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+  cpu::matmul(matmul_kernels_, x, w, bias, out, matmul_scratch_);
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) {
+  cpu::rms_norm(x, weight, eps, style, out);
+}
+
+void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps,
+                              NormStyle style, Tensor& out) {
+  cpu::add_rms_norm(residual, delta, weight, eps, style, out);
+}
+
+void CpuBackend::add(Tensor& a, const Tensor& b) { cpu::add(a, b); }
+
+void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) { cpu::gather_rows(x, rows, out); }
+
+void CpuBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {
+  cpu::rope(x, positions, inv_freq, rotary_dim);
+}
+
+void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) { cpu::swiglu(gate, up, out); }
+
+void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
+                          Tensor& v_cache) {
+  cpu::kv_write(k, v, layout, k_cache, v_cache);
+}
+
+void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+                           float scale, Tensor& out) {
+  cpu::attention(attention_kernels_, q, k_cache, v_cache, layout, scale, out);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(CpuIsa isa) { return std::make_unique<CpuBackend>(isa); }
+
+}  // namespace kiln::cpu
+
+namespace kiln {
+
+std::unique_ptr<Backend> make_cpu_backend() { return cpu::make_cpu_backend(cpu::best_cpu_isa()); }
+
+}  // namespace kiln

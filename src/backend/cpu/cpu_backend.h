@@ -1,0 +1,61 @@
+// The CPU backend: f32 activations, weights read in their stored dtype (F32, BF16, F16), SIMD
+// kernels chosen once per backend from the detected instruction set.
+//
+// Not safe for concurrent calls: ops share the process-wide thread pool and per-backend scratch.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/ops.h"
+
+namespace kiln::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  // Fails (kiln::Error) when this CPU cannot run `isa`.
+  explicit CpuBackend(CpuIsa isa);
+
+  CpuIsa isa() const { return isa_; }
+
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return Device::CPU; }
+  DType activation_dtype() const override { return DType::F32; }
+  // Copy bandwidth with the global pool's thread count (memory_bandwidth.h).
+  double measure_copy_bandwidth_gbps() override;
+  // Every op has finished when it returns.
+  void synchronize() override {}
+
+  Tensor alloc(const Shape& shape, DType dtype) override;
+  Tensor upload(const Tensor& host) override;
+  Tensor download(const Tensor& tensor) override;
+  void zero(Tensor& tensor) override;
+  BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override;
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override;
+  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
+                    Tensor& out) override;
+  void add(Tensor& a, const Tensor& b) override;
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
+                Tensor& v_cache) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+                 float scale, Tensor& out) override;
+
+ private:
+  CpuIsa isa_;
+  const MatmulKernels& matmul_kernels_;
+  const AttentionKernels& attention_kernels_;
+  MatmulScratch matmul_scratch_;
+};
+
+// A CPU backend on a chosen instruction set (tests and benchmarks compare them); fails when the
+// CPU lacks it. make_cpu_backend() (backend.h) uses best_cpu_isa().
+std::unique_ptr<Backend> make_cpu_backend(CpuIsa isa);
+
+}  // namespace kiln::cpu

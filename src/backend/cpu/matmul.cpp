@@ -1,0 +1,126 @@
+// matmul: argument checks, packing x, the split over output columns, and the portable kernel.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cpu/checks.h"
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace kiln::cpu {
+namespace {
+
+// x rows → blocks of block_k floats, zeros past k; for bf16-pair kernels each block is reordered
+// to its even-k elements followed by its odd-k elements.
+void pack_rows(const float* x, int64_t row_begin, int64_t row_end, int64_t k, int64_t k_padded,
+               int64_t block_k, bool split_pairs, float* packed) {
+  const int64_t half = block_k / 2;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const float* source = x + row * k;
+    float* target = packed + row * k_padded;
+    if (!split_pairs) {
+      std::memcpy(target, source, static_cast<size_t>(k) * sizeof(float));
+      std::fill(target + k, target + k_padded, 0.0f);
+      continue;
+    }
+    for (int64_t block = 0; block < k_padded; block += block_k)
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t even = block + 2 * i;
+        target[block + i] = even < k ? source[even] : 0.0f;
+        target[block + half + i] = even + 1 < k ? source[even + 1] : 0.0f;
+      }
+  }
+}
+
+// The portable kernel: 8 lanes, blocks of 16 (half 0 = k0..k0+7, half 1 = k0+8..k0+15), a
+// separate multiply and add per product, the lane tree 8 → 4 → 2 → 1.
+constexpr int64_t kScalarBlockK = 16;
+constexpr int kScalarLanes = 8;
+
+template <class Element, float (*widen)(Element)>
+void scalar_columns_of(const MatmulOperands& op, int64_t n_begin, int64_t n_end) {
+  const auto* w = static_cast<const Element*>(op.w);
+  for (int64_t column = n_begin; column < n_end; ++column) {
+    const Element* w_row = w + column * op.k;
+    for (int64_t row = 0; row < op.rows; ++row) {
+      const float* x = op.x_packed + row * op.k_padded;
+      float acc[kScalarLanes] = {};
+      for (int64_t k0 = 0; k0 < op.k; k0 += kScalarBlockK) {
+        float weights[kScalarBlockK] = {};
+        const int64_t valid = std::min(kScalarBlockK, op.k - k0);
+        for (int64_t i = 0; i < valid; ++i) weights[i] = widen(w_row[k0 + i]);
+        for (int h = 0; h < 2; ++h)
+          for (int lane = 0; lane < kScalarLanes; ++lane)
+            acc[lane] += x[k0 + h * kScalarLanes + lane] * weights[h * kScalarLanes + lane];
+      }
+      for (int width = kScalarLanes / 2; width >= 1; width /= 2)
+        for (int lane = 0; lane < width; ++lane) acc[lane] += acc[lane + width];
+      op.out[row * op.n + column] = op.bias ? acc[0] + op.bias[column] : acc[0];
+    }
+  }
+}
+
+float identity(float value) { return value; }
+
+void scalar_columns(const MatmulOperands& op, int64_t n_begin, int64_t n_end) {
+  switch (op.w_dtype) {
+    case DType::F32: return scalar_columns_of<float, identity>(op, n_begin, n_end);
+    case DType::BF16: return scalar_columns_of<uint16_t, bf16_to_f32>(op, n_begin, n_end);
+    case DType::F16: return scalar_columns_of<uint16_t, f16_to_f32>(op, n_begin, n_end);
+    case DType::I32: return;  // rejected by matmul() before any kernel runs
+  }
+}
+
+}  // namespace
+
+const MatmulKernels& matmul_kernels_scalar() {
+  static const MatmulKernels kernels{kScalarBlockK, 1, false, &scalar_columns};
+  return kernels;
+}
+
+void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
+            MatmulScratch& scratch) {
+  constexpr std::string_view op = "matmul";
+  require_weight_dtype(w, op, "weight");
+  if (w.ndim() != 2 || w.dim(1) == 0) fail("matmul: weight has shape {}, expected [N, K] with K > 0", shape_string(w.shape()));
+  const int64_t n = w.dim(0);
+  const int64_t k = w.dim(1);
+  require_dtype(x, DType::F32, op, "x");
+  if (x.ndim() < 1 || x.dim(-1) != k)
+    fail("matmul: x has shape {}, expected its last axis to be K = {} of weight {}", shape_string(x.shape()), k,
+         shape_string(w.shape()));
+  const int64_t rows = x.numel() / k;
+  require_dtype(out, DType::F32, op, "out");
+  if (out.ndim() < 1 || out.dim(-1) != n || out.numel() != rows * n)
+    fail("matmul: out has shape {}, expected {} rows of N = {}", shape_string(out.shape()), rows, n);
+  if (bias) {
+    require_weight_dtype(*bias, op, "bias");
+    require_shape(*bias, {n}, op, "bias");
+  }
+  if (rows == 0 || n == 0) return;
+
+  const int64_t k_padded = (k + kernels.block_k - 1) / kernels.block_k * kernels.block_k;
+  if (!scratch.packed_x.defined() || scratch.packed_x.numel() < rows * k_padded)
+    scratch.packed_x = Tensor::empty({rows * k_padded}, DType::F32);
+  float* packed = scratch.packed_x.data<float>();
+  const bool split_pairs = kernels.bf16_pairs_split && w.dtype() == DType::BF16;
+  ThreadPool& pool = ThreadPool::global();
+  pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+    pack_rows(x.data<float>(), begin, end, k, k_padded, kernels.block_k, split_pairs, packed);
+  });
+
+  const float* bias_f32 = nullptr;
+  if (bias && bias->dtype() == DType::F32) {
+    bias_f32 = bias->data<float>();
+  } else if (bias) {
+    scratch.bias.resize(static_cast<size_t>(n));
+    widen_to_f32(bias->raw(), bias->dtype(), 0, n, scratch.bias.data());
+    bias_f32 = scratch.bias.data();
+  }
+
+  const MatmulOperands operands{packed, rows, k, k_padded, w.raw(), w.dtype(), bias_f32, out.data<float>(), n};
+  pool.parallel_for(n, kernels.column_grain,
+                    [&](int64_t begin, int64_t end) { kernels.columns(operands, begin, end); });
+}
+
+}  // namespace kiln::cpu

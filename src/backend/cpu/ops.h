@@ -1,0 +1,42 @@
+// The CPU implementations of the Backend ops (internal to backend/cpu; CpuBackend forwards here).
+// Every op validates its arguments and splits work over independent outputs only, through
+// kiln::ThreadPool::global(); no reduction is ever divided between threads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/attention_kernels.h"
+#include "backend/cpu/matmul_kernels.h"
+#include "core/tensor.h"
+
+namespace kiln::cpu {
+
+// Buffers a matmul reuses between calls: x in the kernels' packed layout, and a widened bias.
+struct MatmulScratch {
+  Tensor packed_x;
+  std::vector<float> bias;
+};
+
+void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
+            MatmulScratch& scratch);
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out);
+void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
+                  Tensor& out);
+
+void add(Tensor& a, const Tensor& b);
+void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
+
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim);
+
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
+void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
+
+BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids);
+void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache, Tensor& v_cache);
+void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+               float scale, Tensor& out);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,605 @@
+// CPU backend ops against double-precision references, over a table of shapes (odd sizes, GQA
+// ratios, head sizes), on every instruction set this CPU runs; plus the invariance contract:
+// a row's result is bit-identical alone or inside a larger batch, and for 1, 2 or 3 threads.
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+using namespace kiln;
+using kiln::cpu::CpuIsa;
+
+namespace {
+
+// Every instruction set this CPU supports (scalar always).
+std::vector<CpuIsa> supported_isas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512})
+    if (cpu::cpu_supports(isa)) isas.push_back(isa);
+  return isas;
+}
+
+// Sets the global pool's thread count for one scope, restoring the default after.
+class GlobalThreads {
+ public:
+  explicit GlobalThreads(int threads) { ThreadPool::set_global_threads(threads); }
+  ~GlobalThreads() { ThreadPool::set_global_threads(std::max(1u, std::thread::hardware_concurrency())); }
+};
+
+Tensor random_f32(const Shape& shape, uint32_t seed, float low = -1.0f, float high = 1.0f) {
+  Tensor tensor = Tensor::empty(shape, DType::F32);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(low, high);
+  for (int64_t i = 0; i < tensor.numel(); ++i) tensor.data<float>()[i] = dist(rng);
+  return tensor;
+}
+
+// A weight tensor in `dtype` holding random values that the dtype represents exactly.
+Tensor random_weight(const Shape& shape, DType dtype, uint32_t seed, float low = -1.0f, float high = 1.0f) {
+  Tensor values = random_f32(shape, seed, low, high);
+  if (dtype == DType::F32) return values;
+  Tensor tensor = Tensor::empty(shape, dtype);
+  for (int64_t i = 0; i < tensor.numel(); ++i) {
+    const float value = values.data<float>()[i];
+    tensor.data<uint16_t>()[i] = dtype == DType::BF16 ? f32_to_bf16(value) : f32_to_f16(value);
+  }
+  return tensor;
+}
+
+double weight_value(const Tensor& weight, int64_t index) {
+  switch (weight.dtype()) {
+    case DType::BF16: return bf16_to_f32(weight.data<uint16_t>()[index]);
+    case DType::F16: return f16_to_f32(weight.data<uint16_t>()[index]);
+    default: return weight.data<float>()[index];
+  }
+}
+
+Tensor i32_tensor(const std::vector<int32_t>& values) {
+  Tensor tensor = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);
+  std::copy(values.begin(), values.end(), tensor.data<int32_t>());
+  return tensor;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+bool same_bits(const float* a, const float* b, int64_t count) {
+  return std::memcmp(a, b, static_cast<size_t>(count) * sizeof(float)) == 0;
+}
+
+constexpr double kUnitRoundoff = 1.0 / (1 << 24);  // f32 rounding to nearest: relative error ≤ 2^-24
+
+std::string isa_label(CpuIsa isa) { return std::string(cpu::isa_name(isa)); }
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+struct MatmulCase {
+  int64_t rows, k, n;
+  bool bias;
+};
+
+const std::vector<MatmulCase> kMatmulCases = {
+    {1, 17, 3, false},   {5, 67, 130, true},  {64, 1000, 1, false}, {65, 64, 33, true},
+    {3, 32, 7, false},   {1, 1000, 130, true}, {7, 16, 13, false},  {2, 1, 5, true},
+};
+
+TEST(CpuMatmul, MatchesDoubleReferenceForEveryWeightDtype) {
+  for (CpuIsa isa : supported_isas()) {
+    auto backend = cpu::make_cpu_backend(isa);
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (const MatmulCase& c : kMatmulCases) {
+        SCOPED_TRACE(isa_label(isa) + " " + std::string(dtype_name(dtype)) + " T=" + std::to_string(c.rows) +
+                     " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
+        const Tensor x = random_f32({c.rows, c.k}, 1);
+        const Tensor w = random_weight({c.n, c.k}, dtype, 2);
+        const Tensor bias = random_weight({c.n}, dtype, 3);
+        Tensor out = Tensor::empty({c.rows, c.n}, DType::F32);
+        backend->matmul(x, w, c.bias ? &bias : nullptr, out);
+        for (int64_t t = 0; t < c.rows; ++t)
+          for (int64_t n = 0; n < c.n; ++n) {
+            double exact = c.bias ? weight_value(bias, n) : 0.0;
+            double magnitude = std::abs(exact);
+            for (int64_t k = 0; k < c.k; ++k) {
+              const double product = double(x.data<float>()[t * c.k + k]) * weight_value(w, n * c.k + k);
+              exact += product;
+              magnitude += std::abs(product);
+            }
+            // The classic bound for a sum of K + 1 f32 terms, whatever the order: (K + 2)·u·Σ|terms|.
+            const double bound = double(c.k + 2) * kUnitRoundoff * magnitude;
+            ASSERT_LE(std::abs(out.data<float>()[t * c.n + n] - exact), bound) << "t=" << t << " n=" << n;
+          }
+      }
+    }
+  }
+}
+
+TEST(CpuMatmul, RowsAreBitIdenticalAloneInABatchAndForAnyThreadCount) {
+  const int64_t rows = 65, k = 1000, n = 130;
+  const Tensor x = random_f32({rows, k}, 4);
+  for (CpuIsa isa : supported_isas()) {
+    auto backend = cpu::make_cpu_backend(isa);
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      SCOPED_TRACE(isa_label(isa) + " " + std::string(dtype_name(dtype)));
+      const Tensor w = random_weight({n, k}, dtype, 5);
+      const Tensor bias = random_weight({n}, DType::F32, 6);
+      Tensor full = Tensor::empty({rows, n}, DType::F32);
+      {
+        GlobalThreads one(1);
+        backend->matmul(x, w, &bias, full);
+      }
+      for (int threads : {2, 3}) {
+        GlobalThreads scope(threads);
+        Tensor again = Tensor::empty({rows, n}, DType::F32);
+        backend->matmul(x, w, &bias, again);
+        EXPECT_TRUE(same_bits(full, again)) << threads << " threads";
+      }
+      // Single rows (decode), and a 5-row batch starting at an odd row (another tiling of rows).
+      for (int64_t row : {int64_t{0}, int64_t{13}, rows - 1}) {
+        Tensor alone = Tensor::empty({1, n}, DType::F32);
+        backend->matmul(x.slice_rows(row, 1), w, &bias, alone);
+        EXPECT_TRUE(same_bits(alone.data<float>(), full.data<float>() + row * n, n)) << "row " << row;
+      }
+      Tensor five = Tensor::empty({5, n}, DType::F32);
+      backend->matmul(x.slice_rows(3, 5), w, &bias, five);
+      EXPECT_TRUE(same_bits(five.data<float>(), full.data<float>() + 3 * n, 5 * n));
+      // A slice of the weight's rows: columns fall in other tiles and thread blocks.
+      Tensor some_columns = Tensor::empty({rows, 50}, DType::F32);
+      Tensor bias_slice = bias.slice_rows(7, 50);
+      backend->matmul(x, w.slice_rows(7, 50), &bias_slice, some_columns);
+      for (int64_t t = 0; t < rows; ++t)
+        ASSERT_TRUE(same_bits(some_columns.data<float>() + t * 50, full.data<float>() + t * n + 7, 50)) << "row " << t;
+    }
+  }
+}
+
+TEST(CpuMatmul, RejectsMismatchedShapesAndDtypes) {
+  auto backend = make_cpu_backend();
+  const Tensor x = random_f32({2, 8}, 7);
+  const Tensor w = random_f32({3, 8}, 8);
+  Tensor out = Tensor::empty({2, 3}, DType::F32);
+  Tensor wrong_k = random_f32({3, 9}, 9);
+  EXPECT_THROW(backend->matmul(x, wrong_k, nullptr, out), Error);
+  Tensor wrong_out = Tensor::empty({2, 4}, DType::F32);
+  EXPECT_THROW(backend->matmul(x, w, nullptr, wrong_out), Error);
+  Tensor bad_bias = random_f32({4}, 10);
+  EXPECT_THROW(backend->matmul(x, w, &bad_bias, out), Error);
+  Tensor int_weight = Tensor::zeros({3, 8}, DType::I32);
+  try {
+    backend->matmul(x, int_weight, nullptr, out);
+    FAIL() << "an I32 weight was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("weight has dtype I32"), std::string::npos) << error.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// rms_norm / add_rms_norm
+
+TEST(CpuNorm, MatchesDoubleReferenceInBothStyles) {
+  auto backend = make_cpu_backend();
+  struct NormCase {
+    Shape shape;
+    int64_t width;
+  };
+  for (const NormCase& c : {NormCase{{5, 67}, 67}, NormCase{{3, 4, 16}, 16}, NormCase{{65, 1000}, 1000},
+                            NormCase{{1, 8}, 8}, NormCase{{2, 3, 128}, 128}}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (NormStyle style : {NormStyle::Plain, NormStyle::ZeroCentred}) {
+        SCOPED_TRACE(shape_string(c.shape) + " " + std::string(dtype_name(dtype)) +
+                     (style == NormStyle::Plain ? " plain" : " zero-centred"));
+        const Tensor x = random_f32(c.shape, 11, -3.0f, 3.0f);
+        const Tensor weight = random_weight({c.width}, dtype, 12, -0.5f, 1.5f);
+        const float eps = 1e-6f;
+        Tensor out = Tensor::empty(c.shape, DType::F32);
+        backend->rms_norm(x, weight, eps, style, out);
+        for (int64_t row = 0; row < x.numel() / c.width; ++row) {
+          const float* in = x.data<float>() + row * c.width;
+          double squares = 0;
+          for (int64_t i = 0; i < c.width; ++i) squares += double(in[i]) * in[i];
+          const double inverse_rms = 1.0 / std::sqrt(squares / c.width + eps);
+          for (int64_t i = 0; i < c.width; ++i) {
+            // The gain 1 + w is itself an f32 sum, so the reference rounds it as the contract says.
+            const double gain = style == NormStyle::Plain ? weight_value(weight, i)
+                                                          : double(1.0f + float(weight_value(weight, i)));
+            const double exact = gain * in[i] * inverse_rms;
+            const double bound = double(c.width + 8) * kUnitRoundoff * std::abs(exact) + 1e-30;
+            ASSERT_LE(std::abs(out.data<float>()[row * c.width + i] - exact), bound) << "row " << row << " i " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuNorm, AddRmsNormEqualsAddThenNormBitForBit) {
+  auto backend = make_cpu_backend();
+  const Tensor x = random_f32({9, 100}, 13);
+  const Tensor delta = random_f32({9, 100}, 14);
+  const Tensor weight = random_weight({100}, DType::BF16, 15);
+  Tensor residual = backend->download(x);
+  Tensor fused = Tensor::empty({9, 100}, DType::F32);
+  backend->add_rms_norm(residual, delta, weight, 1e-5f, NormStyle::ZeroCentred, fused);
+  Tensor separate = backend->download(x);
+  backend->add(separate, delta);
+  EXPECT_TRUE(same_bits(residual, separate));
+  Tensor normed = Tensor::empty({9, 100}, DType::F32);
+  backend->rms_norm(separate, weight, 1e-5f, NormStyle::ZeroCentred, normed);
+  EXPECT_TRUE(same_bits(fused, normed));
+}
+
+TEST(CpuNorm, RowsAreBitIdenticalAloneInABatchAndForAnyThreadCount) {
+  auto backend = make_cpu_backend();
+  const Tensor x = random_f32({40, 4, 64}, 16);
+  const Tensor weight = random_weight({64}, DType::F32, 17);
+  Tensor full = Tensor::empty({40, 4, 64}, DType::F32);
+  {
+    GlobalThreads one(1);
+    backend->rms_norm(x, weight, 1e-6f, NormStyle::Plain, full);
+  }
+  for (int threads : {2, 3}) {
+    GlobalThreads scope(threads);
+    Tensor again = Tensor::empty({40, 4, 64}, DType::F32);
+    backend->rms_norm(x, weight, 1e-6f, NormStyle::Plain, again);
+    EXPECT_TRUE(same_bits(full, again)) << threads << " threads";
+  }
+  Tensor alone = Tensor::empty({1, 4, 64}, DType::F32);
+  backend->rms_norm(x.slice_rows(21, 1), weight, 1e-6f, NormStyle::Plain, alone);
+  EXPECT_TRUE(same_bits(alone.data<float>(), full.data<float>() + 21 * 4 * 64, 4 * 64));
+}
+
+TEST(CpuNorm, WorksInPlaceAndRejectsAWrongWidth) {
+  auto backend = make_cpu_backend();
+  const Tensor x = random_f32({3, 2, 16}, 18);
+  const Tensor weight = random_weight({16}, DType::F32, 19);
+  Tensor expected = Tensor::empty({3, 2, 16}, DType::F32);
+  backend->rms_norm(x, weight, 1e-6f, NormStyle::Plain, expected);
+  Tensor in_place = backend->download(x);
+  backend->rms_norm(in_place, weight, 1e-6f, NormStyle::Plain, in_place);
+  EXPECT_TRUE(same_bits(expected, in_place));
+  const Tensor wide_weight = random_weight({32}, DType::F32, 20);
+  EXPECT_THROW(backend->rms_norm(x, wide_weight, 1e-6f, NormStyle::Plain, expected), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// rope, swiglu, add, embedding, gather_rows
+
+std::vector<float> inverse_frequencies(int rotary_dim, double theta) {
+  std::vector<float> frequencies(static_cast<size_t>(rotary_dim / 2));
+  for (int j = 0; j < rotary_dim / 2; ++j)
+    frequencies[j] = static_cast<float>(1.0 / std::pow(theta, 2.0 * j / rotary_dim));
+  return frequencies;
+}
+
+TEST(CpuRope, RotatesHalvesByTheF32AngleAndLeavesTheRestAlone) {
+  auto backend = make_cpu_backend();
+  struct RopeCase {
+    int64_t tokens, heads, head_dim;
+    int rotary_dim;
+    double theta;
+  };
+  for (const RopeCase& c : {RopeCase{5, 3, 64, 64, 10000.0}, RopeCase{4, 2, 128, 32, 1e6}, RopeCase{3, 1, 8, 8, 500000.0},
+                            RopeCase{2, 4, 16, 4, 10000.0}}) {
+    SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " rotary " + std::to_string(c.rotary_dim));
+    const Tensor original = random_f32({c.tokens, c.heads, c.head_dim}, 21);
+    Tensor x = backend->download(original);
+    const std::vector<int32_t> position_values = {0, 1, 17, 4095, 131071};
+    const Tensor positions = i32_tensor(std::vector<int32_t>(position_values.begin(), position_values.begin() + c.tokens));
+    const std::vector<float> frequencies = inverse_frequencies(c.rotary_dim, c.theta);
+    Tensor inv_freq = Tensor::empty({c.rotary_dim / 2}, DType::F32);
+    std::copy(frequencies.begin(), frequencies.end(), inv_freq.data<float>());
+    backend->rope(x, positions, inv_freq, c.rotary_dim);
+    const int64_t half = c.rotary_dim / 2;
+    for (int64_t t = 0; t < c.tokens; ++t)
+      for (int64_t h = 0; h < c.heads; ++h) {
+        const float* in = original.data<float>() + (t * c.heads + h) * c.head_dim;
+        const float* got = x.data<float>() + (t * c.heads + h) * c.head_dim;
+        for (int64_t j = 0; j < half; ++j) {
+          const float angle = float(position_values[t]) * frequencies[j];
+          const double cosine = std::cos(double(angle)), sine = std::sin(double(angle));
+          const double first = in[j] * cosine - in[j + half] * sine;
+          const double second = in[j + half] * cosine + in[j] * sine;
+          // cos/sin within an ulp (2u relative) of the f32 angle's, then a multiply each and a sum.
+          const double bound = 6 * kUnitRoundoff * (std::abs(in[j]) + std::abs(in[j + half]));
+          ASSERT_LE(std::abs(got[j] - first), bound) << "t " << t << " j " << j;
+          ASSERT_LE(std::abs(got[j + half] - second), bound) << "t " << t << " j " << j;
+        }
+        EXPECT_TRUE(same_bits(in + c.rotary_dim, got + c.rotary_dim, c.head_dim - c.rotary_dim));
+      }
+  }
+}
+
+TEST(CpuRope, RejectsAnOddRotaryDim) {
+  auto backend = make_cpu_backend();
+  Tensor x = random_f32({1, 1, 8}, 22);
+  Tensor inv_freq = random_f32({3}, 23);
+  EXPECT_THROW(backend->rope(x, i32_tensor({0}), inv_freq, 7), Error);
+}
+
+TEST(CpuElementwise, SwigluAndAddMatchTheirFormulas) {
+  auto backend = make_cpu_backend();
+  const Tensor gate = random_f32({7, 133}, 24, -100.0f, 100.0f);
+  const Tensor up = random_f32({7, 133}, 25, -2.0f, 2.0f);
+  Tensor out = Tensor::empty({7, 133}, DType::F32);
+  backend->swiglu(gate, up, out);
+  for (int64_t i = 0; i < gate.numel(); ++i) {
+    const double g = gate.data<float>()[i];
+    const double exact = g / (1.0 + std::exp(-g)) * up.data<float>()[i];
+    // expf within an ulp, then an add, a divide and a multiply; e^-g overflows for g < -88.72,
+    // where f32 gives 0 and the exact |g·u| / (1 + e^-g) is below 88.8 · 2 / FLT_MAX < 1e-36.
+    ASSERT_LE(std::abs(out.data<float>()[i] - exact), 8 * kUnitRoundoff * std::abs(exact) + 1e-36) << i;
+  }
+  Tensor sum = backend->download(gate);
+  backend->add(sum, up);
+  for (int64_t i = 0; i < gate.numel(); ++i)
+    ASSERT_EQ(sum.data<float>()[i], gate.data<float>()[i] + up.data<float>()[i]) << i;
+  Tensor short_up = random_f32({7, 132}, 26);
+  EXPECT_THROW(backend->swiglu(gate, short_up, out), Error);
+}
+
+TEST(CpuEmbedding, WidensTableRowsExactlyAndNamesABadId) {
+  auto backend = make_cpu_backend();
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    const Tensor table = random_weight({11, 37}, dtype, 27);
+    const std::vector<int32_t> ids = {3, 0, 10, 3};
+    Tensor out = Tensor::empty({4, 37}, DType::F32);
+    backend->embedding(table, i32_tensor(ids), out);
+    for (int64_t t = 0; t < 4; ++t)
+      for (int64_t i = 0; i < 37; ++i)
+        ASSERT_EQ(out.data<float>()[t * 37 + i], float(weight_value(table, ids[t] * 37 + i)));
+  }
+  const Tensor table = random_weight({11, 37}, DType::BF16, 28);
+  Tensor out = Tensor::empty({2, 37}, DType::F32);
+  for (int32_t bad : {11, -1}) {
+    try {
+      backend->embedding(table, i32_tensor({1, bad}), out);
+      FAIL() << "id " << bad << " was accepted";
+    } catch (const Error& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("token id " + std::to_string(bad)), std::string::npos) << message;
+      EXPECT_NE(message.find("11 tokens"), std::string::npos) << message;
+    }
+  }
+}
+
+TEST(CpuGatherRows, CopiesTheListedRowsAndRejectsOthers) {
+  auto backend = make_cpu_backend();
+  const Tensor x = random_f32({6, 5}, 29);
+  Tensor out = Tensor::empty({3, 5}, DType::F32);
+  backend->gather_rows(x, i32_tensor({5, 0, 5}), out);
+  EXPECT_TRUE(same_bits(out.data<float>(), x.data<float>() + 25, 5));
+  EXPECT_TRUE(same_bits(out.data<float>() + 5, x.data<float>(), 5));
+  EXPECT_TRUE(same_bits(out.data<float>() + 10, x.data<float>() + 25, 5));
+  EXPECT_THROW(backend->gather_rows(x, i32_tensor({0, 6, 1}), out), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// layout, kv_write, attention
+
+TEST(CpuLayout, FillsPositionsAndSlotsFromSpans) {
+  auto backend = make_cpu_backend();
+  // Spans may be listed in any order; together they tile the batch.
+  const BatchLayout layout = backend->make_layout({{2, 3, 2, 40}, {0, 0, 3, 0}}, {7, 8, 9, 10, 11});
+  EXPECT_EQ(layout.total_tokens, 5);
+  const std::vector<int32_t> positions(layout.positions.data<int32_t>(), layout.positions.data<int32_t>() + 5);
+  const std::vector<int32_t> slots(layout.slots.data<int32_t>(), layout.slots.data<int32_t>() + 5);
+  EXPECT_EQ(positions, (std::vector<int32_t>{0, 1, 2, 40, 41}));
+  EXPECT_EQ(slots, (std::vector<int32_t>{0, 0, 0, 2, 2}));
+  EXPECT_EQ(layout.token_ids.data<int32_t>()[4], 11);
+  EXPECT_EQ(layout.spans_device.shape(), (Shape{2, 4}));
+  EXPECT_EQ(layout.spans_device.data<int32_t>()[3], 40);
+}
+
+TEST(CpuLayout, RejectsGapsOverlapsRepeatedSlotsAndNegativeFields) {
+  auto backend = make_cpu_backend();
+  const std::vector<int32_t> ids = {1, 2, 3, 4};
+  auto error_of = [&](const std::vector<SequenceSpan>& spans) -> std::string {
+    try {
+      backend->make_layout(spans, ids);
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of({{0, 0, 2, 0}, {1, 3, 1, 0}}).find("starts at token 3"), std::string::npos);  // gap
+  EXPECT_NE(error_of({{0, 0, 3, 0}, {1, 2, 2, 0}}).find("starts at token 2"), std::string::npos);  // overlap
+  EXPECT_NE(error_of({{0, 0, 2, 0}, {1, 2, 1, 0}}).find("cover 3 tokens"), std::string::npos);  // short
+  EXPECT_NE(error_of({{0, 0, 2, 0}, {0, 2, 2, 5}}).find("slot 0 appears"), std::string::npos);
+  EXPECT_NE(error_of({{0, 0, 4, -1}}).find("first position >= 0"), std::string::npos);
+  EXPECT_NE(error_of({{-1, 0, 4, 0}}).find("needs a slot"), std::string::npos);
+}
+
+// A sequence for the attention tests: its q and k/v rows, and where it sits in a cache.
+struct Sequence {
+  int32_t slot;
+  int32_t length;
+};
+
+struct AttentionShape {
+  int64_t heads, kv_heads, head_dim;
+};
+
+// Writes every token's k/v rows, then runs attention for all of them in one batch.
+Tensor run_attention(Backend& backend, const AttentionShape& shape, const std::vector<Sequence>& sequences,
+                     const std::vector<Tensor>& q, const std::vector<Tensor>& k, const std::vector<Tensor>& v,
+                     Tensor& k_cache, Tensor& v_cache) {
+  std::vector<SequenceSpan> spans;
+  int32_t total = 0;
+  for (const Sequence& sequence : sequences) {
+    spans.push_back({sequence.slot, total, sequence.length, 0});
+    total += sequence.length;
+  }
+  const BatchLayout layout = backend.make_layout(spans, std::vector<int32_t>(static_cast<size_t>(total), 0));
+  Tensor q_all = Tensor::empty({total, shape.heads, shape.head_dim}, DType::F32);
+  Tensor k_all = Tensor::empty({total, shape.kv_heads, shape.head_dim}, DType::F32);
+  Tensor v_all = Tensor::empty({total, shape.kv_heads, shape.head_dim}, DType::F32);
+  int64_t row = 0;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    std::memcpy(q_all.data<float>() + row * shape.heads * shape.head_dim, q[s].raw(), q[s].nbytes());
+    std::memcpy(k_all.data<float>() + row * shape.kv_heads * shape.head_dim, k[s].raw(), k[s].nbytes());
+    std::memcpy(v_all.data<float>() + row * shape.kv_heads * shape.head_dim, v[s].raw(), v[s].nbytes());
+    row += sequences[s].length;
+  }
+  backend.kv_write(k_all, v_all, layout, k_cache, v_cache);
+  Tensor out = Tensor::empty({total, shape.heads, shape.head_dim}, DType::F32);
+  backend.attention(q_all, k_cache, v_cache, layout, 1.0f / std::sqrt(float(shape.head_dim)), out);
+  return out;
+}
+
+// GQA ratios 1, 2, 3, 4, 5, 8; head sizes with and without a remainder of 16 lanes.
+const std::vector<AttentionShape> kAttentionShapes = {{4, 4, 8},  {4, 2, 16}, {8, 2, 64}, {4, 1, 128},
+                                                      {6, 2, 24}, {10, 2, 40}, {8, 1, 80}};
+
+TEST(CpuAttention, MatchesDoubleReferenceWithTheSameBitsOnEveryInstructionSet) {
+  for (const AttentionShape& shape : kAttentionShapes) {
+    SCOPED_TRACE("heads " + std::to_string(shape.heads) + " kv " + std::to_string(shape.kv_heads) + " dh " +
+                 std::to_string(shape.head_dim));
+    const std::vector<Sequence> sequences = {{1, 70}, {0, 3}};
+    std::vector<Tensor> q, k, v;
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      q.push_back(random_f32({sequences[s].length, shape.heads, shape.head_dim}, 30 + s, -2.0f, 2.0f));
+      k.push_back(random_f32({sequences[s].length, shape.kv_heads, shape.head_dim}, 40 + s, -2.0f, 2.0f));
+      v.push_back(random_f32({sequences[s].length, shape.kv_heads, shape.head_dim}, 50 + s));
+    }
+    // attention_kernels.h: SIMD changes the speed, not the bits.
+    Tensor out;
+    for (CpuIsa isa : supported_isas()) {
+      auto backend = cpu::make_cpu_backend(isa);
+      Tensor k_cache = Tensor::zeros({2, 80, shape.kv_heads, shape.head_dim}, DType::F32);
+      Tensor v_cache = Tensor::zeros({2, 80, shape.kv_heads, shape.head_dim}, DType::F32);
+      const Tensor isa_out = run_attention(*backend, shape, sequences, q, k, v, k_cache, v_cache);
+      if (out.defined())
+        EXPECT_TRUE(same_bits(out, isa_out)) << isa_label(isa) << " differs from " << isa_label(supported_isas()[0]);
+      else
+        out = isa_out;
+    }
+    const double scale = 1.0 / std::sqrt(double(shape.head_dim));
+    const int64_t group = shape.heads / shape.kv_heads;
+    int64_t row = 0;
+    for (size_t s = 0; s < sequences.size(); ++s)
+      for (int64_t t = 0; t < sequences[s].length; ++t, ++row)
+        for (int64_t h = 0; h < shape.heads; ++h) {
+          const float* query = q[s].data<float>() + (t * shape.heads + h) * shape.head_dim;
+          std::vector<double> scores(static_cast<size_t>(t + 1));
+          double max_score = -INFINITY;
+          double score_error = 0;  // a bound on any f32 score's error: its dot's, its scaling's
+          for (int64_t j = 0; j <= t; ++j) {
+            const float* key = k[s].data<float>() + (j * shape.kv_heads + h / group) * shape.head_dim;
+            double dot = 0, dot_magnitude = 0;
+            for (int64_t d = 0; d < shape.head_dim; ++d) {
+              dot += double(query[d]) * key[d];
+              dot_magnitude += std::abs(double(query[d]) * key[d]);
+            }
+            scores[j] = scale * dot;
+            max_score = std::max(max_score, scores[j]);
+            score_error = std::max(score_error, double(shape.head_dim + 2) * kUnitRoundoff * scale * dot_magnitude +
+                                                    2 * kUnitRoundoff * std::abs(scores[j]));
+          }
+          double total = 0;
+          for (double& score : scores) total += (score = std::exp(score - max_score));
+          for (int64_t d = 0; d < shape.head_dim; ++d) {
+            double exact = 0, magnitude = 0;
+            for (int64_t j = 0; j <= t; ++j) {
+              const double value = v[s].data<float>()[(j * shape.kv_heads + h / group) * shape.head_dim + d];
+              exact += scores[j] / total * value;
+              magnitude += scores[j] / total * std::abs(value);
+            }
+            // A weight e^(s_j - max) moves by ≤ 2·score_error relatively (plus expf's ulp), the
+            // normalisation doubles that, and the sums over keys add ≤ (keys + 4)·u.
+            const double bound = (4 * score_error + double(t + 12) * kUnitRoundoff) * magnitude;
+            const float got = out.data<float>()[(row * shape.heads + h) * shape.head_dim + d];
+            ASSERT_LE(std::abs(got - exact), bound) << "seq " << s << " t " << t << " h " << h << " d " << d;
+          }
+        }
+  }
+}
+
+TEST(CpuAttention, ASequenceGivesTheSameBitsAloneInABatchOneTokenAtATimeAndOnAnyThreads) {
+  auto backend = make_cpu_backend();
+  for (const AttentionShape& shape : kAttentionShapes) {
+    SCOPED_TRACE("heads " + std::to_string(shape.heads) + " kv " + std::to_string(shape.kv_heads) + " dh " +
+                 std::to_string(shape.head_dim));
+    const int32_t length = 37;
+    const Tensor q = random_f32({length, shape.heads, shape.head_dim}, 60);
+    const Tensor k = random_f32({length, shape.kv_heads, shape.head_dim}, 61);
+    const Tensor v = random_f32({length, shape.kv_heads, shape.head_dim}, 62);
+    const Shape cache_shape = {4, 64, shape.kv_heads, shape.head_dim};
+    Tensor k_cache = Tensor::zeros(cache_shape, DType::F32), v_cache = Tensor::zeros(cache_shape, DType::F32);
+    Tensor alone;
+    {
+      GlobalThreads one(1);
+      alone = run_attention(*backend, shape, {{0, length}}, {q}, {k}, {v}, k_cache, v_cache);
+    }
+    // In a batch of three sequences of other lengths, in another slot and at another batch offset.
+    std::vector<Tensor> qs = {random_f32({5, shape.heads, shape.head_dim}, 63), q,
+                              random_f32({50, shape.heads, shape.head_dim}, 64)};
+    std::vector<Tensor> ks = {random_f32({5, shape.kv_heads, shape.head_dim}, 65), k,
+                              random_f32({50, shape.kv_heads, shape.head_dim}, 66)};
+    std::vector<Tensor> vs = {random_f32({5, shape.kv_heads, shape.head_dim}, 67), v,
+                              random_f32({50, shape.kv_heads, shape.head_dim}, 68)};
+    const int64_t row_width = shape.heads * shape.head_dim;
+    for (int threads : {1, 2, 3}) {
+      GlobalThreads scope(threads);
+      Tensor batch_k = Tensor::zeros(cache_shape, DType::F32), batch_v = Tensor::zeros(cache_shape, DType::F32);
+      const Tensor batched = run_attention(*backend, shape, {{3, 5}, {2, length}, {0, 50}}, qs, ks, vs, batch_k, batch_v);
+      EXPECT_TRUE(same_bits(alone.data<float>(), batched.data<float>() + 5 * row_width, length * row_width))
+          << threads << " threads";
+    }
+    // Decode: the same sequence appended one token per step into a fresh slot.
+    Tensor step_k = Tensor::zeros(cache_shape, DType::F32), step_v = Tensor::zeros(cache_shape, DType::F32);
+    for (int32_t t = 0; t < length; ++t) {
+      const BatchLayout layout = backend->make_layout({{1, 0, 1, t}}, {0});
+      backend->kv_write(k.slice_rows(t, 1), v.slice_rows(t, 1), layout, step_k, step_v);
+      Tensor out = Tensor::empty({1, shape.heads, shape.head_dim}, DType::F32);
+      backend->attention(q.slice_rows(t, 1), step_k, step_v, layout, 1.0f / std::sqrt(float(shape.head_dim)), out);
+      ASSERT_TRUE(same_bits(out.data<float>(), alone.data<float>() + t * row_width, row_width)) << "token " << t;
+    }
+  }
+}
+
+TEST(CpuKvWrite, RejectsAPositionPastTheCapacityNamingIt) {
+  auto backend = make_cpu_backend();
+  Tensor k_cache = Tensor::zeros({2, 8, 1, 4}, DType::F32), v_cache = Tensor::zeros({2, 8, 1, 4}, DType::F32);
+  const Tensor k = random_f32({2, 1, 4}, 70), v = random_f32({2, 1, 4}, 71);
+  const BatchLayout layout = backend->make_layout({{1, 0, 2, 7}}, {0, 0});
+  try {
+    backend->kv_write(k, v, layout, k_cache, v_cache);
+    FAIL() << "position 8 of a capacity-8 cache was accepted";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("position 8"), std::string::npos) << message;
+    EXPECT_NE(message.find("8 positions"), std::string::npos) << message;
+  }
+  const BatchLayout bad_slot = backend->make_layout({{2, 0, 2, 0}}, {0, 0});
+  EXPECT_THROW(backend->kv_write(k, v, bad_slot, k_cache, v_cache), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// memory
+
+TEST(CpuMemory, UploadSharesStorageDownloadCopiesZeroClears) {
+  auto backend = make_cpu_backend();
+  EXPECT_EQ(backend->activation_dtype(), DType::F32);
+  Tensor host = random_f32({3, 4}, 72);
+  EXPECT_EQ(backend->upload(host).raw(), host.raw());
+  Tensor copy = backend->download(host);
+  EXPECT_NE(copy.raw(), host.raw());
+  EXPECT_TRUE(same_bits(copy, host));
+  backend->zero(host);
+  for (int64_t i = 0; i < host.numel(); ++i) EXPECT_EQ(host.data<float>()[i], 0.0f);
+  Tensor made = backend->alloc({5, 2}, DType::BF16);
+  EXPECT_EQ(made.shape(), (Shape{5, 2}));
+  EXPECT_EQ(made.dtype(), DType::BF16);
+}
+
+}  // namespace
