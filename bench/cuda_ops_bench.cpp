@@ -155,23 +155,50 @@ void bench_attention(DType act, double copy_gbps) {
   }
 }
 
+// Host-side cost per op: ops too small for the device to matter, back to back. Decode steps of
+// small models are bounded by this unless the launches are captured (CUDA graphs).
+void bench_launch() {
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(4);
+  Tensor a = cuda->upload(random_host({1}, DType::BF16, random, 1.0f));
+  Tensor b = cuda->upload(random_host({1}, DType::BF16, random, 1.0f));
+  const double add = seconds_per_call(*cuda, 2000, [&](int) { cuda->add(a, b); });
+  Tensor w = cuda->upload(random_host({16, 64}, DType::BF16, random, 1.0f));
+  Tensor x = cuda->upload(random_host({1, 64}, DType::BF16, random, 1.0f));
+  Tensor out = cuda->alloc({1, 16}, DType::BF16);
+  const double matmul = seconds_per_call(*cuda, 2000, [&](int) { cuda->matmul(x, w, nullptr, out); });
+  std::printf("per-op floor: add of 1 element %.2f us, matmul 1x16x64 %.2f us\n", add * 1e6, matmul * 1e6);
+}
+
 }  // namespace
 }  // namespace kiln
 
-int main() {
+// Sections to run: any of launch, decode, prefill, attention (default: all).
+int main(int argc, char** argv) {
   using namespace kiln;
   try {
     if (cuda_device_count() == 0) {
       std::fprintf(stderr, "kiln_cuda_bench: no CUDA device visible\n");
       return 1;
     }
+    auto wanted = [&](const char* section) {
+      if (argc < 2) return true;
+      for (int i = 1; i < argc; ++i)
+        if (std::string(argv[i]) == section) return true;
+      return false;
+    };
     const double copy_gbps = make_cuda_backend(0, DType::BF16)->measure_copy_bandwidth_gbps();
     std::printf("device-to-device copy %.1f GB/s (read + write)\n", copy_gbps);
-    bench_decode_matmul(DType::BF16, copy_gbps);
-    bench_decode_matmul(DType::F32, copy_gbps);
-    bench_prefill_matmul();
-    bench_attention(DType::BF16, copy_gbps);
-    bench_attention(DType::F32, copy_gbps);
+    if (wanted("launch")) bench_launch();
+    if (wanted("decode")) {
+      bench_decode_matmul(DType::BF16, copy_gbps);
+      bench_decode_matmul(DType::F32, copy_gbps);
+    }
+    if (wanted("prefill")) bench_prefill_matmul();
+    if (wanted("attention")) {
+      bench_attention(DType::BF16, copy_gbps);
+      bench_attention(DType::F32, copy_gbps);
+    }
   } catch (const Error& error) {
     std::fprintf(stderr, "kiln_cuda_bench: %s\n", error.what());
     return 1;

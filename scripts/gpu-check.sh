@@ -5,7 +5,8 @@
 #
 #   gpu-check.sh                      everything available
 #   gpu-check.sh --tests              GPU tests only (kiln_cuda_tests)
-#   gpu-check.sh --ops-bench          kernel micro-benchmarks (kiln_cuda_bench)
+#   gpu-check.sh --ops-bench          kernel micro-benchmarks (kiln_cuda_bench; KILN_OPS_SECTIONS
+#                                     picks sections: launch decode prefill attention)
 #   gpu-check.sh --model-bench DIR    `kiln bench --device cuda` on checkpoint DIR (repeatable)
 #   gpu-check.sh --gtest-filter PAT   passes a filter to the GPU tests
 # Logs go to $KILN_LOG_DIR (default ./gpu-check-logs).
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     --ops-bench) run_ops=1 ;;
     --model-bench) shift; models+=("$1") ;;
     --gtest-filter) shift; filter=$1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -45,7 +46,8 @@ if [ $run_tests = 1 ]; then
 fi
 
 if [ $run_ops = 1 ]; then
-  "$bin_dir/kiln_cuda_bench" 2>&1 | tee "$log_dir/ops-bench.log"
+  # shellcheck disable=SC2086  # the sections are separate words
+  "$bin_dir/kiln_cuda_bench" ${KILN_OPS_SECTIONS:-} 2>&1 | tee "$log_dir/ops-bench.log"
   rc=${PIPESTATUS[0]}
   summary+=("ops bench: exit $rc (table in $log_dir/ops-bench.log)")
   [ "$rc" = 0 ] || status=1
@@ -62,5 +64,5 @@ done
 echo
 echo "=== gpu-check summary ==="
 printf '%s\n' "${summary[@]}"
-[ $run_ops = 1 ] && grep -E '^(device-to-device|decode|prefill)' "$log_dir/ops-bench.log"
+[ $run_ops = 1 ] && grep -E '^(device-to-device|per-op|decode|prefill)' "$log_dir/ops-bench.log"
 exit $status

@@ -257,6 +257,9 @@ class CudaBackend final : public Backend {
     if (k % 8 != 0)
       fail("CUDA matmul: the BF16 tensor-core path needs K to be a multiple of 8 (16-byte rows), got w {}",
            shape_string(w.shape()));
+    if (k > cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments)
+      fail("CUDA matmul: the BF16 path takes K up to {}, got w {}", cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments,
+           shape_string(w.shape()));
     if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(w.raw()) % 16)
       fail("CUDA matmul: x and w must be 16-byte aligned for the BF16 path (x {}, w {})", shape_string(x.shape()),
            shape_string(w.shape()));

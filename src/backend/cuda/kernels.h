@@ -76,11 +76,16 @@ struct MatmulArgs {
 };
 // F32 activations: CUDA-core FMA chains (x F32; w F32, BF16 or F16).
 cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream);
-// BF16 activations and weights: tensor-core mma (k must be a multiple of 8).
+// BF16 activations and weights: tensor-core mma (k must be a multiple of 8, at most
+// kMatmulSegmentK · kMatmulMaxSegments).
 cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream);
 // The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the tiled GEMM.
 // Both give bit-identical elements (same per-element accumulation order).
 constexpr int64_t kMatmulDecodeMaxRows = 16;
+// The BF16 path sums K in segments of this many elements (each an mma chain from zero, the
+// segments then added in order), so that decode can spread one row's K over several warps.
+constexpr int64_t kMatmulSegmentK = 1024;
+constexpr int64_t kMatmulMaxSegments = 64;
 
 struct AttentionArgs {
   const void* q = nullptr;        // [tokens, heads, head_dim]

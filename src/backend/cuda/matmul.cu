@@ -9,13 +9,17 @@
 //
 // BF16 activations (tensor cores, mma.sync m16n8k16, f32 accumulate): w is the mma's A operand
 // (16 output columns) and x its B operand (8 rows), so the decode and prefill kernels feed the
-// tensor core identically. K is consumed in 32-element chunks in ascending order, zero-padded
-// past K; a chunk is two mma steps chained through one f32 accumulator: with q = 0..3 the first
-// step takes the chunk's elements {8q .. 8q+3}, the second {8q+4 .. 8q+7} (each lane's 16-byte
-// piece of a row splits into the two steps' k-pairs; see mma_chunk). Then + bias, then one
-// rounding to the output dtype. No split-K: one accumulator chain per element over all of K.
-//   m ≤ kMatmulDecodeMaxRows: the decode kernel, one warp per 8 or 16 weight rows streaming its
-//     rows once through a deep cp.async ring (the weights are read exactly once).
+// tensor core identically. K is cut into segments of kMatmulSegmentK = 1024 (the last may be
+// shorter), each cut into 32-element chunks, zero-padded past K. A chunk is two mma steps: with
+// q = 0..3 the first takes the chunk's elements {8q .. 8q+3}, the second {8q+4 .. 8q+7} (each
+// lane's 16-byte piece of a row splits into the two steps' k-pairs; see mma_chunk). Within a
+// segment one f32 accumulator chains through every step from zero; the segment results are added
+// in ascending order to a total that starts at 0; then + bias, then one rounding to the output
+// dtype. Segment boundaries depend on K alone, so this is no M-dependent split-K: it is what lets
+// decode spread one output's K over several warps.
+//   m ≤ kMatmulDecodeMaxRows: the decode kernel, a block of four warps per 8 or 16 weight rows,
+//     the warps taking the segments in turn through their own cp.async rings (the weights are
+//     read exactly once), warp 0 adding the segment results in order.
 //   larger m: the tiled GEMM (128×128 or 64×64 tiles of weight rows × x rows).
 #include <algorithm>
 
@@ -144,6 +148,7 @@ struct TiledConfig {
   static constexpr int kRowTiles = kWarpRows / 8;
   static constexpr int kChunksPerStage = 2;
   static constexpr int kStageK = kChunk * kChunksPerStage;
+  static constexpr int kStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kStageK;
   static constexpr int kWeightStageBytes = kChunksPerStage * kBlockColumns * kChunkBytes;
   static constexpr int kInputStageBytes = kChunksPerStage * kBlockRows * kChunkBytes;
   static constexpr int kStageBytes = kWeightStageBytes + kInputStageBytes;
@@ -195,6 +200,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int warp_row = (warp % Config::kWarpsRowsValue) * Config::kWarpRows;
 
   float acc[Config::kColumnTiles][Config::kRowTiles][4] = {};
+  float total[Config::kColumnTiles][Config::kRowTiles][4] = {};
   const int64_t stages = (k + Config::kStageK - 1) / Config::kStageK;
   for (int s = 0; s < Config::kStagesValue - 1; ++s) {
     if (s < stages)
@@ -231,26 +237,44 @@ __global__ void __launch_bounds__(Config::kThreads)
 #pragma unroll
         for (int rt = 0; rt < Config::kRowTiles; ++rt) mma_chunk(acc[ct][rt], upper[ct], lower[ct], tokens[rt]);
     }
+    if ((s + 1) % Config::kStagesPerSegment == 0 || s + 1 == stages) {
+#pragma unroll
+      for (int ct = 0; ct < Config::kColumnTiles; ++ct)
+#pragma unroll
+        for (int rt = 0; rt < Config::kRowTiles; ++rt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            total[ct][rt][e] = total[ct][rt][e] + acc[ct][rt][e];
+            acc[ct][rt][e] = 0.0f;
+          }
+    }
   }
   cp_async_wait<0>();
 #pragma unroll
   for (int ct = 0; ct < Config::kColumnTiles; ++ct)
 #pragma unroll
     for (int rt = 0; rt < Config::kRowTiles; ++rt)
-      store_tile(acc[ct][rt], column0 + warp_column + ct * 16, row0 + warp_row + rt * 8, true, bias, bias_dtype, out,
+      store_tile(total[ct][rt], column0 + warp_column + ct * 16, row0 + warp_row + rt * 8, true, bias, bias_dtype, out,
                  out_dtype, m, n);
 }
 
-// --- decode: one warp per kColumns weight rows, all of K, m ≤ 8·kRowTiles ---
+// --- decode: a block per kColumns weight rows; its warps take K segments in turn ---
 constexpr int kDecodeChunksPerStage = 4;
 constexpr int kDecodeStageK = kChunk * kDecodeChunksPerStage;
+constexpr int kDecodeStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kDecodeStageK;
+constexpr int kDecodeWarps = 4;
 
+// Shared memory: four per-warp rings of kStages stages, each stage the weights [chunk][column][32 k]
+// then the m rows of x [chunk][row][32 k] (only as many rows as there are: m is small), then each
+// segment's partial sums [segment][row tile][element][lane].
 template <int kColumns, int kRowTiles, int kStages>
 struct DecodeConfig {
   static constexpr int kWeightStageBytes = kDecodeChunksPerStage * kColumns * kChunkBytes;
-  static constexpr int kInputStageBytes = kDecodeChunksPerStage * kRowTiles * 8 * kChunkBytes;
-  static constexpr int kStageBytes = kWeightStageBytes + kInputStageBytes;
-  static constexpr int kSharedBytes = kStages * kStageBytes;
+  static constexpr int kSegmentBytes = kRowTiles * 4 * 32 * 4;
+  __host__ __device__ static int stage_bytes(int64_t m) {
+    return kWeightStageBytes + kDecodeChunksPerStage * static_cast<int>(m) * kChunkBytes;
+  }
+  __host__ __device__ static int rings_bytes(int64_t m) { return kDecodeWarps * kStages * stage_bytes(m); }
 };
 
 template <int kColumns, int kRowTiles, int kStages>
@@ -258,7 +282,7 @@ __device__ __forceinline__ void load_decode_stage(uint8_t* stage, const bf16* x,
                                                   int64_t k, int64_t column0, int64_t k_base) {
   using Config = DecodeConfig<kColumns, kRowTiles, kStages>;
   constexpr int kPiecesPerLine = kDecodeChunksPerStage * 4;
-  const int lane = threadIdx.x;
+  const int lane = threadIdx.x % 32;
   for (int piece = lane; piece < kColumns * kPiecesPerLine; piece += 32) {
     const int column = piece / kPiecesPerLine;
     const int chunk = (piece / 4) % kDecodeChunksPerStage;
@@ -278,54 +302,94 @@ __device__ __forceinline__ void load_decode_stage(uint8_t* stage, const bf16* x,
     const int64_t global_k = k_base + chunk * kChunk + q * 8;
     const bool valid = global_k < k;
     const bf16* source = valid ? x + row * k + global_k : x;
-    cp_async_16(inputs + (chunk * kRowTiles * 8 + row) * kChunkBytes + q * 16, source, valid);
+    cp_async_16(inputs + (chunk * m + row) * kChunkBytes + q * 16, source, valid);
   }
 }
 
+// Warp w computes segments w, w + kDecodeWarps, … of the block's rows: each segment is an mma
+// chain from zero over its 1024 k, streamed through the warp's own cp.async ring (the pipeline runs
+// across the warp's segments without draining). Warp 0 then adds the segments in order.
 template <int kColumns, int kRowTiles, int kStages>
-__global__ void __launch_bounds__(32)
+__global__ void __launch_bounds__(kDecodeWarps * 32)
     matmul_bf16_decode_kernel(const bf16* x, const bf16* w, const void* bias, DType bias_dtype, void* out,
                               DType out_dtype, int64_t m, int64_t n, int64_t k) {
   using Config = DecodeConfig<kColumns, kRowTiles, kStages>;
   extern __shared__ uint4 shared_words[];
-  uint8_t* shared = reinterpret_cast<uint8_t*>(shared_words);
+  const int stage_bytes = Config::stage_bytes(m);
+  float* segment_sums = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(shared_words) + Config::rings_bytes(m));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(shared_words) + warp * kStages * stage_bytes;
   const int64_t column0 = static_cast<int64_t>(blockIdx.x) * kColumns;
-  const int lane = threadIdx.x;
   const int g = lane / 4, q = lane % 4;
-  float acc[kRowTiles][4] = {};
-  const int64_t stages = (k + kDecodeStageK - 1) / kDecodeStageK;
+  const int64_t total_stages = (k + kDecodeStageK - 1) / kDecodeStageK;
+  const int segments = static_cast<int>((total_stages + kDecodeStagesPerSegment - 1) / kDecodeStagesPerSegment);
+  // The warp's stages, flattened over its segments: the i-th is stage stage_of(i) of K.
+  const int my_segments = segments > warp ? (segments - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+  auto segment_of = [&](int64_t i) { return warp + static_cast<int>(i / kDecodeStagesPerSegment) * kDecodeWarps; };
+  auto stage_of = [&](int64_t i) {
+    return static_cast<int64_t>(segment_of(i)) * kDecodeStagesPerSegment + i % kDecodeStagesPerSegment;
+  };
+  int64_t my_stages = 0;
+  for (int i = 0; i < my_segments; ++i) {
+    const int64_t first = static_cast<int64_t>(warp + i * kDecodeWarps) * kDecodeStagesPerSegment;
+    my_stages += (total_stages - first < kDecodeStagesPerSegment ? total_stages - first : kDecodeStagesPerSegment);
+  }
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < stages)
-      load_decode_stage<kColumns, kRowTiles, kStages>(shared + s * Config::kStageBytes, x, w, m, n, k, column0,
-                                                      static_cast<int64_t>(s) * kDecodeStageK);
+    if (s < my_stages)
+      load_decode_stage<kColumns, kRowTiles, kStages>(ring + s * stage_bytes, x, w, m, n, k, column0,
+                                                      stage_of(s) * kDecodeStageK);
     cp_async_commit();
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int64_t s = 0; s < stages; ++s) {
+  float acc[kRowTiles][4] = {};
+  for (int64_t i = 0; i < my_stages; ++i) {
     cp_async_wait<kStages - 2>();
     __syncwarp();
-    const int64_t prefetch = s + kStages - 1;
-    if (prefetch < stages)
-      load_decode_stage<kColumns, kRowTiles, kStages>(shared + (prefetch % kStages) * Config::kStageBytes, x, w, m,
-                                                      n, k, column0, prefetch * kDecodeStageK);
+    const int64_t prefetch = i + kStages - 1;
+    if (prefetch < my_stages)
+      load_decode_stage<kColumns, kRowTiles, kStages>(ring + (prefetch % kStages) * stage_bytes, x, w, m, n, k,
+                                                      column0, stage_of(prefetch) * kDecodeStageK);
     cp_async_commit();
-    const uint8_t* stage = shared + (s % kStages) * Config::kStageBytes;
+    const int64_t stage_index = stage_of(i);
+    const uint8_t* stage = ring + (i % kStages) * stage_bytes;
 #pragma unroll
     for (int chunk = 0; chunk < kDecodeChunksPerStage; ++chunk) {
-      if (s * kDecodeStageK + chunk * kChunk >= k) break;
+      if (stage_index * kDecodeStageK + chunk * kChunk >= k) break;
       const uint8_t* weights = stage + chunk * kColumns * kChunkBytes;
-      const uint8_t* inputs = stage + Config::kWeightStageBytes + chunk * kRowTiles * 8 * kChunkBytes;
+      const uint8_t* inputs = stage + Config::kWeightStageBytes + chunk * m * kChunkBytes;
       const uint4 upper = load_shared_16(weights + g * kChunkBytes + q * 16);
       const uint4 lower = kColumns == 16 ? load_shared_16(weights + (g + 8) * kChunkBytes + q * 16) : zero;
 #pragma unroll
+      for (int rt = 0; rt < kRowTiles; ++rt) {
+        // B columns past m repeat row m − 1: they only feed outputs that are never stored.
+        const int64_t row = rt * 8 + g < m ? rt * 8 + g : m - 1;
+        mma_chunk(acc[rt], upper, lower, load_shared_16(inputs + row * kChunkBytes + q * 16));
+      }
+    }
+    const bool segment_ends = (i + 1) % kDecodeStagesPerSegment == 0 || i + 1 == my_stages;
+    if (segment_ends) {
+      const int segment = segment_of(i);
+#pragma unroll
       for (int rt = 0; rt < kRowTiles; ++rt)
-        mma_chunk(acc[rt], upper, lower, load_shared_16(inputs + (rt * 8 + g) * kChunkBytes + q * 16));
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          segment_sums[((segment * kRowTiles + rt) * 4 + e) * 32 + lane] = acc[rt][e];
+          acc[rt][e] = 0.0f;
+        }
     }
   }
   cp_async_wait<0>();
+  __syncthreads();
+  if (warp != 0) return;
+  float total[kRowTiles][4] = {};
+  for (int segment = 0; segment < segments; ++segment)
+#pragma unroll
+    for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) total[rt][e] = total[rt][e] + segment_sums[((segment * kRowTiles + rt) * 4 + e) * 32 + lane];
 #pragma unroll
   for (int rt = 0; rt < kRowTiles; ++rt)
-    store_tile(acc[rt], column0, rt * 8, kColumns == 16, bias, bias_dtype, out, out_dtype, m, n);
+    store_tile(total[rt], column0, rt * 8, kColumns == 16, bias, bias_dtype, out, out_dtype, m, n);
 }
 
 template <typename Config>
@@ -343,15 +407,19 @@ cudaError_t launch_tiled(const MatmulArgs& args, cudaStream_t stream) {
 
 template <int kColumns, int kRowTiles>
 cudaError_t launch_decode(const MatmulArgs& args, cudaStream_t stream) {
-  // Eight 4 KB-or-smaller weight stages in flight per warp: enough bytes in flight for HBM with a
-  // few warps per multiprocessor.
-  constexpr int kStages = 8;
+  // Six stages per warp (four with 16 rows of x, whose stages are twice as large) keep far more
+  // than the ~32 KB per multiprocessor in flight that 4.3 TB/s at ~1 µs latency needs, with the
+  // whole grid resident for the common shapes (one wave), and the largest case within 227 KB.
+  constexpr int kStages = kRowTiles == 1 ? 6 : 4;
   using Config = DecodeConfig<kColumns, kRowTiles, kStages>;
   auto* kernel = &matmul_bf16_decode_kernel<kColumns, kRowTiles, kStages>;
   static std::atomic<uint64_t> opted_in{0};
-  if (cudaError_t status = allow_dynamic_shared(kernel, Config::kSharedBytes, opted_in); status != cudaSuccess)
-    return status;
-  kernel<<<blocks_for(args.n, kColumns), 32, Config::kSharedBytes, stream>>>(
+  const int max_shared =
+      Config::rings_bytes(kRowTiles * 8) + static_cast<int>(kMatmulMaxSegments) * Config::kSegmentBytes;
+  if (cudaError_t status = allow_dynamic_shared(kernel, max_shared, opted_in); status != cudaSuccess) return status;
+  const int segments = static_cast<int>((args.k + kMatmulSegmentK - 1) / kMatmulSegmentK);
+  const int shared = Config::rings_bytes(args.m) + segments * Config::kSegmentBytes;
+  kernel<<<blocks_for(args.n, kColumns), kDecodeWarps * 32, shared, stream>>>(
       static_cast<const bf16*>(args.x), static_cast<const bf16*>(args.w), args.bias, args.bias_dtype, args.out,
       args.out_dtype, args.m, args.n, args.k);
   return cudaGetLastError();
@@ -377,8 +445,8 @@ cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream) {
 cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream) {
   if (args.m == 0 || args.n == 0) return cudaSuccess;
   if (args.m <= kMatmulDecodeMaxRows) {
-    // Halve the rows per warp when 16-row warps would leave multiprocessors without two warps.
-    const bool narrow = (args.n + 15) / 16 < 2 * static_cast<int64_t>(args.multiprocessors);
+    // Halve the rows per block when 16-row blocks would leave multiprocessors without one.
+    const bool narrow = (args.n + 15) / 16 < static_cast<int64_t>(args.multiprocessors);
     if (args.m <= 8) return narrow ? launch_decode<8, 1>(args, stream) : launch_decode<16, 1>(args, stream);
     return narrow ? launch_decode<8, 2>(args, stream) : launch_decode<16, 2>(args, stream);
   }
