@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# gpu-check.sh: on a machine with an NVIDIA GPU, run kiln's GPU tests and benchmarks and print a
+# short table. Run it from (or point KILN_BIN_DIR at) a folder holding the built binaries
+# (kiln, kiln_cuda_tests, kiln_cuda_bench); KILN_SHARED_DIR names the shared fixtures folder.
+#
+#   gpu-check.sh                      everything available
+#   gpu-check.sh --tests              GPU tests only (kiln_cuda_tests)
+#   gpu-check.sh --ops-bench          kernel micro-benchmarks (kiln_cuda_bench; KILN_OPS_SECTIONS
+#                                     picks sections: launch decode prefill attention)
+#   gpu-check.sh --model-bench DIR    `kiln bench --device cuda` on checkpoint DIR (repeatable)
+#   gpu-check.sh --gtest-filter PAT   passes a filter to the GPU tests
+# Logs go to $KILN_LOG_DIR (default ./gpu-check-logs).
+set -uo pipefail
+
+bin_dir=${KILN_BIN_DIR:-$(cd "$(dirname "$0")" && pwd)}
+log_dir=${KILN_LOG_DIR:-./gpu-check-logs}
+mkdir -p "$log_dir"
+
+run_tests=0 run_ops=0 filter="*" models=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) run_tests=1 ;;
+    --ops-bench) run_ops=1 ;;
+    --model-bench) shift; models+=("$1") ;;
+    --gtest-filter) shift; filter=$1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ $run_tests = 0 ] && [ $run_ops = 0 ] && [ ${#models[@]} = 0 ]; then run_tests=1 run_ops=1; fi
+
+summary=()
+status=0
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader \
+  | tee "$log_dir/device.txt" || echo "nvidia-smi unavailable"
+
+if [ $run_tests = 1 ]; then
+  "$bin_dir/kiln_cuda_tests" --gtest_brief=1 --gtest_filter="$filter" 2>&1 | tee "$log_dir/tests.log"
+  rc=${PIPESTATUS[0]}
+  passed=$(grep -o '\[  PASSED  \] [0-9]*' "$log_dir/tests.log" | grep -o '[0-9]*$' || true)
+  failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log_dir/tests.log" || true)
+  skipped=$(grep -o '\[  SKIPPED \] [0-9]*' "$log_dir/tests.log" | grep -o '[0-9]*$' || true)
+  summary+=("gpu tests: passed ${passed:-0}, failed ${failed:-0}, skipped ${skipped:-0} (exit $rc)")
+  [ "$rc" = 0 ] || status=1
+fi
+
+if [ $run_ops = 1 ]; then
+  # shellcheck disable=SC2086  # the sections are separate words
+  "$bin_dir/kiln_cuda_bench" ${KILN_OPS_SECTIONS:-} 2>&1 | tee "$log_dir/ops-bench.log"
+  rc=${PIPESTATUS[0]}
+  summary+=("ops bench: exit $rc (table in $log_dir/ops-bench.log)")
+  [ "$rc" = 0 ] || status=1
+fi
+
+for model in "${models[@]}"; do
+  name=$(basename "$model")
+  "$bin_dir/kiln" bench --model "$model" --device cuda 2>&1 | tee "$log_dir/bench-$name.log"
+  rc=${PIPESTATUS[0]}
+  summary+=("model bench $name: exit $rc")
+  [ "$rc" = 0 ] || status=1
+done
+
+echo
+echo "=== gpu-check summary ==="
+printf '%s\n' "${summary[@]}"
+[ $run_ops = 1 ] && grep -E '^(device-to-device|per-op|decode|prefill)' "$log_dir/ops-bench.log"
+exit $status

@@ -1,0 +1,547 @@
+// CudaBackend: memory, batch layouts, and the host side of every op — shape and dtype checks
+// that fail with a kiln::Error naming the op and tensor, then one kernel launch on the backend's
+// stream (kernels.h). This file is plain C++ (fmt cannot be compiled by nvcc); the kernels live
+// in the .cu files, one per op group.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/device_allocator.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace kiln {
+namespace {
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+  fail("CUDA {} failed: {}", what, cudaGetErrorString(status));
+}
+
+bool is_activation(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16; }
+bool is_float(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16; }
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, DType activations) : device_(device), activations_(activations) {
+    if (!is_activation(activations))
+      fail("CUDA backend: activation dtype {} is not supported (F32 or BF16)", dtype_name(activations));
+    const int count = cuda_device_count();
+    if (device < 0 || device >= count)
+      fail("CUDA device {} does not exist ({} CUDA device{} visible)", device, count, count == 1 ? "" : "s");
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    cudaDeviceProp properties{};
+    check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+    if (properties.major != 9 || properties.minor != 0)
+      fail("CUDA device {} ({}) has compute capability {}.{}; kiln's kernels are built for sm_90a (Hopper, 9.0)",
+           device, properties.name, properties.major, properties.minor);
+    device_name_ = properties.name;
+    multiprocessors_ = properties.multiProcessorCount;
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    allocator_ = std::make_shared<cuda::DeviceAllocator>(device);
+    errors_owner_ = allocator_->allocate(sizeof(cuda::DeviceErrorRecord));
+    errors_ = static_cast<cuda::DeviceErrorRecord*>(errors_owner_.get());
+    check_cuda(cudaMemsetAsync(errors_, 0, sizeof(cuda::DeviceErrorRecord), stream_), "cudaMemsetAsync");
+  }
+
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::CUDA; }
+  DType activation_dtype() const override { return activations_; }
+
+  double measure_copy_bandwidth_gbps() override {
+    activate();
+    // 1 GiB each way: far past the 60 MB L2, so the copy measures HBM.
+    constexpr size_t kBytes = size_t{1} << 30;
+    constexpr int kWarmup = 3, kTimed = 20;
+    void* source = nullptr;
+    void* destination = nullptr;
+    check_cuda(cudaMalloc(&source, kBytes), "cudaMalloc (bandwidth probe)");
+    if (cudaError_t status = cudaMalloc(&destination, kBytes); status != cudaSuccess) {
+      cudaFree(source);
+      check_cuda(status, "cudaMalloc (bandwidth probe)");
+    }
+    cudaEvent_t start = nullptr, stop = nullptr;
+    std::vector<float> milliseconds;
+    cudaError_t status = cudaEventCreate(&start);
+    if (status == cudaSuccess) status = cudaEventCreate(&stop);
+    if (status == cudaSuccess) status = cudaMemsetAsync(source, 0x5a, kBytes, stream_);
+    for (int run = 0; run < kWarmup + kTimed && status == cudaSuccess; ++run) {
+      status = cudaEventRecord(start, stream_);
+      if (status == cudaSuccess) status = cudaMemcpyAsync(destination, source, kBytes, cudaMemcpyDeviceToDevice, stream_);
+      if (status == cudaSuccess) status = cudaEventRecord(stop, stream_);
+      if (status == cudaSuccess) status = cudaEventSynchronize(stop);
+      float elapsed = 0;
+      if (status == cudaSuccess) status = cudaEventElapsedTime(&elapsed, start, stop);
+      if (status == cudaSuccess && run >= kWarmup) milliseconds.push_back(elapsed);
+    }
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    cudaFree(source);
+    cudaFree(destination);
+    check_cuda(status, "device-to-device copy (bandwidth probe)");
+    std::sort(milliseconds.begin(), milliseconds.end());
+    const double median_seconds = milliseconds[milliseconds.size() / 2] / 1e3;
+    return 2.0 * static_cast<double>(kBytes) / median_seconds / 1e9;
+  }
+
+  void synchronize() override {
+    activate();
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    check_device_errors();
+  }
+
+  // --- memory ---
+  Tensor alloc(const Shape& shape, DType dtype) override {
+    activate();
+    for (int64_t extent : shape)
+      if (extent < 0) fail("CUDA alloc: shape {} has a negative extent", shape_string(shape));
+    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    std::shared_ptr<void> block = allocator_->allocate(bytes);
+    void* data = block.get();
+    return Tensor::borrow(data, shape, dtype, std::move(block), Device::CUDA);
+  }
+
+  Tensor upload(const Tensor& host) override {
+    if (host.device() == Device::CUDA) return host;
+    if (!host.defined()) fail("CUDA upload: the host tensor is undefined");
+    Tensor device = alloc(host.shape(), host.dtype());
+    // From pageable memory the copy is staged before cudaMemcpyAsync returns, so `host` may go
+    // away immediately (CUDA runtime API, "API synchronization behavior").
+    if (host.nbytes())
+      check_cuda(cudaMemcpyAsync(device.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice, stream_),
+                 "cudaMemcpyAsync (upload)");
+    return device;
+  }
+
+  Tensor download(const Tensor& tensor) override {
+    require_device(tensor, "download", "tensor");
+    activate();
+    Tensor host = Tensor::empty(tensor.shape(), tensor.dtype());
+    if (tensor.nbytes())
+      check_cuda(cudaMemcpyAsync(host.raw(), tensor.raw(), tensor.nbytes(), cudaMemcpyDeviceToHost, stream_),
+                 "cudaMemcpyAsync (download)");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
+    check_device_errors();
+    return host;
+  }
+
+  void zero(Tensor& tensor) override {
+    require_device(tensor, "zero", "tensor");
+    activate();
+    if (tensor.nbytes()) check_cuda(cudaMemsetAsync(tensor.raw(), 0, tensor.nbytes(), stream_), "cudaMemsetAsync");
+  }
+
+  BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override {
+    int64_t total = 0;
+    for (size_t index = 0; index < spans.size(); ++index) {
+      const SequenceSpan& span = spans[index];
+      if (span.tokens <= 0) fail("batch layout: span {} has {} tokens (must be positive)", index, span.tokens);
+      if (span.first_token != total)
+        fail("batch layout: span {} starts at token {} but the previous spans end at {} (spans must be contiguous "
+             "and in order)", index, span.first_token, total);
+      if (span.first_position < 0) fail("batch layout: span {} has negative first_position {}", index, span.first_position);
+      if (span.slot < 0) fail("batch layout: span {} has negative slot {}", index, span.slot);
+      total += span.tokens;
+    }
+    if (static_cast<int64_t>(token_ids.size()) != total)
+      fail("batch layout: {} token ids for spans covering {} tokens", token_ids.size(), total);
+
+    // One upload: [token ids | positions | slots | spans × 4].
+    const int64_t span_count = static_cast<int64_t>(spans.size());
+    Tensor packed = Tensor::empty({3 * total + 4 * span_count}, DType::I32);
+    int32_t* data = packed.data<int32_t>();
+    std::copy(token_ids.begin(), token_ids.end(), data);
+    for (const SequenceSpan& span : spans)
+      for (int32_t i = 0; i < span.tokens; ++i) {
+        data[total + span.first_token + i] = span.first_position + i;
+        data[2 * total + span.first_token + i] = span.slot;
+      }
+    for (int64_t index = 0; index < span_count; ++index) {
+      const SequenceSpan& span = spans[index];
+      int32_t* row = data + 3 * total + 4 * index;
+      row[0] = span.slot;
+      row[1] = span.first_token;
+      row[2] = span.tokens;
+      row[3] = span.first_position;
+    }
+    Tensor device = upload(packed);
+    // The four views share the one block: each keeps the uploaded tensor alive.
+    const auto owner = std::make_shared<const Tensor>(device);
+    auto view = [&](int64_t offset, Shape shape) {
+      return Tensor::borrow(device.data<int32_t>() + offset, std::move(shape), DType::I32, owner, Device::CUDA);
+    };
+    BatchLayout layout;
+    layout.spans = spans;
+    layout.total_tokens = total;
+    layout.token_ids = view(0, {total});
+    layout.positions = view(total, {total});
+    layout.slots = view(2 * total, {total});
+    layout.spans_device = view(3 * total, {span_count, 4});
+    return layout;
+  }
+
+  // --- ops ---
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    require_device(table, "embedding", "table");
+    require_device(ids, "embedding", "ids");
+    require_device(out, "embedding", "out");
+    if (table.ndim() != 2 || !is_float(table.dtype()))
+      fail("CUDA embedding: table must be a 2-d float tensor, got {} {}", dtype_name(table.dtype()),
+           shape_string(table.shape()));
+    require_dtype(ids, DType::I32, "embedding", "ids");
+    require_activation(out, "embedding", "out");
+    const int64_t width = table.dim(1);
+    if (out.numel() != ids.numel() * width)
+      fail("CUDA embedding: out {} does not hold {} rows of width {}", shape_string(out.shape()), ids.numel(), width);
+    activate();
+    launched(cuda::launch_embedding(table.raw(), table.dtype(), table.dim(0), width, ids.data<int32_t>(), ids.numel(),
+                                    out.raw(), out.dtype(), errors_, stream_),
+             "embedding");
+  }
+
+  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
+    require_device(x, "matmul", "x");
+    require_device(w, "matmul", "w");
+    require_device(out, "matmul", "out");
+    if (w.ndim() != 2 || !is_float(w.dtype()))
+      fail("CUDA matmul: w must be a 2-d float tensor, got {} {}", dtype_name(w.dtype()), shape_string(w.shape()));
+    require_activation(x, "matmul", "x");
+    const int64_t n = w.dim(0), k = w.dim(1);
+    if (k == 0 || x.numel() % k != 0)
+      fail("CUDA matmul: x {} is not a whole number of rows of w's width {}", shape_string(x.shape()), k);
+    const int64_t m = x.numel() / k;
+    if (out.numel() != m * n)
+      fail("CUDA matmul: out {} does not hold [{}, {}] (x {}, w {})", shape_string(out.shape()), m, n,
+           shape_string(x.shape()), shape_string(w.shape()));
+    if (out.dtype() != DType::F32 && out.dtype() != activations_)
+      fail("CUDA matmul: out dtype {} is neither F32 nor the activation dtype {}", dtype_name(out.dtype()),
+           dtype_name(activations_));
+    if (bias) {
+      require_device(*bias, "matmul", "bias");
+      if (!is_float(bias->dtype()) || bias->numel() != n)
+        fail("CUDA matmul: bias {} {} is not {} floats", dtype_name(bias->dtype()), shape_string(bias->shape()), n);
+    }
+    cuda::MatmulArgs args;
+    args.x = x.raw();
+    args.w = w.raw();
+    args.bias = bias ? bias->raw() : nullptr;
+    args.out = out.raw();
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.x_dtype = x.dtype();
+    args.w_dtype = w.dtype();
+    args.bias_dtype = bias ? bias->dtype() : DType::F32;
+    args.out_dtype = out.dtype();
+    args.multiprocessors = multiprocessors_;
+    activate();
+    if (activations_ == DType::F32) {
+      launched(cuda::launch_matmul_f32(args, stream_), "matmul (f32)");
+      return;
+    }
+    if (w.dtype() != DType::BF16)
+      fail("CUDA matmul: BF16 activations need BF16 weights, got {} w {} (construct the backend with F32 "
+           "activations for {} checkpoints)", dtype_name(w.dtype()), shape_string(w.shape()), dtype_name(w.dtype()));
+    if (k % 8 != 0)
+      fail("CUDA matmul: the BF16 tensor-core path needs K to be a multiple of 8 (16-byte rows), got w {}",
+           shape_string(w.shape()));
+    if (k > cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments)
+      fail("CUDA matmul: the BF16 path takes K up to {}, got w {}", cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments,
+           shape_string(w.shape()));
+    if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(w.raw()) % 16)
+      fail("CUDA matmul: x and w must be 16-byte aligned for the BF16 path (x {}, w {})", shape_string(x.shape()),
+           shape_string(w.shape()));
+    launched(cuda::launch_matmul_bf16(args, stream_), "matmul (bf16)");
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override {
+    cuda::NormArgs args = norm_args(x, weight, eps, style, out, "rms_norm");
+    args.x = x.raw();
+    activate();
+    launched(cuda::launch_rms_norm(args, stream_), "rms_norm");
+  }
+
+  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
+                    Tensor& out) override {
+    cuda::NormArgs args = norm_args(residual, weight, eps, style, out, "add_rms_norm");
+    require_device(delta, "add_rms_norm", "delta");
+    if (delta.dtype() != residual.dtype() || delta.numel() != residual.numel())
+      fail("CUDA add_rms_norm: delta {} {} does not match residual {} {}", dtype_name(delta.dtype()),
+           shape_string(delta.shape()), dtype_name(residual.dtype()), shape_string(residual.shape()));
+    args.residual = residual.raw();
+    args.delta = delta.raw();
+    activate();
+    launched(cuda::launch_add_rms_norm(args, stream_), "add_rms_norm");
+  }
+
+  void add(Tensor& a, const Tensor& b) override {
+    require_device(a, "add", "a");
+    require_device(b, "add", "b");
+    require_activation(a, "add", "a");
+    if (a.dtype() != b.dtype() || a.numel() != b.numel())
+      fail("CUDA add: b {} {} does not match a {} {}", dtype_name(b.dtype()), shape_string(b.shape()),
+           dtype_name(a.dtype()), shape_string(a.shape()));
+    activate();
+    launched(cuda::launch_add(a.raw(), b.raw(), a.numel(), a.dtype(), stream_), "add");
+  }
+
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override {
+    require_device(x, "gather_rows", "x");
+    require_device(rows, "gather_rows", "rows");
+    require_device(out, "gather_rows", "out");
+    require_dtype(rows, DType::I32, "gather_rows", "rows");
+    if (x.ndim() < 1 || out.dtype() != x.dtype())
+      fail("CUDA gather_rows: x {} {} and out {} {} must share a dtype", dtype_name(x.dtype()),
+           shape_string(x.shape()), dtype_name(out.dtype()), shape_string(out.shape()));
+    const int64_t x_rows = x.dim(0);
+    const int64_t row_elements = x_rows ? x.numel() / x_rows : 0;
+    if (out.numel() != rows.numel() * row_elements)
+      fail("CUDA gather_rows: out {} does not hold {} rows of x {}", shape_string(out.shape()), rows.numel(),
+           shape_string(x.shape()));
+    activate();
+    launched(cuda::launch_gather_rows(x.raw(), x_rows, row_elements * static_cast<int64_t>(dtype_size(x.dtype())),
+                                      rows.data<int32_t>(), rows.numel(), out.raw(), errors_, stream_),
+             "gather_rows");
+  }
+
+  void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override {
+    require_device(x, "rope", "x");
+    require_device(positions, "rope", "positions");
+    require_device(inv_freq, "rope", "inv_freq");
+    require_activation(x, "rope", "x");
+    require_dtype(positions, DType::I32, "rope", "positions");
+    require_dtype(inv_freq, DType::F32, "rope", "inv_freq");
+    if (x.ndim() != 3) fail("CUDA rope: x must be [tokens, heads, head_dim], got {}", shape_string(x.shape()));
+    const int64_t head_dim = x.dim(2);
+    if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+      fail("CUDA rope: rotary_dim {} must be even and within head_dim {}", rotary_dim, head_dim);
+    if (positions.numel() != x.dim(0))
+      fail("CUDA rope: {} positions for {} tokens", positions.numel(), x.dim(0));
+    if (inv_freq.numel() != rotary_dim / 2)
+      fail("CUDA rope: inv_freq has {} entries, rotary_dim {} needs {}", inv_freq.numel(), rotary_dim, rotary_dim / 2);
+    activate();
+    launched(cuda::launch_rope(x.raw(), x.dtype(), x.dim(0), x.dim(1), head_dim, rotary_dim,
+                               positions.data<int32_t>(), inv_freq.data<float>(), stream_),
+             "rope");
+  }
+
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    require_device(gate, "swiglu", "gate");
+    require_device(up, "swiglu", "up");
+    require_device(out, "swiglu", "out");
+    require_activation(gate, "swiglu", "gate");
+    if (up.dtype() != gate.dtype() || out.dtype() != gate.dtype() || up.numel() != gate.numel() ||
+        out.numel() != gate.numel())
+      fail("CUDA swiglu: gate {} {}, up {} {} and out {} {} must match", dtype_name(gate.dtype()),
+           shape_string(gate.shape()), dtype_name(up.dtype()), shape_string(up.shape()), dtype_name(out.dtype()),
+           shape_string(out.shape()));
+    activate();
+    launched(cuda::launch_swiglu(gate.raw(), up.raw(), out.raw(), gate.numel(), gate.dtype(), stream_), "swiglu");
+  }
+
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
+                Tensor& v_cache) override {
+    require_device(k, "kv_write", "k");
+    require_device(v, "kv_write", "v");
+    require_device(k_cache, "kv_write", "k_cache");
+    require_device(v_cache, "kv_write", "v_cache");
+    require_activation(k, "kv_write", "k");
+    const CacheShape cache = cache_shape(k_cache, v_cache, "kv_write");
+    if (k.ndim() != 3 || k.dim(1) != cache.kv_heads || k.dim(2) != cache.head_dim || v.shape() != k.shape() ||
+        k.dtype() != cache.dtype || v.dtype() != cache.dtype)
+      fail("CUDA kv_write: k {} {} and v {} {} must be [tokens, {}, {}] in the cache dtype {}", dtype_name(k.dtype()),
+           shape_string(k.shape()), dtype_name(v.dtype()), shape_string(v.shape()), cache.kv_heads, cache.head_dim,
+           dtype_name(cache.dtype));
+    check_layout(layout, k.dim(0), cache, "kv_write");
+    activate();
+    launched(cuda::launch_kv_write(k.raw(), v.raw(), k.dim(0), cache.kv_heads * cache.head_dim *
+                                                                   static_cast<int64_t>(dtype_size(cache.dtype)),
+                                   layout.slots.data<int32_t>(), layout.positions.data<int32_t>(), cache.capacity,
+                                   k_cache.raw(), v_cache.raw(), stream_),
+             "kv_write");
+  }
+
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+                 float scale, Tensor& out) override {
+    require_device(q, "attention", "q");
+    require_device(k_cache, "attention", "k_cache");
+    require_device(v_cache, "attention", "v_cache");
+    require_device(out, "attention", "out");
+    require_activation(q, "attention", "q");
+    const CacheShape cache = cache_shape(k_cache, v_cache, "attention");
+    if (q.ndim() != 3 || q.dim(2) != cache.head_dim || q.dtype() != cache.dtype)
+      fail("CUDA attention: q {} {} must be [tokens, heads, {}] in the cache dtype {}", dtype_name(q.dtype()),
+           shape_string(q.shape()), cache.head_dim, dtype_name(cache.dtype));
+    const int64_t heads = q.dim(1);
+    if (heads == 0 || cache.kv_heads == 0 || heads % cache.kv_heads != 0)
+      fail("CUDA attention: {} query heads are not a multiple of {} kv heads", heads, cache.kv_heads);
+    if (out.shape() != q.shape() || out.dtype() != q.dtype())
+      fail("CUDA attention: out {} {} must match q {} {}", dtype_name(out.dtype()), shape_string(out.shape()),
+           dtype_name(q.dtype()), shape_string(q.shape()));
+    check_layout(layout, q.dim(0), cache, "attention");
+    if (q.dtype() == DType::BF16 && !cuda::attention_bf16_supports_head_dim(cache.head_dim))
+      fail("CUDA attention: the BF16 path supports head_dim 16, 32, 64, 128 or 256, got {}", cache.head_dim);
+
+    cuda::AttentionArgs args;
+    args.q = q.raw();
+    args.k_cache = k_cache.raw();
+    args.v_cache = v_cache.raw();
+    args.out = out.raw();
+    args.spans = layout.spans_device.data<int32_t>();
+    args.slots = layout.slots.data<int32_t>();
+    args.positions = layout.positions.data<int32_t>();
+    args.tokens = q.dim(0);
+    args.heads = heads;
+    args.kv_heads = cache.kv_heads;
+    args.head_dim = cache.head_dim;
+    args.capacity = cache.capacity;
+    args.span_count = static_cast<int64_t>(layout.spans.size());
+    for (const SequenceSpan& span : layout.spans) {
+      args.max_span_tokens = std::max<int64_t>(args.max_span_tokens, span.tokens);
+      args.max_position = std::max<int64_t>(args.max_position, span.first_position + span.tokens - 1);
+    }
+    args.scale = scale;
+    args.dtype = q.dtype();
+    Tensor partials;
+    if (const int64_t floats = cuda::attention_partials_floats(args); floats > 0) {
+      partials = alloc({floats}, DType::F32);
+      args.partials = partials.data<float>();
+    }
+    activate();
+    launched(cuda::launch_attention(args, stream_), "attention");
+  }
+
+ private:
+  struct CacheShape {
+    int64_t slots, capacity, kv_heads, head_dim;
+    DType dtype;
+  };
+
+  void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  void launched(cudaError_t status, const char* op) const {
+    if (status == cudaSuccess) return;
+    cudaGetLastError();
+    fail("CUDA {} kernel launch failed: {}", op, cudaGetErrorString(status));
+  }
+
+  // Reads back what kernels recorded about bad data since the last check (call after a sync).
+  void check_device_errors() {
+    cuda::DeviceErrorRecord record;
+    check_cuda(cudaMemcpy(&record, errors_, sizeof record, cudaMemcpyDeviceToHost), "cudaMemcpy (error record)");
+    if (record.code == cuda::kNoDeviceError) return;
+    check_cuda(cudaMemset(errors_, 0, sizeof record), "cudaMemset (error record)");
+    if (record.code == cuda::kEmbeddingIdOutOfRange)
+      fail("CUDA embedding: token id {} is outside the embedding table's {} rows", record.value, record.limit);
+    if (record.code == cuda::kGatherRowOutOfRange)
+      fail("CUDA gather_rows: row index {} is outside x's {} rows", record.value, record.limit);
+    fail("CUDA kernel reported error code {}", record.code);
+  }
+
+  static void require_device(const Tensor& tensor, const char* op, const char* name) {
+    if (!tensor.defined()) fail("CUDA {}: {} is undefined", op, name);
+    if (tensor.device() != Device::CUDA)
+      fail("CUDA {}: {} {} is not on the CUDA device (upload it first)", op, name, shape_string(tensor.shape()));
+  }
+  static void require_dtype(const Tensor& tensor, DType dtype, const char* op, const char* name) {
+    if (tensor.dtype() != dtype)
+      fail("CUDA {}: {} must be {}, got {} {}", op, name, dtype_name(dtype), dtype_name(tensor.dtype()),
+           shape_string(tensor.shape()));
+  }
+  void require_activation(const Tensor& tensor, const char* op, const char* name) const {
+    if (tensor.dtype() != activations_)
+      fail("CUDA {}: {} is {} {} but this backend's activations are {}", op, name, dtype_name(tensor.dtype()),
+           shape_string(tensor.shape()), dtype_name(activations_));
+  }
+
+  cuda::NormArgs norm_args(const Tensor& x, const Tensor& weight, float eps, NormStyle style, const Tensor& out,
+                           const char* op) const {
+    require_device(x, op, "x");
+    require_device(weight, op, "weight");
+    require_device(out, op, "out");
+    require_activation(x, op, "x");
+    if (weight.ndim() != 1 || !is_float(weight.dtype()))
+      fail("CUDA {}: weight must be a 1-d float tensor, got {} {}", op, dtype_name(weight.dtype()),
+           shape_string(weight.shape()));
+    const int64_t width = weight.dim(0);
+    if (width == 0 || x.numel() % width != 0)
+      fail("CUDA {}: x {} is not a whole number of rows of width {}", op, shape_string(x.shape()), width);
+    if (out.numel() != x.numel() || out.dtype() != x.dtype())
+      fail("CUDA {}: out {} {} must match x {} {}", op, dtype_name(out.dtype()), shape_string(out.shape()),
+           dtype_name(x.dtype()), shape_string(x.shape()));
+    cuda::NormArgs args;
+    args.weight = weight.raw();
+    args.out = out.raw();
+    args.rows = x.numel() / width;
+    args.width = width;
+    args.eps = eps;
+    args.zero_centred = style == NormStyle::ZeroCentred;
+    args.act_dtype = x.dtype();
+    args.weight_dtype = weight.dtype();
+    return args;
+  }
+
+  static CacheShape cache_shape(const Tensor& k_cache, const Tensor& v_cache, const char* op) {
+    if (k_cache.ndim() != 4 || v_cache.shape() != k_cache.shape() || v_cache.dtype() != k_cache.dtype())
+      fail("CUDA {}: caches must be two equal [slots, capacity, kv_heads, head_dim] tensors, got {} {} and {} {}", op,
+           dtype_name(k_cache.dtype()), shape_string(k_cache.shape()), dtype_name(v_cache.dtype()),
+           shape_string(v_cache.shape()));
+    return {k_cache.dim(0), k_cache.dim(1), k_cache.dim(2), k_cache.dim(3), k_cache.dtype()};
+  }
+
+  static void check_layout(const BatchLayout& layout, int64_t tokens, const CacheShape& cache, const char* op) {
+    if (layout.total_tokens != tokens)
+      fail("CUDA {}: the layout has {} tokens but the inputs have {}", op, layout.total_tokens, tokens);
+    if (layout.slots.device() != Device::CUDA || layout.positions.device() != Device::CUDA ||
+        layout.spans_device.device() != Device::CUDA)
+      fail("CUDA {}: the batch layout was not made by this backend (make_layout)", op);
+    for (size_t index = 0; index < layout.spans.size(); ++index) {
+      const SequenceSpan& span = layout.spans[index];
+      if (span.slot < 0 || span.slot >= cache.slots)
+        fail("CUDA {}: span {} uses slot {} but the cache has {} slots", op, index, span.slot, cache.slots);
+      if (span.first_position < 0 || span.first_position + span.tokens > cache.capacity)
+        fail("CUDA {}: span {} covers positions [{}, {}) but the cache holds {} per slot", op, index,
+             span.first_position, span.first_position + span.tokens, cache.capacity);
+    }
+  }
+
+  int device_;
+  DType activations_;
+  std::string device_name_;
+  int multiprocessors_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::shared_ptr<cuda::DeviceAllocator> allocator_;
+  std::shared_ptr<void> errors_owner_;
+  cuda::DeviceErrorRecord* errors_ = nullptr;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+DType cuda_activation_dtype_for(DType weights) { return weights == DType::BF16 ? DType::BF16 : DType::F32; }
+
+std::unique_ptr<Backend> make_cuda_backend(int device, DType activations) {
+  return std::make_unique<CudaBackend>(device, activations);
+}
+
+}  // namespace kiln

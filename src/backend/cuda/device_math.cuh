@@ -1,0 +1,127 @@
+// Device-side helpers shared by the kernels: element conversion, dtype dispatch, mma.sync and
+// cp.async wrappers (internal to backend/cuda).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "core/dtype.h"
+
+namespace kiln::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_float(float value) { return value; }
+__device__ __forceinline__ float to_float(bf16 value) { return __bfloat162float(value); }
+__device__ __forceinline__ float to_float(__half value) { return __half2float(value); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float value);
+template <>
+__device__ __forceinline__ float from_float<float>(float value) { return value; }
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float value) { return __float2bfloat16_rn(value); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float value) { return __float2half_rn(value); }
+
+// The value a T holds after storing `value` (round to nearest even; identity for float). The
+// graph's rounding points follow transformers' (architectures.md D.1) and vanish in f32.
+template <typename T>
+__device__ __forceinline__ float round_to(float value) {
+  return to_float(from_float<T>(value));
+}
+
+// Calls body(T{}) with T the C++ type of an activation dtype (F32 or BF16); false otherwise.
+template <typename Body>
+inline bool dispatch_activation(DType dtype, Body&& body) {
+  switch (dtype) {
+    case DType::F32: body(float{}); return true;
+    case DType::BF16: body(bf16{}); return true;
+    default: return false;
+  }
+}
+// Same for any floating storage dtype (weights): F32, BF16 or F16.
+template <typename Body>
+inline bool dispatch_float(DType dtype, Body&& body) {
+  switch (dtype) {
+    case DType::F32: body(float{}); return true;
+    case DType::BF16: body(bf16{}); return true;
+    case DType::F16: body(__half{}); return true;
+    default: return false;
+  }
+}
+
+// Raises a kernel's dynamic shared-memory limit, once per device: the attribute call costs a
+// driver round trip that every launch would otherwise pay. `opted_in` is the caller's per-kernel
+// bitmask of devices already done.
+template <typename Kernel>
+cudaError_t allow_dynamic_shared(Kernel kernel, int bytes, std::atomic<uint64_t>& opted_in) {
+  int device = 0;
+  if (cudaError_t status = cudaGetDevice(&device); status != cudaSuccess) return status;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (opted_in.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (status == cudaSuccess) opted_in.fetch_or(bit, std::memory_order_relaxed);
+  return status;
+}
+
+inline unsigned blocks_for(int64_t items, int threads) {
+  return static_cast<unsigned>((items + threads - 1) / threads);
+}
+
+// --- warp reductions with a fixed butterfly (the same order for every call) ---
+__device__ __forceinline__ float warp_sum(float value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+__device__ __forceinline__ float warp_max(float value) {
+  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+
+// --- tensor cores: D = A·B + C with A 16×16 (row), B 16×8 (col), bf16 in, f32 accumulate ---
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two bf16 (low = first) in one 32-bit register, as mma operands hold them.
+__device__ __forceinline__ uint32_t pack_bf16x2(float first, float second) {
+  __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);
+  return *reinterpret_cast<uint32_t*>(&pair);
+}
+
+// --- cp.async: 16-byte global → shared copies; zero-filled when `valid` is false ---
+__device__ __forceinline__ void cp_async_16(void* shared_destination, const void* global_source, bool valid) {
+  const uint32_t destination = static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination));
+  const int source_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(global_source),
+               "r"(source_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
+
+__device__ __forceinline__ uint4 load_shared_16(const void* shared_source) {
+  return *reinterpret_cast<const uint4*>(shared_source);
+}
+
+// ldmatrix .x2 .trans: the B fragment (16 k-rows × 8 n-columns) of an mma from row-major [k][n]
+// shared memory; lanes 0..15 give the addresses of rows 0..15.
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& b0, uint32_t& b1, const void* row_address) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(b0), "=r"(b1)
+               : "r"(address));
+}
+
+}  // namespace kiln::cuda

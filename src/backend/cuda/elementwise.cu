@@ -1,0 +1,159 @@
+// Elementwise and row-copy ops: embedding, gather_rows, add, swiglu, kv_write. None reduces, so
+// every element's value is independent of the launch shape.
+#include <cmath>
+
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ void record_error(DeviceErrorRecord* errors, int32_t code, int32_t value, int32_t limit) {
+  if (atomicCAS(&errors->code, 0, code) == 0) {
+    errors->value = value;
+    errors->limit = limit;
+  }
+}
+
+template <typename TableT, typename OutT>
+__global__ void embedding_kernel(const TableT* table, int64_t table_rows, int64_t width, const int32_t* ids,
+                                 OutT* out, DeviceErrorRecord* errors) {
+  const int64_t token = blockIdx.x;
+  const int32_t id = ids[token];
+  OutT* destination = out + token * width;
+  if (id < 0 || id >= table_rows) {
+    if (threadIdx.x == 0 && blockIdx.y == 0)
+      record_error(errors, kEmbeddingIdOutOfRange, id, static_cast<int32_t>(table_rows));
+    return;
+  }
+  const TableT* source = table + static_cast<int64_t>(id) * width;
+  for (int64_t column = blockIdx.y * blockDim.x + threadIdx.x; column < width; column += gridDim.y * blockDim.x)
+    destination[column] = from_float<OutT>(to_float(source[column]));
+}
+
+// Rows are copied as 4-byte words when every row is word-aligned, else as bytes.
+template <typename Word>
+__global__ void gather_rows_kernel(const Word* x, int64_t x_rows, int64_t row_words, const int32_t* rows, Word* out,
+                                   DeviceErrorRecord* errors) {
+  const int64_t index = blockIdx.x;
+  const int32_t row = rows[index];
+  if (row < 0 || row >= x_rows) {
+    if (threadIdx.x == 0 && blockIdx.y == 0)
+      record_error(errors, kGatherRowOutOfRange, row, static_cast<int32_t>(x_rows));
+    return;
+  }
+  for (int64_t word = blockIdx.y * blockDim.x + threadIdx.x; word < row_words; word += gridDim.y * blockDim.x)
+    out[index * row_words + word] = x[row * row_words + word];
+}
+
+template <typename T>
+__global__ void add_kernel(T* a, const T* b, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    a[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
+}
+
+template <typename T>
+__global__ void swiglu_kernel(const T* gate, const T* up, T* out, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = to_float(gate[i]);
+    // silu(g) = g · σ(g) = g / (1 + e^-g), in f32 with the accurate expf.
+    const float silu = round_to<T>(g / (1.0f + expf(-g)));
+    out[i] = from_float<T>(silu * to_float(up[i]));
+  }
+}
+
+template <typename Word>
+__global__ void kv_write_kernel(const Word* k, const Word* v, int64_t row_words, const int32_t* slots,
+                                const int32_t* positions, int64_t capacity, Word* k_cache, Word* v_cache) {
+  const int64_t token = blockIdx.x;
+  const int64_t row = static_cast<int64_t>(slots[token]) * capacity + positions[token];
+  for (int64_t word = blockIdx.y * blockDim.x + threadIdx.x; word < row_words; word += gridDim.y * blockDim.x) {
+    k_cache[row * row_words + word] = k[token * row_words + word];
+    v_cache[row * row_words + word] = v[token * row_words + word];
+  }
+}
+
+// A grid-stride launch for `count` independent elements (capped so huge tensors loop).
+unsigned flat_blocks(int64_t count) {
+  const int64_t blocks = (count + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
+}
+unsigned row_blocks(int64_t width) {
+  const int64_t blocks = (width + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 64 ? (blocks > 0 ? blocks : 1) : 64);
+}
+
+}  // namespace
+
+cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table_rows, int64_t width,
+                             const int32_t* ids, int64_t tokens, void* out, DType out_dtype,
+                             DeviceErrorRecord* errors, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  bool dispatched = false;
+  dispatch_float(table_dtype, [&](auto table_tag) {
+    using TableT = decltype(table_tag);
+    dispatched = dispatch_activation(out_dtype, [&](auto out_tag) {
+      using OutT = decltype(out_tag);
+      embedding_kernel<TableT, OutT><<<dim3(static_cast<unsigned>(tokens), row_blocks(width)), kThreads, 0, stream>>>(
+          static_cast<const TableT*>(table), table_rows, width, ids, static_cast<OutT*>(out), errors);
+    });
+  });
+  return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t launch_gather_rows(const void* x, int64_t x_rows, int64_t row_bytes, const int32_t* rows,
+                               int64_t count, void* out, DeviceErrorRecord* errors, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(count), row_blocks(row_bytes / 4 + 1));
+  if (row_bytes % 4 == 0)
+    gather_rows_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(static_cast<const uint32_t*>(x), x_rows,
+                                                                 row_bytes / 4, rows, static_cast<uint32_t*>(out),
+                                                                 errors);
+  else
+    gather_rows_kernel<uint8_t><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(x), x_rows, row_bytes,
+                                                                rows, static_cast<uint8_t*>(out), errors);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add(void* a, const void* b, int64_t count, DType dtype, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const bool dispatched = dispatch_activation(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    add_kernel<T><<<flat_blocks(count), kThreads, 0, stream>>>(static_cast<T*>(a), static_cast<const T*>(b), count);
+  });
+  return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t launch_swiglu(const void* gate, const void* up, void* out, int64_t count, DType dtype,
+                          cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const bool dispatched = dispatch_activation(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    swiglu_kernel<T><<<flat_blocks(count), kThreads, 0, stream>>>(static_cast<const T*>(gate),
+                                                                   static_cast<const T*>(up), static_cast<T*>(out),
+                                                                   count);
+  });
+  return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t launch_kv_write(const void* k, const void* v, int64_t tokens, int64_t row_bytes,
+                            const int32_t* slots, const int32_t* positions, int64_t capacity, void* k_cache,
+                            void* v_cache, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(tokens), row_blocks(row_bytes / 4 + 1));
+  if (row_bytes % 4 == 0)
+    kv_write_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(
+        static_cast<const uint32_t*>(k), static_cast<const uint32_t*>(v), row_bytes / 4, slots, positions, capacity,
+        static_cast<uint32_t*>(k_cache), static_cast<uint32_t*>(v_cache));
+  else
+    kv_write_kernel<uint8_t><<<grid, kThreads, 0, stream>>>(
+        static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v), row_bytes, slots, positions, capacity,
+        static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache));
+  return cudaGetLastError();
+}
+
+}  // namespace kiln::cuda

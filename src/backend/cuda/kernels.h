@@ -1,0 +1,114 @@
+// Launchers of the CUDA kernels (internal to backend/cuda). Plain C++: cuda_backend.cpp validates
+// shapes and dtypes and then calls these; each returns the launch status (cudaGetLastError).
+//
+// The .cu files cannot include core/error.h (fmt's consteval format strings do not compile under
+// nvcc), so every check that produces a kiln::Error happens on the host side before a launch.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "core/dtype.h"
+
+namespace kiln::cuda {
+
+// Kernels that find bad data (an out-of-range token id or row index) record the first such
+// finding here; the backend reads it back at its next synchronisation point and fails.
+struct DeviceErrorRecord {
+  int32_t code = 0;   // a DeviceErrorCode, 0 when nothing went wrong
+  int32_t value = 0;  // the offending index
+  int32_t limit = 0;  // the extent it had to stay below
+};
+enum DeviceErrorCode : int32_t { kNoDeviceError = 0, kEmbeddingIdOutOfRange = 1, kGatherRowOutOfRange = 2 };
+
+// out[t, :] = table[ids[t], :], converted to out_dtype.
+cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table_rows, int64_t width,
+                             const int32_t* ids, int64_t tokens, void* out, DType out_dtype,
+                             DeviceErrorRecord* errors, cudaStream_t stream);
+
+// out[r, :] = x[rows[r], :] for row_bytes-wide rows.
+cudaError_t launch_gather_rows(const void* x, int64_t x_rows, int64_t row_bytes, const int32_t* rows,
+                               int64_t count, void* out, DeviceErrorRecord* errors, cudaStream_t stream);
+
+// a += b elementwise (both `dtype`), rounded once to dtype.
+cudaError_t launch_add(void* a, const void* b, int64_t count, DType dtype, cudaStream_t stream);
+
+// out = silu(gate) · up (all `dtype`), with silu(gate) rounded to dtype first (transformers'
+// ⟦⟦silu(g)⟧·u⟧; a no-op rounding in f32). out may alias gate or up.
+cudaError_t launch_swiglu(const void* gate, const void* up, void* out, int64_t count, DType dtype,
+                          cudaStream_t stream);
+
+// cache[slot[t], position[t], :] = src[t, :] for k and v (row_bytes each), caches of `capacity` rows
+// per slot.
+cudaError_t launch_kv_write(const void* k, const void* v, int64_t tokens, int64_t row_bytes,
+                            const int32_t* slots, const int32_t* positions, int64_t capacity, void* k_cache,
+                            void* v_cache, cudaStream_t stream);
+
+struct NormArgs {
+  const void* x = nullptr;        // [rows, width] in act_dtype (rms_norm; may alias out)
+  void* residual = nullptr;       // add_rms_norm: [rows, width] in act_dtype, updated in place
+  const void* delta = nullptr;    // add_rms_norm: [rows, width] in act_dtype
+  const void* weight = nullptr;   // [width] in weight_dtype
+  void* out = nullptr;            // [rows, width] in act_dtype
+  int64_t rows = 0;
+  int64_t width = 0;
+  float eps = 0;
+  bool zero_centred = false;      // y = x̂ · (1 + w) instead of w · x̂
+  DType act_dtype = DType::F32;
+  DType weight_dtype = DType::F32;
+};
+cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream);
+cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream);
+
+// Rotate-half RoPE in place on x [tokens, heads, head_dim] over the first rotary_dim dims.
+cudaError_t launch_rope(void* x, DType dtype, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+                        const int32_t* positions, const float* inv_freq, cudaStream_t stream);
+
+struct MatmulArgs {
+  const void* x = nullptr;     // [m, k] in x_dtype
+  const void* w = nullptr;     // [n, k] in w_dtype
+  const void* bias = nullptr;  // [n] in bias_dtype, or null
+  void* out = nullptr;         // [m, n] in out_dtype
+  int64_t m = 0, n = 0, k = 0;
+  DType x_dtype = DType::F32, w_dtype = DType::F32, bias_dtype = DType::F32, out_dtype = DType::F32;
+  int multiprocessors = 0;     // the device's SM count (sizes grids; never changes arithmetic)
+};
+// F32 activations: CUDA-core FMA chains (x F32; w F32, BF16 or F16).
+cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream);
+// BF16 activations and weights: tensor-core mma (k must be a multiple of 8, at most
+// kMatmulSegmentK · kMatmulMaxSegments).
+cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream);
+// The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the tiled GEMM.
+// Both give bit-identical elements (same per-element accumulation order).
+constexpr int64_t kMatmulDecodeMaxRows = 16;
+// The BF16 path sums K in segments of this many elements (each an mma chain from zero, the
+// segments then added in order), so that decode can spread one row's K over several warps.
+constexpr int64_t kMatmulSegmentK = 1024;
+constexpr int64_t kMatmulMaxSegments = 64;
+
+struct AttentionArgs {
+  const void* q = nullptr;        // [tokens, heads, head_dim]
+  const void* k_cache = nullptr;  // [slots, capacity, kv_heads, head_dim]
+  const void* v_cache = nullptr;
+  void* out = nullptr;            // [tokens, heads, head_dim]
+  const int32_t* spans = nullptr; // [span_count, 4] = {slot, first_token, tokens, first_position}
+  const int32_t* slots = nullptr;      // [tokens]
+  const int32_t* positions = nullptr;  // [tokens]
+  int64_t tokens = 0, heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
+  int64_t span_count = 0;
+  int64_t max_span_tokens = 0;    // over the spans
+  int64_t max_position = 0;       // over all tokens
+  float scale = 0;
+  DType dtype = DType::F32;       // of q, caches and out
+  float* partials = nullptr;      // split-KV scratch, attention_partials_floats() floats
+};
+// Keys are consumed in fixed 256-key splits from position 0 (see attention.cu); the bf16 decode
+// path computes splits in parallel into `partials` and folds them in order.
+constexpr int64_t kAttentionSplitKeys = 256;
+// Scratch the bf16 decode path needs (0 when the call takes the one-pass path).
+int64_t attention_partials_floats(const AttentionArgs& args);
+bool attention_bf16_supports_head_dim(int64_t head_dim);
+cudaError_t launch_attention(const AttentionArgs& args, cudaStream_t stream);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,158 @@
+// RMSNorm and the fused residual-add + RMSNorm.
+//
+// Reduction order: a row of width D is reduced by one warp when D ≤ kWarpRowMaxWidth, else by one
+// block of kBlockThreads. Thread i sums the squares of elements i, i + threads, i + 2·threads, …
+// in that order, the warp folds its lanes with a fixed xor butterfly (16, 8, 4, 2, 1), and in the
+// block case thread 0 adds the warp totals in warp order. The choice depends on D alone, so a row's
+// result never depends on how many rows the call has.
+//
+// Rounding points (architectures.md A.4, D.1), all vanishing for f32 activations:
+//   add:   residual ← ⟦residual + delta⟧, and the norm reads the rounded residual
+//   Plain: y = ⟦w · ⟦x · inv⟧⟧            ZeroCentred: y = ⟦x · inv · (1 + w)⟧ (1 + w in f32)
+// with inv = 1 / sqrt(Σx² / D + eps) in f32.
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int64_t kWarpRowMaxWidth = 1024;
+constexpr int kBlockThreads = 256;
+constexpr int kWarpRowsPerBlock = 8;
+
+template <typename T, typename W>
+__device__ __forceinline__ float normalise(float x, float inv, const W* weight, int64_t column, bool zero_centred) {
+  const float w = to_float(weight[column]);
+  if (zero_centred) return (x * inv) * (1.0f + w);
+  return w * round_to<T>(x * inv);
+}
+
+// Sum of squares of this thread's elements (x_i for i = first, first + stride, …).
+template <typename T>
+__device__ __forceinline__ float thread_squares(const T* row, int64_t width, int first, int stride) {
+  float sum = 0.0f;
+  for (int64_t column = first; column < width; column += stride) {
+    const float value = to_float(row[column]);
+    sum = fmaf(value, value, sum);
+  }
+  return sum;
+}
+
+// Folds per-thread sums into the row total (every thread gets it), as the file comment says.
+template <bool kWholeBlock>
+__device__ __forceinline__ float row_total(float partial) {
+  float total = warp_sum(partial);
+  if constexpr (kWholeBlock) {
+    __shared__ float warp_totals[kBlockThreads / 32];
+    __shared__ float block_total;
+    if (threadIdx.x % 32 == 0) warp_totals[threadIdx.x / 32] = total;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0.0f;
+      for (int warp = 0; warp < kBlockThreads / 32; ++warp) sum += warp_totals[warp];
+      block_total = sum;
+    }
+    __syncthreads();
+    total = block_total;
+  }
+  return total;
+}
+
+// One row per warp (kWholeBlock false) or per block (true).
+template <typename T, typename W, bool kWholeBlock>
+__global__ void rms_norm_kernel(const T* x, const W* weight, T* out, int64_t rows, int64_t width, float eps,
+                                bool zero_centred) {
+  const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
+  const int stride = kWholeBlock ? kBlockThreads : 32;
+  const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
+  if (!kWholeBlock && row >= rows) return;
+  const T* source = x + row * width;
+  T* destination = out + row * width;
+  const float total = row_total<kWholeBlock>(thread_squares(source, width, lane, stride));
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
+  // Each thread rewrites only the elements it read, so out may alias x.
+  for (int64_t column = lane; column < width; column += stride)
+    destination[column] = from_float<T>(normalise<T>(to_float(source[column]), inv, weight, column, zero_centred));
+}
+
+template <typename T, typename W, bool kWholeBlock>
+__global__ void add_rms_norm_kernel(T* residual, const T* delta, const W* weight, T* out, int64_t rows,
+                                    int64_t width, float eps, bool zero_centred) {
+  const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
+  const int stride = kWholeBlock ? kBlockThreads : 32;
+  const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
+  if (!kWholeBlock && row >= rows) return;
+  T* stream = residual + row * width;
+  const T* added = delta + row * width;
+  T* destination = out + row * width;
+  float partial = 0.0f;
+  for (int64_t column = lane; column < width; column += stride) {
+    const T sum = from_float<T>(to_float(stream[column]) + to_float(added[column]));
+    stream[column] = sum;
+    const float value = to_float(sum);
+    partial = fmaf(value, value, partial);
+  }
+  const float total = row_total<kWholeBlock>(partial);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
+  for (int64_t column = lane; column < width; column += stride)
+    destination[column] = from_float<T>(normalise<T>(to_float(stream[column]), inv, weight, column, zero_centred));
+}
+
+template <typename Launch>
+cudaError_t dispatch_norm(const NormArgs& args, Launch&& launch) {
+  bool dispatched = false;
+  dispatch_activation(args.act_dtype, [&](auto act_tag) {
+    dispatched = dispatch_float(args.weight_dtype, [&](auto weight_tag) {
+      using T = decltype(act_tag);
+      using W = decltype(weight_tag);
+      launch(T{}, W{});
+    });
+  });
+  return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+dim3 norm_grid(const NormArgs& args, bool whole_block) {
+  if (whole_block) return dim3(static_cast<unsigned>(args.rows));
+  return dim3(blocks_for(args.rows, kWarpRowsPerBlock));
+}
+
+}  // namespace
+
+cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  const bool whole_block = args.width > kWarpRowMaxWidth;
+  return dispatch_norm(args, [&](auto act_tag, auto weight_tag) {
+    using T = decltype(act_tag);
+    using W = decltype(weight_tag);
+    const auto* x = static_cast<const T*>(args.x);
+    const auto* weight = static_cast<const W*>(args.weight);
+    auto* out = static_cast<T*>(args.out);
+    if (whole_block)
+      rms_norm_kernel<T, W, true><<<norm_grid(args, true), kBlockThreads, 0, stream>>>(
+          x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+    else
+      rms_norm_kernel<T, W, false><<<norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream>>>(
+          x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+  });
+}
+
+cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  const bool whole_block = args.width > kWarpRowMaxWidth;
+  return dispatch_norm(args, [&](auto act_tag, auto weight_tag) {
+    using T = decltype(act_tag);
+    using W = decltype(weight_tag);
+    auto* residual = static_cast<T*>(args.residual);
+    const auto* delta = static_cast<const T*>(args.delta);
+    const auto* weight = static_cast<const W*>(args.weight);
+    auto* out = static_cast<T*>(args.out);
+    if (whole_block)
+      add_rms_norm_kernel<T, W, true><<<norm_grid(args, true), kBlockThreads, 0, stream>>>(
+          residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+    else
+      add_rms_norm_kernel<T, W, false><<<norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream>>>(
+          residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+  });
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,517 @@
+// The CUDA backend against the CPU backend, op by op (llama.cpp test-backend-ops style: a table of
+// cases with odd sizes, GQA ratios and lengths crossing 64 and 256, each run on both backends from
+// the same inputs), and the invariance contract on the GPU: a row's bits do not depend on the rows
+// computed with it, the batch composition or the prefill chunking.
+//
+// Tolerances (‖cuda − cpu‖₂ / ‖cpu‖₂): F32 activations 1e-5 (both sides are f32 arithmetic in
+// different orders); BF16 activations 1e-2 against the CPU run on the same bf16-rounded inputs
+// (the CUDA side rounds to bf16 where transformers does, ≈ 2⁻⁹ relative per rounding).
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "cuda_test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+constexpr double kF32Tolerance = 1e-5;
+constexpr double kBf16Tolerance = 1e-2;
+
+enum class Role {
+  Activation,  // in the backend's activation dtype (bf16-rounded values for a bf16 backend)
+  Weight,      // in the case's weight dtype
+  Index,       // I32 as given
+  Float32,     // F32 as given (inv_freq)
+};
+struct Input {
+  Tensor values;  // F32 host values (I32 for Role::Index)
+  Role role;
+};
+
+// Runs an op on `backend` from the uploaded inputs (in case order) and returns its outputs.
+using OpRun = std::function<std::vector<Tensor>(Backend& backend, std::vector<Tensor>& inputs)>;
+
+struct OpCase {
+  std::string name;
+  std::vector<Input> inputs;
+  OpRun run;
+  std::vector<DType> f32_weight_dtypes{DType::F32};  // weight dtypes tried with F32 activations
+  bool bf16 = true;  // whether the BF16 tensor-core path takes this case
+};
+
+std::vector<Tensor> upload_inputs(Backend& backend, const std::vector<Input>& inputs, DType activations,
+                                  DType weights) {
+  std::vector<Tensor> uploaded;
+  for (const Input& input : inputs) {
+    switch (input.role) {
+      case Role::Activation: {
+        // The CPU backend (f32) gets the same values the bf16 backend holds.
+        const Tensor stored = f32_as(input.values, activations);
+        uploaded.push_back(backend.upload(backend.activation_dtype() == DType::F32 ? as_f32(stored) : stored));
+        break;
+      }
+      case Role::Weight: uploaded.push_back(backend.upload(f32_as(input.values, weights))); break;
+      case Role::Index:
+      case Role::Float32: uploaded.push_back(backend.upload(input.values)); break;
+    }
+  }
+  return uploaded;
+}
+
+// The largest relative error over the case's outputs, CUDA (activations, weights) against CPU.
+double cuda_vs_cpu(const OpCase& op, DType activations, DType weights) {
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, activations);
+  std::vector<Tensor> cpu_inputs = upload_inputs(*cpu, op.inputs, activations, weights);
+  std::vector<Tensor> cuda_inputs = upload_inputs(*cuda, op.inputs, activations, weights);
+  const std::vector<Tensor> expected = op.run(*cpu, cpu_inputs);
+  const std::vector<Tensor> actual = op.run(*cuda, cuda_inputs);
+  double worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i)
+    worst = std::max(worst, relative_error(cuda->download(actual[i]), cpu->download(expected[i])));
+  return worst;
+}
+
+Tensor indices(const std::vector<int32_t>& values) {
+  Tensor tensor = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);
+  std::copy(values.begin(), values.end(), tensor.data<int32_t>());
+  return tensor;
+}
+
+std::vector<SequenceSpan> spans_of(const std::vector<std::array<int32_t, 3>>& slot_position_tokens) {
+  std::vector<SequenceSpan> spans;
+  int32_t first_token = 0;
+  for (const auto& [slot, position, tokens] : slot_position_tokens) {
+    spans.push_back({slot, first_token, tokens, position});
+    first_token += tokens;
+  }
+  return spans;
+}
+
+int64_t span_tokens(const std::vector<SequenceSpan>& spans) {
+  int64_t total = 0;
+  for (const auto& span : spans) total += span.tokens;
+  return total;
+}
+
+// --- the case table ---
+
+std::vector<OpCase> matmul_cases(std::mt19937& random) {
+  struct Shape {
+    int64_t m, n, k;
+    bool bias, f32_out;
+  };
+  // Row counts 1 / 8 / 16 take the decode kernel (8- or 16-column warps), the others the tiled
+  // GEMM (64×64 or 128×128); k = 72, 200 end in a partial 32-element chunk.
+  const std::vector<Shape> shapes = {{1, 64, 64, false, false},    {1, 512, 64, false, true},
+                                     {3, 130, 72, true, false},    {8, 33, 200, false, false},
+                                     {16, 300, 520, true, true},   {17, 96, 160, false, false},
+                                     {64, 1000, 256, true, false}, {300, 96, 160, false, false},
+                                     {129, 257, 520, true, true},  {5, 4100, 1024, false, false},
+                                     {1, 8192, 512, false, false}, {200, 3000, 1024, true, false}};
+  std::vector<OpCase> cases;
+  for (const Shape& shape : shapes) {
+    OpCase op;
+    op.name = "matmul m=" + std::to_string(shape.m) + " n=" + std::to_string(shape.n) + " k=" +
+              std::to_string(shape.k) + (shape.bias ? " bias" : "") + (shape.f32_out ? " f32-out" : "");
+    op.inputs = {{random_f32({shape.m, shape.k}, random), Role::Activation},
+                 {random_f32({shape.n, shape.k}, random, 1.0f / std::sqrt(static_cast<float>(shape.k))), Role::Weight}};
+    if (shape.bias) op.inputs.push_back({random_f32({shape.n}, random), Role::Weight});
+    op.run = [shape](Backend& backend, std::vector<Tensor>& in) {
+      Tensor out = backend.alloc({shape.m, shape.n}, shape.f32_out ? DType::F32 : backend.activation_dtype());
+      backend.matmul(in[0], in[1], shape.bias ? &in[2] : nullptr, out);
+      return std::vector<Tensor>{out};
+    };
+    op.f32_weight_dtypes = {DType::F32, DType::BF16, DType::F16};
+    cases.push_back(std::move(op));
+  }
+  // K not a multiple of 8 (stories260K's down_proj has K = 172): the f32 path only.
+  OpCase odd;
+  odd.name = "matmul m=5 n=64 k=172";
+  odd.inputs = {{random_f32({5, 172}, random), Role::Activation}, {random_f32({64, 172}, random, 0.08f), Role::Weight}};
+  odd.run = [](Backend& backend, std::vector<Tensor>& in) {
+    Tensor out = backend.alloc({5, 64}, backend.activation_dtype());
+    backend.matmul(in[0], in[1], nullptr, out);
+    return std::vector<Tensor>{out};
+  };
+  odd.bf16 = false;
+  cases.push_back(std::move(odd));
+  return cases;
+}
+
+std::vector<OpCase> norm_cases(std::mt19937& random) {
+  std::vector<OpCase> cases;
+  for (int64_t width : {16, 100, 1024, 1500, 4096})
+    for (int64_t rows : {1, 7, 300})
+      for (NormStyle style : {NormStyle::Plain, NormStyle::ZeroCentred}) {
+        const std::string suffix = " rows=" + std::to_string(rows) + " width=" + std::to_string(width) +
+                                   (style == NormStyle::Plain ? " plain" : " zero-centred");
+        Tensor gain = random_f32({width}, random, 0.1f);
+        if (style == NormStyle::Plain)
+          for (int64_t i = 0; i < width; ++i) gain.data<float>()[i] += 1.0f;
+        OpCase norm;
+        norm.name = "rms_norm" + suffix;
+        norm.inputs = {{random_f32({rows, width}, random), Role::Activation}, {gain, Role::Weight}};
+        norm.run = [rows, width, style](Backend& backend, std::vector<Tensor>& in) {
+          Tensor out = backend.alloc({rows, width}, backend.activation_dtype());
+          backend.rms_norm(in[0], in[1], 1e-5f, style, out);
+          return std::vector<Tensor>{out};
+        };
+        norm.f32_weight_dtypes = {DType::F32, DType::BF16};
+        cases.push_back(norm);
+
+        OpCase in_place = norm;  // Qwen3's q_norm/k_norm normalise q and k in place
+        in_place.name = "rms_norm in place" + suffix;
+        in_place.run = [style](Backend& backend, std::vector<Tensor>& in) {
+          backend.rms_norm(in[0], in[1], 1e-5f, style, in[0]);
+          return std::vector<Tensor>{in[0]};
+        };
+        cases.push_back(in_place);
+
+        OpCase fused;
+        fused.name = "add_rms_norm" + suffix;
+        fused.inputs = {{random_f32({rows, width}, random), Role::Activation},
+                        {random_f32({rows, width}, random), Role::Activation},
+                        {gain, Role::Weight}};
+        fused.run = [rows, width, style](Backend& backend, std::vector<Tensor>& in) {
+          Tensor out = backend.alloc({rows, width}, backend.activation_dtype());
+          backend.add_rms_norm(in[0], in[1], in[2], 1e-6f, style, out);
+          return std::vector<Tensor>{in[0], out};
+        };
+        fused.f32_weight_dtypes = {DType::F32, DType::BF16};
+        cases.push_back(std::move(fused));
+      }
+  return cases;
+}
+
+std::vector<OpCase> elementwise_cases(std::mt19937& random) {
+  std::vector<OpCase> cases;
+  for (int64_t count : {1, 1000, 123457}) {
+    OpCase add;
+    add.name = "add n=" + std::to_string(count);
+    add.inputs = {{random_f32({count}, random), Role::Activation}, {random_f32({count}, random), Role::Activation}};
+    add.run = [](Backend& backend, std::vector<Tensor>& in) {
+      backend.add(in[0], in[1]);
+      return std::vector<Tensor>{in[0]};
+    };
+    cases.push_back(std::move(add));
+
+    OpCase swiglu;
+    swiglu.name = "swiglu n=" + std::to_string(count);
+    swiglu.inputs = {{random_f32({count}, random, 3.0f), Role::Activation},
+                     {random_f32({count}, random), Role::Activation}};
+    swiglu.run = [count](Backend& backend, std::vector<Tensor>& in) {
+      Tensor out = backend.alloc({count}, backend.activation_dtype());
+      backend.swiglu(in[0], in[1], out);
+      return std::vector<Tensor>{out};
+    };
+    cases.push_back(swiglu);
+    swiglu.name = "swiglu in place n=" + std::to_string(count);
+    swiglu.run = [](Backend& backend, std::vector<Tensor>& in) {
+      backend.swiglu(in[0], in[1], in[0]);
+      return std::vector<Tensor>{in[0]};
+    };
+    cases.push_back(std::move(swiglu));
+  }
+
+  for (int64_t width : {64, 100}) {
+    OpCase embedding;
+    embedding.name = "embedding width=" + std::to_string(width);
+    std::vector<int32_t> ids(300);
+    for (auto& id : ids) id = static_cast<int32_t>(random() % 37);
+    embedding.inputs = {{random_f32({37, width}, random), Role::Weight}, {indices(ids), Role::Index}};
+    embedding.run = [width](Backend& backend, std::vector<Tensor>& in) {
+      Tensor out = backend.alloc({in[1].numel(), width}, backend.activation_dtype());
+      backend.embedding(in[0], in[1], out);
+      return std::vector<Tensor>{out};
+    };
+    embedding.f32_weight_dtypes = {DType::F32, DType::BF16, DType::F16};
+    cases.push_back(std::move(embedding));
+  }
+
+  OpCase gather;
+  gather.name = "gather_rows 5 of 300";
+  gather.inputs = {{random_f32({300, 96}, random), Role::Activation}, {indices({299, 0, 17, 17, 64}), Role::Index}};
+  gather.run = [](Backend& backend, std::vector<Tensor>& in) {
+    Tensor out = backend.alloc({5, 96}, backend.activation_dtype());
+    backend.gather_rows(in[0], in[1], out);
+    return std::vector<Tensor>{out};
+  };
+  cases.push_back(std::move(gather));
+
+  struct RopeShape {
+    int64_t tokens, heads, head_dim, rotary_dim;
+    double theta;
+  };
+  for (const RopeShape& shape : {RopeShape{1, 3, 16, 16, 10000.0}, RopeShape{70, 4, 64, 64, 500000.0},
+                                 RopeShape{9, 2, 128, 32, 1e7}, RopeShape{33, 5, 24, 24, 10000.0}}) {
+    OpCase rope;
+    rope.name = "rope tokens=" + std::to_string(shape.tokens) + " head_dim=" + std::to_string(shape.head_dim) +
+                " rotary=" + std::to_string(shape.rotary_dim);
+    std::vector<int32_t> positions(shape.tokens);
+    for (auto& position : positions) position = static_cast<int32_t>(random() % 5000);
+    Tensor inv_freq = Tensor::empty({shape.rotary_dim / 2}, DType::F32);
+    for (int64_t j = 0; j < shape.rotary_dim / 2; ++j)
+      inv_freq.data<float>()[j] =
+          static_cast<float>(1.0 / std::pow(shape.theta, 2.0 * j / static_cast<double>(shape.rotary_dim)));
+    rope.inputs = {{random_f32({shape.tokens, shape.heads, shape.head_dim}, random), Role::Activation},
+                   {indices(positions), Role::Index},
+                   {inv_freq, Role::Float32}};
+    rope.run = [shape](Backend& backend, std::vector<Tensor>& in) {
+      backend.rope(in[0], in[1], in[2], static_cast<int>(shape.rotary_dim));
+      return std::vector<Tensor>{in[0]};
+    };
+    cases.push_back(std::move(rope));
+  }
+  return cases;
+}
+
+// Fills each span's slot with K/V for positions [0, first_position + tokens) (one kv_write), then
+// attends the spans' queries.
+OpCase attention_case(int64_t heads, int64_t kv_heads, int64_t head_dim, const std::vector<SequenceSpan>& spans,
+                      std::mt19937& random) {
+  std::vector<SequenceSpan> fill;
+  int32_t filled = 0;
+  int64_t slots = 0, capacity = 0;
+  for (const SequenceSpan& span : spans) {
+    fill.push_back({span.slot, filled, span.first_position + span.tokens, 0});
+    filled += span.first_position + span.tokens;
+    slots = std::max<int64_t>(slots, span.slot + 1);
+    capacity = std::max<int64_t>(capacity, span.first_position + span.tokens);
+  }
+  const int64_t tokens = span_tokens(spans);
+  OpCase op;
+  op.name = "attention heads=" + std::to_string(heads) + "/" + std::to_string(kv_heads) + " head_dim=" +
+            std::to_string(head_dim) + " spans=";
+  for (const SequenceSpan& span : spans)
+    op.name += "[slot " + std::to_string(span.slot) + " @" + std::to_string(span.first_position) + " ×" +
+               std::to_string(span.tokens) + "]";
+  op.inputs = {{random_f32({filled, kv_heads, head_dim}, random), Role::Activation},
+               {random_f32({filled, kv_heads, head_dim}, random), Role::Activation},
+               {random_f32({tokens, heads, head_dim}, random), Role::Activation}};
+  op.run = [=](Backend& backend, std::vector<Tensor>& in) {
+    const DType act = backend.activation_dtype();
+    Tensor k_cache = backend.alloc({slots, capacity, kv_heads, head_dim}, act);
+    Tensor v_cache = backend.alloc({slots, capacity, kv_heads, head_dim}, act);
+    backend.zero(k_cache);
+    backend.zero(v_cache);
+    const BatchLayout fill_layout = backend.make_layout(fill, std::vector<int32_t>(filled, 0));
+    backend.kv_write(in[0], in[1], fill_layout, k_cache, v_cache);
+    const BatchLayout layout = backend.make_layout(spans, std::vector<int32_t>(tokens, 0));
+    Tensor out = backend.alloc({tokens, heads, head_dim}, act);
+    backend.attention(in[2], k_cache, v_cache, layout, 1.0f / std::sqrt(static_cast<float>(head_dim)), out);
+    return std::vector<Tensor>{out};
+  };
+  // The BF16 tensor-core attention takes these head dims (cuda_backend.h); others are F32-only.
+  op.bf16 = head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return op;
+}
+
+std::vector<OpCase> attention_cases(std::mt19937& random) {
+  return {
+      attention_case(4, 2, 16, spans_of({{0, 0, 300}}), random),                          // prefill across 64/256
+      attention_case(6, 2, 32, spans_of({{1, 200, 70}, {0, 64, 1}, {2, 256, 1}}), random),  // mixed, GQA 3
+      attention_case(8, 1, 64, spans_of({{0, 0, 1}, {1, 255, 1}, {2, 700, 1}}), random),    // decode batch
+      attention_case(4, 4, 128, spans_of({{0, 510, 5}}), random),                          // multi-token append
+      attention_case(16, 2, 256, spans_of({{0, 0, 20}, {1, 300, 1}}), random),
+      attention_case(12, 4, 128, spans_of({{0, 0, 130}, {1, 1000, 3}}), random),
+      attention_case(5, 1, 64, spans_of({{0, 0, 80}}), random),                            // GQA 5
+      attention_case(3, 1, 24, spans_of({{0, 0, 40}, {1, 90, 2}}), random),                // f32 only
+  };
+}
+
+std::vector<OpCase> all_cases() {
+  std::mt19937 random(20261202);
+  std::vector<OpCase> cases;
+  for (auto group : {matmul_cases(random), norm_cases(random), elementwise_cases(random), attention_cases(random)})
+    for (auto& op : group) cases.push_back(std::move(op));
+  return cases;
+}
+
+TEST(CudaBackendOps, F32ActivationsMatchTheCpuBackend) {
+  KILN_REQUIRE_CUDA();
+  for (const OpCase& op : all_cases())
+    for (DType weights : op.f32_weight_dtypes) {
+      const double error = cuda_vs_cpu(op, DType::F32, weights);
+      EXPECT_LE(error, kF32Tolerance) << op.name << " (weights " << dtype_name(weights) << ")";
+    }
+}
+
+TEST(CudaBackendOps, Bf16ActivationsMatchTheCpuBackendOnRoundedInputs) {
+  KILN_REQUIRE_CUDA();
+  for (const OpCase& op : all_cases()) {
+    if (!op.bf16) continue;
+    const double error = cuda_vs_cpu(op, DType::BF16, DType::BF16);
+    EXPECT_LE(error, kBf16Tolerance) << op.name;
+  }
+}
+
+TEST(CudaBackendOps, Bf16PathRejectsWhatItCannotComputeExactly) {
+  KILN_REQUIRE_CUDA();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(7);
+  Tensor x = cuda->upload(f32_as(random_f32({2, 172}, random), DType::BF16));
+  Tensor w = cuda->upload(f32_as(random_f32({8, 172}, random), DType::BF16));
+  Tensor out = cuda->alloc({2, 8}, DType::BF16);
+  EXPECT_THROW(cuda->matmul(x, w, nullptr, out), Error);  // K % 8 != 0
+  Tensor x64 = cuda->upload(f32_as(random_f32({2, 64}, random), DType::BF16));
+  Tensor w_f32 = cuda->upload(random_f32({8, 64}, random));
+  EXPECT_THROW(cuda->matmul(x64, w_f32, nullptr, out), Error);  // f32 weights with bf16 activations
+  Tensor x_f32 = cuda->upload(random_f32({2, 64}, random));
+  EXPECT_THROW(cuda->matmul(x_f32, w_f32, nullptr, out), Error);  // f32 activations on a bf16 backend
+}
+
+TEST(CudaBackendOps, OutOfRangeTokenIdIsReportedAtTheNextSynchronisation) {
+  KILN_REQUIRE_CUDA();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::F32);
+  std::mt19937 random(9);
+  Tensor table = cuda->upload(random_f32({10, 8}, random));
+  Tensor ids = cuda->upload(indices({3, 10}));
+  Tensor out = cuda->alloc({2, 8}, DType::F32);
+  cuda->embedding(table, ids, out);
+  EXPECT_THROW(cuda->synchronize(), Error);
+  cuda->synchronize();  // the record was cleared with the report
+}
+
+// --- invariance on the GPU ---
+
+class CudaInvariance : public ::testing::TestWithParam<DType> {};
+
+// A device tensor holding rows [first, first + count) of a host tensor.
+Tensor upload_rows(Backend& backend, const Tensor& host, int64_t first, int64_t count) {
+  return backend.upload(host.slice_rows(first, count));
+}
+
+TEST_P(CudaInvariance, MatmulRowIsBitIdenticalAloneAndInAnyBatch) {
+  KILN_REQUIRE_CUDA();
+  const DType act = GetParam();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
+  std::mt19937 random(11);
+  const int64_t rows = 300, k = 520;
+  const Tensor x = f32_as(random_f32({rows, k}, random), act);
+  // n = 1000 takes 8-column decode warps and 64×64 tiles at m = 300; n = 8192 takes 16-column
+  // decode warps and 128×128 tiles.
+  for (int64_t n : {1000, 8192}) {
+    const Tensor w = cuda->upload(f32_as(random_f32({n, k}, random, 0.05f), act));
+    const Tensor bias = cuda->upload(f32_as(random_f32({n}, random), act));
+    auto product = [&](int64_t first, int64_t count) {
+      Tensor out = cuda->alloc({count, n}, act);
+      cuda->matmul(upload_rows(*cuda, x, first, count), w, &bias, out);
+      return cuda->download(out);
+    };
+    const Tensor all = product(0, rows);
+    for (auto [first, count] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 1}, {1, 1}, {150, 1}, {299, 1}, {100, 8}, {0, 16}, {7, 17}, {64, 64}, {200, 100}}) {
+      const Tensor part = product(first, count);
+      EXPECT_TRUE(same_rows(part, 0, all, first, count))
+          << "n=" << n << " rows [" << first << ", " << first + count << ") differ from the same rows in m=" << rows;
+    }
+  }
+}
+
+TEST_P(CudaInvariance, NormRowIsBitIdenticalAloneAndInAnyBatch) {
+  KILN_REQUIRE_CUDA();
+  const DType act = GetParam();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
+  std::mt19937 random(12);
+  for (int64_t width : {100, 4096}) {
+    const Tensor x = f32_as(random_f32({300, width}, random), act);
+    const Tensor delta = f32_as(random_f32({300, width}, random), act);
+    const Tensor gain = cuda->upload(f32_as(random_f32({width}, random), act));
+    auto normed = [&](int64_t first, int64_t count) {
+      Tensor residual = upload_rows(*cuda, x, first, count);
+      Tensor out = cuda->alloc({count, width}, act);
+      cuda->add_rms_norm(residual, upload_rows(*cuda, delta, first, count), gain, 1e-6f, NormStyle::Plain, out);
+      return cuda->download(out);
+    };
+    const Tensor all = normed(0, 300);
+    for (int64_t row : {0, 123, 299}) EXPECT_TRUE(same_rows(normed(row, 1), 0, all, row, 1)) << "width " << width;
+  }
+}
+
+// Three sequences cached once; the reference attends every query of all three in one call. Each
+// other call (alone, reordered batch, prefill chunks, single-token decode, multi-token append,
+// decode batch) must reproduce the reference rows bit for bit.
+TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) {
+  KILN_REQUIRE_CUDA();
+  const DType act = GetParam();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
+  std::mt19937 random(13);
+  struct HeadShape {
+    int64_t heads, kv_heads, head_dim;
+  };
+  for (const HeadShape shape : {HeadShape{8, 2, 64}, HeadShape{4, 1, 128}}) {
+    const std::vector<int32_t> lengths = {300, 70, 1030};
+    const int64_t capacity = 1100;
+    std::vector<Tensor> queries;  // per slot [length, heads, head_dim], host, activation dtype
+    Tensor k_cache = cuda->alloc({3, capacity, shape.kv_heads, shape.head_dim}, act);
+    Tensor v_cache = cuda->alloc({3, capacity, shape.kv_heads, shape.head_dim}, act);
+    const int32_t total = std::accumulate(lengths.begin(), lengths.end(), 0);
+    {
+      const BatchLayout fill = cuda->make_layout(spans_of({{0, 0, 300}, {1, 0, 70}, {2, 0, 1030}}),
+                                                 std::vector<int32_t>(total, 0));
+      const Tensor k = cuda->upload(f32_as(random_f32({total, shape.kv_heads, shape.head_dim}, random), act));
+      const Tensor v = cuda->upload(f32_as(random_f32({total, shape.kv_heads, shape.head_dim}, random), act));
+      cuda->kv_write(k, v, fill, k_cache, v_cache);
+      for (int32_t length : lengths)
+        queries.push_back(f32_as(random_f32({length, shape.heads, shape.head_dim}, random), act));
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+    // Attends the given (slot, first position, tokens) spans; returns the host output.
+    auto attend = [&](const std::vector<std::array<int32_t, 3>>& request) {
+      const std::vector<SequenceSpan> spans = spans_of(request);
+      const int64_t tokens = span_tokens(spans);
+      Tensor q = Tensor::empty({tokens, shape.heads, shape.head_dim}, act);
+      for (const SequenceSpan& span : spans) {
+        const Tensor& source = queries[span.slot];
+        const size_t row_bytes = source.nbytes() / source.dim(0);
+        std::memcpy(static_cast<char*>(q.raw()) + span.first_token * row_bytes,
+                    static_cast<const char*>(source.raw()) + span.first_position * row_bytes, span.tokens * row_bytes);
+      }
+      const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(tokens, 0));
+      Tensor out = cuda->alloc({tokens, shape.heads, shape.head_dim}, act);
+      cuda->attention(cuda->upload(q), k_cache, v_cache, layout, scale, out);
+      return std::make_pair(spans, cuda->download(out));
+    };
+    const auto [reference_spans, reference] = attend({{0, 0, 300}, {1, 0, 70}, {2, 0, 1030}});
+    auto reference_row = [&](int32_t slot, int32_t position) { return reference_spans[slot].first_token + position; };
+
+    const std::vector<std::vector<std::array<int32_t, 3>>> requests = {
+        {{0, 0, 300}}, {{1, 0, 70}}, {{2, 0, 1030}},                  // each alone
+        {{1, 0, 70}, {0, 0, 300}},                                      // another batch order
+        {{0, 0, 64}}, {{0, 64, 128}}, {{0, 192, 108}},                  // prefill chunks
+        {{2, 0, 1}}, {{2, 63, 1}}, {{2, 64, 1}}, {{2, 255, 1}}, {{2, 256, 1}}, {{2, 511, 1}}, {{2, 512, 1}},
+        {{2, 1029, 1}}, {{0, 299, 1}},                                  // single-token decode
+        {{2, 1020, 5}, {1, 60, 10}},                                    // multi-token appends
+        {{0, 299, 1}, {1, 69, 1}, {2, 1029, 1}},                        // decode batch
+        {{2, 700, 40}},                                                 // mid-sequence chunk
+    };
+    for (const auto& request : requests) {
+      const auto [spans, out] = attend(request);
+      for (const SequenceSpan& span : spans)
+        for (int32_t i = 0; i < span.tokens; ++i)
+          ASSERT_TRUE(same_rows(out, span.first_token + i, reference, reference_row(span.slot, span.first_position + i), 1))
+              << "head_dim " << shape.head_dim << ": slot " << span.slot << " position " << span.first_position + i
+              << " differs from the one-call reference (request of " << spans.size() << " spans, first "
+              << request.front()[1] << " ×" << request.front()[2] << ")";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Activations, CudaInvariance, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace kiln::testing
