@@ -5,12 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git
-          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libboost-dev libcpp-httplib-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev nodejs npm python3)
+          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libboost-dev
+          libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
+# Node.js (for the npm reference tests) and Python may come from elsewhere than Debian (a machine
+# with its own Node.js refuses Debian's npm): install Debian's only when the command is missing.
+command -v node > /dev/null || missing+=(nodejs)
+command -v npm > /dev/null || missing+=(npm)
+command -v python3 > /dev/null || missing+=(python3)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
   sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
