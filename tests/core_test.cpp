@@ -1,3 +1,6 @@
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -55,4 +58,18 @@ TEST(ThreadPool, CoversRangeOnceWithGrainAlignedBlocks) {
     for (int64_t i = begin; i < end; ++i) hits[i]++;
   });
   for (int hit : hits) EXPECT_EQ(hit, 1);
+}
+
+TEST(ThreadPool, BackToBackJobsAndSleepingWorkersEachCoverTheirRangeOnce) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(257);
+  for (int job = 0; job < 2000; ++job) {
+    // Every 500th job runs after the workers have gone from spinning to sleeping.
+    if (job % 500 == 499) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const int64_t count = 1 + job % 257;
+    pool.parallel_for(count, 1 + job % 5, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1, std::memory_order_relaxed);
+    });
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(hits[i].exchange(0), 1) << "job " << job << " index " << i;
+  }
 }
