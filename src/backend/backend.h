@@ -89,6 +89,39 @@ class Backend {
   // slot; query head h reads kv head h / (heads / kv_heads). out is [T, heads, head_dim].
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const BatchLayout& layout, float scale, Tensor& out) = 0;
+
+  // The Gated DeltaNet / gated-attention ops, or null when this backend has no kernels for them
+  // (a hybrid model then has no implementation for this backend: its construction fails).
+  virtual class HybridOps* hybrid_ops() { return nullptr; }
+};
+
+// The ops only the hybrid Qwen3.5 / Qwen3-Next graph needs (spec A.5, A.6), on the same tensors
+// and device as the Backend that provides them.
+class HybridOps {
+ public:
+  virtual ~HybridOps() = default;
+  // Gated attention's q_proj output [T, heads, 2·head_dim] holds per head the query, then the
+  // gate: split into query and gate [T, heads, head_dim].
+  virtual void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) = 0;
+  // x ← x · sigmoid(gate), elementwise.
+  virtual void sigmoid_gate(Tensor& x, const Tensor& gate) = 0;
+  // Depthwise causal conv (kernel K) + SiLU over x [T, C] with weight [C, K], reading and updating
+  // each sequence's last K−1 inputs in conv_state [slots, K−1, C] (zeros at position 0); one op.
+  virtual void causal_conv1d_silu(const Tensor& x, const Tensor& weight, const BatchLayout& layout,
+                                  Tensor& conv_state, Tensor& out) = 0;
+  // Splits the conv output [T, 2·Hk·dk + Hv·dv] into q, k [T, Hk, dk] and v [T, Hv, dv],
+  // L2-normalising q and k per head and scaling q by dk^−½.
+  virtual void gated_delta_prepare_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) = 0;
+  // beta = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias); all [T, Hv] f32.
+  virtual void gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
+                                 Tensor& beta, Tensor& g) = 0;
+  // The gated delta rule over each sequence's recurrent state [slots, Hv, dk, dv] (f32): chunked
+  // (64) for whole chunks aligned to absolute multiples of 64, recurrent for every other token —
+  // a pure function of positions, so chunked prefill, small appends and batching are invariant.
+  virtual void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                const Tensor& beta, const BatchLayout& layout, Tensor& state, Tensor& out) = 0;
+  // out = rmsnorm(x)·w·silu(z) per row of dv = weight.numel().
+  virtual void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) = 0;
 };
 
 // The CPU backend (always present).

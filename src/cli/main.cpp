@@ -1,6 +1,7 @@
 // kiln: the command line. Every error ends the process with one line on stderr and exit code 1.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -19,6 +20,16 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln 0.1.0");
   for (auto& install : kiln::cli::command_installers()) install(app);
+  std::string commands;
+  bool known = false;
+  for (const CLI::App* command : app.get_subcommands({})) {
+    commands += (commands.empty() ? "" : ", ") + command->get_name();
+    known = known || (argc > 1 && command->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !known) {
+    fmt::print(stderr, "kiln: unknown command '{}' (commands: {})\n", argv[1], commands);
+    return 1;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

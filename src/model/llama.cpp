@@ -109,7 +109,7 @@ class LlamaModel final : public Model {
       lm_head_ = embed_tokens_;
 
     const int64_t rotary_dim = rope_rotary_dim(config);
-    std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim);
+    std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim, embed_tokens_.dtype());
     Tensor host_inv_freq = Tensor::empty({static_cast<int64_t>(inv_freq.size())}, DType::F32);
     std::copy(inv_freq.begin(), inv_freq.end(), host_inv_freq.data<float>());
     inv_freq_ = backend.upload(host_inv_freq);

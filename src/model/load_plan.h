@@ -5,6 +5,7 @@
 // plan gives a WeightMap: zero-copy views where no fix-up applies, fixed-up copies otherwise.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -21,6 +22,13 @@ enum class FixUp {
   ConvToChannelsKernel,  // conv1d weight [C, 1, K] → [C, K] (drops the unit axis; a view)
   ConvFromKernelLast,    // conv1d weight [C, K, 1] → [C, K] (a view)
   SubtractOne,           // a stored 1 + γ gain → the canonical zero-centred γ (computed in f32)
+  GatherRows,            // the source's `row_blocks` (axis 0) concatenated in order (a copy)
+};
+
+// Rows [first_row, first_row + rows) along a source tensor's axis 0.
+struct RowBlock {
+  int64_t first_row = 0;
+  int64_t rows = 0;
 };
 
 struct PlannedTensor {
@@ -28,12 +36,16 @@ struct PlannedTensor {
   std::string source;     // the name in the checkpoint
   std::vector<FixUp> fixups;
   std::vector<int64_t> canonical_shape;
+  std::vector<RowBlock> row_blocks = {};  // for FixUp::GatherRows only (defaulted: older initialisers stay valid)
 };
 
 struct DroppedTensor {
   std::string source;
   std::string reason;  // e.g. "vision tower (text graph)", "multi-token-prediction head"
 };
+
+// The fix-up's name in LoadPlan::to_json, e.g. "subtract_one".
+const char* fixup_name(FixUp fixup);
 
 struct LoadPlan {
   std::vector<PlannedTensor> tensors;
@@ -48,18 +60,25 @@ struct LoadPlan {
 class WeightMap {
  public:
   WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan);
+  // Converts every tensor to the floating-point `dtype` (F32, F16 or BF16) before the graph takes
+  // any (`--dtype`): widening is exact, narrowing rounds to nearest even. Tensors already in it
+  // stay views of the checkpoint.
+  void convert_to(DType dtype);
 
   bool contains(const std::string& canonical) const { return tensors_.count(canonical) != 0; }
   // The tensor, checked against `shape`; marks it used. Errors name the checkpoint tensor.
   Tensor take(const std::string& canonical, const Shape& shape);
   // The source name of a canonical tensor (for error messages).
   const std::string& source_name(const std::string& canonical) const;
-  // Fails naming every planned tensor that no graph code took.
+  // Fails naming every planned tensor that no graph code took, and every checkpoint tensor the
+  // plan neither maps nor drops.
   void require_all_used() const;
 
  private:
   std::map<std::string, Tensor> tensors_;
   std::map<std::string, std::string> sources_;
+  std::map<std::string, std::filesystem::path> source_files_;  // canonical → the file holding it
+  std::vector<std::string> unplanned_;  // "'name' in <file>" for tensors the plan ignores
   std::set<std::string> used_;
   std::string checkpoint_name_;
 };

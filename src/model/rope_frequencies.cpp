@@ -7,7 +7,9 @@
 
 namespace kiln {
 
-std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t rotary_dim) {
+namespace {
+
+std::vector<float> inverse_frequencies_f32(const RopeConfig& rope, int64_t rotary_dim) {
   // HF _compute_default_rope_parameters: 1 / base ** (arange(0, dim, 2).float() / dim), all f32.
   std::vector<float> inv_freq(rotary_dim / 2);
   const float base = static_cast<float>(rope.theta);
@@ -37,6 +39,17 @@ std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t rota
     } else {
       frequency = scaled;
     }
+  }
+  return inv_freq;
+}
+
+}  // namespace
+
+std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int64_t rotary_dim, DType model_dtype) {
+  std::vector<float> inv_freq = inverse_frequencies_f32(rope, rotary_dim);
+  for (float& frequency : inv_freq) {
+    if (model_dtype == DType::BF16) frequency = round_to_bf16(frequency);
+    if (model_dtype == DType::F16) frequency = f16_to_f32(f32_to_f16(frequency));
   }
   return inv_freq;
 }

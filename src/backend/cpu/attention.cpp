@@ -123,6 +123,7 @@ void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k
   // reads more keys, so alternating ends gives each thread's contiguous block a similar load.
   ThreadPool::global().parallel_for(tokens * cache.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> weights;
+    std::vector<float> totals(static_cast<size_t>(group));
     std::vector<float> sums(static_cast<size_t>(group * head_dim));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t rank = task / cache.kv_heads;
@@ -135,7 +136,6 @@ void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k
       weights.resize(static_cast<size_t>(group * key_count));
       kernels.group_scores(queries + (t * heads + first_head) * head_dim, group, keys + slot_offset, key_stride,
                            key_count, head_dim, scale, weights.data());
-      std::vector<float> totals(static_cast<size_t>(group));
       for (int64_t g = 0; g < group; ++g) {
         float* head_weights = weights.data() + g * key_count;
         const float max_score = *std::max_element(head_weights, head_weights + key_count);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/cpu/checks.h"
+#include "backend/cpu/gated_delta.h"
 #include "backend/cpu/memory_bandwidth.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -98,6 +99,35 @@ void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& l
 void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
                            float scale, Tensor& out) {
   cpu::attention(attention_kernels_, q, k_cache, v_cache, layout, scale, out);
+}
+
+void CpuBackend::split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) {
+  cpu::split_query_gate(query_and_gate, query, gate);
+}
+
+void CpuBackend::sigmoid_gate(Tensor& x, const Tensor& gate) { cpu::sigmoid_gate(x, gate); }
+
+void CpuBackend::causal_conv1d_silu(const Tensor& x, const Tensor& weight, const BatchLayout& layout,
+                                    Tensor& conv_state, Tensor& out) {
+  cpu::causal_conv1d_silu(x, weight, layout.spans, conv_state, out);
+}
+
+void CpuBackend::gated_delta_prepare_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {
+  cpu::gated_delta_prepare_qkv(qkv, q.dim(1), q.dim(2), v.dim(1), v.dim(2), q, k, v);
+}
+
+void CpuBackend::gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
+                                   Tensor& beta, Tensor& g) {
+  cpu::gated_delta_gates(b, a, a_log, dt_bias, beta, g);
+}
+
+void CpuBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                                  const Tensor& beta, const BatchLayout& layout, Tensor& state, Tensor& out) {
+  cpu::gated_delta_rule_chunked(q, k, v, g, beta, layout.spans, state, out);
+}
+
+void CpuBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) {
+  cpu::rms_norm_gated(x, z, weight, eps, out);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(CpuIsa isa) { return std::make_unique<CpuBackend>(isa); }

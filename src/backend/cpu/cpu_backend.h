@@ -12,7 +12,7 @@
 
 namespace kiln::cpu {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, public HybridOps {
  public:
   // Fails (kiln::Error) when this CPU cannot run `isa`.
   explicit CpuBackend(CpuIsa isa);
@@ -46,6 +46,18 @@ class CpuBackend final : public Backend {
                 Tensor& v_cache) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
                  float scale, Tensor& out) override;
+
+  HybridOps* hybrid_ops() override { return this; }
+  void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) override;
+  void sigmoid_gate(Tensor& x, const Tensor& gate) override;
+  void causal_conv1d_silu(const Tensor& x, const Tensor& weight, const BatchLayout& layout, Tensor& conv_state,
+                          Tensor& out) override;
+  void gated_delta_prepare_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) override;
+  void gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias, Tensor& beta,
+                         Tensor& g) override;
+  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        const BatchLayout& layout, Tensor& state, Tensor& out) override;
+  void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override;
 
  private:
   CpuIsa isa_;

@@ -32,6 +32,9 @@ void pack_rows(const float* x, int64_t row_begin, int64_t row_end, int64_t k, in
   }
 }
 
+// Floats of x a packing thread takes at least: below that, waking a thread costs more than it saves.
+constexpr int64_t kPackFloatsPerBlock = 65536;
+
 // The portable kernel: 8 lanes, blocks of 16 (half 0 = k0..k0+7, half 1 = k0+8..k0+15), a
 // separate multiply and add per product, the lane tree 8 → 4 → 2 → 1.
 constexpr int64_t kScalarBlockK = 16;
@@ -82,7 +85,8 @@ void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, cons
             MatmulScratch& scratch) {
   constexpr std::string_view op = "matmul";
   require_weight_dtype(w, op, "weight");
-  if (w.ndim() != 2 || w.dim(1) == 0) fail("matmul: weight has shape {}, expected [N, K] with K > 0", shape_string(w.shape()));
+  if (w.ndim() != 2 || w.dim(1) == 0)
+    fail("matmul: weight has shape {}, expected [N, K] with K > 0", shape_string(w.shape()));
   const int64_t n = w.dim(0);
   const int64_t k = w.dim(1);
   require_dtype(x, DType::F32, op, "x");
@@ -105,7 +109,7 @@ void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, cons
   float* packed = scratch.packed_x.data<float>();
   const bool split_pairs = kernels.bf16_pairs_split && w.dtype() == DType::BF16;
   ThreadPool& pool = ThreadPool::global();
-  pool.parallel_for(rows, 1, [&](int64_t begin, int64_t end) {
+  pool.parallel_for(rows, std::max<int64_t>(1, kPackFloatsPerBlock / k_padded), [&](int64_t begin, int64_t end) {
     pack_rows(x.data<float>(), begin, end, k, k_padded, kernels.block_k, split_pairs, packed);
   });
 

@@ -39,4 +39,8 @@ void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tenso
 void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
                float scale, Tensor& out);
 
+// Gated attention (spec A.5): split per-head [query | gate], and x ← x · sigmoid(gate).
+void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate);
+void sigmoid_gate(Tensor& x, const Tensor& gate);
+
 }  // namespace kiln::cpu

@@ -1,0 +1,121 @@
+// kiln bench: prefill and decode throughput, and decode bandwidth against the measured roofline.
+//
+// Decode streams every weight once per step (plus the KV rows read by attention), so
+// bytes-per-step / step-time is the bandwidth the engine reaches; divided by the device's
+// measured copy bandwidth it is the roofline ratio recorded in docs/perf.md.
+#include <chrono>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/model_options.h"
+#include "engine/generation.h"
+
+namespace kiln::cli {
+namespace {
+
+struct BenchCommand {
+  ModelOptions model;
+  std::vector<int64_t> prompt_tokens{512};
+  int64_t decode_tokens = 32;
+  int64_t decode_context = 128;
+  std::vector<int64_t> batches{1};
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, std::mt19937_64& random) {
+  std::vector<int32_t> tokens(count);
+  for (auto& token : tokens) token = static_cast<int32_t>(random() % vocab);
+  return tokens;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+RegisterCommand register_bench([](CLI::App& app) {
+  auto options = std::make_shared<BenchCommand>();
+  CLI::App* command = app.add_subcommand("bench", "Measure prefill and decode throughput against the bandwidth roofline");
+  options->model.add_to(*command);
+  command->add_option("--prompt-tokens", options->prompt_tokens, "Prefill lengths to time")->delimiter(',');
+  command->add_option("--decode-tokens", options->decode_tokens, "Decode steps to time")->check(CLI::PositiveNumber);
+  command->add_option("--decode-context", options->decode_context, "Prompt length before decode")->check(CLI::PositiveNumber);
+  command->add_option("--batch", options->batches, "Decode batch sizes to time")->delimiter(',');
+  command->add_option("--seed", options->seed, "Seed for the random prompt tokens");
+  command->add_flag("--json", options->json, "Print one JSON object instead of a table");
+  command->callback([options] {
+    OpenedModel opened = open_model(options->model);
+    Model& model = *opened.model;
+    Backend& backend = *opened.backend;
+    const ModelConfig& config = model.config();
+    std::mt19937_64 random(options->seed);
+    nlohmann::json report;
+    report["model"] = options->model.model_dir;
+    report["device"] = backend.name();
+    report["copy_bandwidth_gbps"] = backend.measure_copy_bandwidth_gbps();
+    report["decode_weight_bytes"] = model.decode_weight_bytes();
+
+    for (int64_t length : options->prompt_tokens) {
+      auto cache = model.make_cache(1, length);
+      run_step(model, *cache, {SequenceStep{0, 0, random_tokens(std::min<int64_t>(length, 16), config.vocab_size, random), false}});
+      const auto prompt = random_tokens(length, config.vocab_size, random);
+      backend.synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      run_step(model, *cache, {SequenceStep{0, 0, prompt, false}});
+      backend.synchronize();
+      report["prefill"].push_back({{"tokens", length}, {"tokens_per_second", length / seconds_since(start)}});
+    }
+
+    const size_t kv_bytes_per_token = static_cast<size_t>(2 * config.num_key_value_heads * config.head_dim) *
+                                      dtype_size(backend.activation_dtype()) *
+                                      static_cast<size_t>(std::count(config.layer_types.begin(), config.layer_types.end(),
+                                                                     LayerKind::FullAttention));
+    for (int64_t batch : options->batches) {
+      const int64_t context = options->decode_context;
+      auto cache = model.make_cache(batch, context + options->decode_tokens + 1);
+      std::vector<SequenceStep> prefill;
+      for (int32_t slot = 0; slot < batch; ++slot)
+        prefill.push_back({slot, 0, random_tokens(context, config.vocab_size, random), false});
+      run_step(model, *cache, prefill);
+      auto decode_step = [&](int64_t position) {
+        std::vector<SequenceStep> step;
+        for (int32_t slot = 0; slot < batch; ++slot)
+          step.push_back({slot, static_cast<int32_t>(position), random_tokens(1, config.vocab_size, random), false});
+        run_step(model, *cache, step);
+      };
+      decode_step(context);  // warm-up
+      backend.synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t i = 1; i <= options->decode_tokens; ++i) decode_step(context + i);
+      backend.synchronize();
+      const double seconds = seconds_since(start);
+      const double steps_per_second = options->decode_tokens / seconds;
+      const double mean_context = context + 1 + options->decode_tokens / 2.0;
+      const double bytes_per_step = model.decode_weight_bytes() + batch * mean_context * kv_bytes_per_token;
+      const double gbps = bytes_per_step * steps_per_second / 1e9;
+      report["decode"].push_back({{"batch", batch},
+                                  {"tokens_per_second", steps_per_second * batch},
+                                  {"bytes_per_step", bytes_per_step},
+                                  {"gbps", gbps},
+                                  {"roofline_ratio", gbps / report["copy_bandwidth_gbps"].get<double>()}});
+    }
+
+    if (options->json) {
+      fmt::print("{}\n", report.dump());
+      return;
+    }
+    fmt::print("model {}  device {}  copy bandwidth {:.1f} GB/s  decode weights {:.1f} MB\n", options->model.model_dir,
+               backend.name(), report["copy_bandwidth_gbps"].get<double>(), model.decode_weight_bytes() / 1e6);
+    for (const auto& row : report["prefill"])
+      fmt::print("prefill {:>6} tokens  {:>10.1f} tok/s\n", row["tokens"].get<int64_t>(), row["tokens_per_second"].get<double>());
+    for (const auto& row : report["decode"])
+      fmt::print("decode  batch {:>4}  {:>10.1f} tok/s  {:>8.2f} GB/s  {:>5.1f} % of roofline\n", row["batch"].get<int64_t>(),
+                 row["tokens_per_second"].get<double>(), row["gbps"].get<double>(), 100 * row["roofline_ratio"].get<double>());
+  });
+});
+
+}  // namespace
+}  // namespace kiln::cli

@@ -1,0 +1,64 @@
+#include "cli/model_options.h"
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/loader.h"
+#ifdef KILN_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace kiln::cli {
+
+void ModelOptions::add_to(CLI::App& command, bool with_dtype) {
+  command.add_option("--model", model_dir, "Model folder (config.json + *.safetensors)")->required();
+  command.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  if (with_dtype)
+    command.add_option("--dtype", dtype, "Weight dtype: auto (as stored), f32 or bf16")
+        ->check(CLI::IsMember({"auto", "f32", "bf16"}));
+  command.add_option("--threads", threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  command.add_flag("--hash-artifact", hash_artifact, "Fingerprint a plain folder by hashing its weight files");
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return make_cpu_backend();
+#ifdef KILN_HAVE_CUDA
+  if (device == "cuda") return make_cuda_backend();
+#endif
+  fail("device '{}' is not available: this kiln was built without its backend", device);
+}
+
+OpenedModel open_model(const ModelOptions& options) {
+  if (options.threads > 0) ThreadPool::set_global_threads(options.threads);
+  OpenedModel opened;
+  opened.backend = make_backend(options.device);
+  LoadOptions load;
+  if (options.dtype == "f32") load.dtype = DType::F32;
+  if (options.dtype == "bf16") load.dtype = DType::BF16;
+  load.hash_artifact = options.hash_artifact;
+  opened.model = load_model(options.model_dir, *opened.backend, load);
+  return opened;
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, end - start);
+    size_t consumed = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(item, &consumed);
+    } catch (const std::exception&) {
+      consumed = 0;
+    }
+    if (item.empty() || consumed != item.size() || value < 0 || value > INT32_MAX)
+      fail("--ids: '{}' is not a token id (expected comma-separated non-negative integers)", item);
+    ids.push_back(static_cast<int32_t>(value));
+    start = end + 1;
+  }
+  if (ids.empty()) fail("--ids: no token ids given");
+  return ids;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,41 @@
+// Options every model-running command shares (--model, --device, --dtype, --threads), and the
+// one way the CLI opens a model: through the profile resolver and the implementation registry.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "backend/backend.h"
+#include "model/model.h"
+
+namespace kiln::cli {
+
+struct ModelOptions {
+  std::string model_dir;
+  std::string device = "cpu";
+  std::string dtype = "auto";
+  int threads = 0;  // 0: all hardware threads
+  bool hash_artifact = false;
+
+  void add_to(CLI::App& command, bool with_dtype = true);
+};
+
+struct OpenedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+// The backend named by --device (an error names a device this binary was built without).
+std::unique_ptr<Backend> make_backend(const std::string& device);
+
+OpenedModel open_model(const ModelOptions& options);
+
+// "1,2,3" → {1, 2, 3}; an error names the bad element.
+std::vector<int32_t> parse_token_ids(const std::string& text);
+
+}  // namespace kiln::cli

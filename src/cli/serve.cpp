@@ -1,0 +1,168 @@
+// kiln serve: the OpenAI- and Anthropic-compatible HTTP server over the continuous-batching
+// scheduler. Loopback only unless --host says otherwise. SIGINT/SIGTERM shut it down cleanly:
+// new requests get 503, those in flight finish within --shutdown-grace, the rest are cancelled;
+// a second signal cancels at once.
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/model_options.h"
+#include "core/error.h"
+#include "engine/scheduler.h"
+#include "server/server.h"
+#include "server/tokenizer_codec.h"
+
+namespace kiln::cli {
+namespace {
+
+struct ServeCommand {
+  ModelOptions model;
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;
+  int32_t max_batch = 8;
+  int64_t max_context = 0;
+  int64_t max_queue = 64;
+  int64_t prefill_chunk = 256;
+  std::string api_key;
+  std::string served_model_name;
+  std::string chat_template;
+  double shutdown_grace_seconds = 30;
+  double request_timeout_seconds = 30;
+  double idle_timeout_seconds = 60;
+  size_t max_body_bytes = 8u << 20;
+  int max_connections = 256;
+};
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("--chat-template {}: cannot open the file", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::chrono::milliseconds to_milliseconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+void serve(const ServeCommand& options) {
+  // Every thread started from here on (scheduler, thread pool, connections) inherits this mask, so
+  // the signals reach only the sigwait below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client that disconnects mid-write must not kill the process.
+  signal(SIGPIPE, SIG_IGN);
+
+  const auto load_start = std::chrono::steady_clock::now();
+  OpenedModel opened = open_model(options.model);
+  const ModelConfig& config = opened.model->config();
+  std::optional<std::string> chat_template;
+  if (!options.chat_template.empty()) chat_template = read_text_file(options.chat_template);
+  const server::TokenizerCodec codec(options.model.model_dir, chat_template);
+
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_batch = options.max_batch;
+  // The model's context, or less when --max-context asks (KV-cache memory is slots x context).
+  int64_t context = config.max_position_embeddings;
+  if (options.max_context > 0) context = context > 0 ? std::min(options.max_context, context) : options.max_context;
+  if (context <= 0) fail("{}: max_position_embeddings is missing; give --max-context", config.source.string());
+  scheduler_options.context_tokens = context;
+  scheduler_options.max_queue = options.max_queue;
+  scheduler_options.prefill_chunk = options.prefill_chunk;
+  Scheduler scheduler(*opened.model, scheduler_options);
+
+  server::ServerOptions server_options;
+  server_options.http.host = options.host;
+  server_options.http.port = options.port;
+  server_options.http.max_body_bytes = options.max_body_bytes;
+  server_options.http.max_connections = options.max_connections;
+  server_options.http.request_timeout = to_milliseconds(options.request_timeout_seconds);
+  server_options.http.idle_timeout = to_milliseconds(options.idle_timeout_seconds);
+  server_options.model_name =
+      options.served_model_name.empty()
+          ? std::filesystem::path(options.model.model_dir).lexically_normal().filename().string()
+          : options.served_model_name;
+  if (server_options.model_name.empty()) server_options.model_name = "model";
+  server_options.vocab_size = config.vocab_size;
+  server_options.api_key = options.api_key;
+  server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
+  server::Server server(scheduler, codec, server_options);
+  server.start();
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
+  fmt::print(stderr, "kiln: serving {} ({} on {}, batch {}, context {}) — ready in {:.0f} ms\n",
+             server_options.model_name, config.model_type, opened.backend->name(), scheduler_options.max_batch,
+             scheduler_options.context_tokens, load_ms);
+  fmt::print(stderr, "kiln: listening on http://{}:{}\n", options.host, server.port());
+
+  int received = 0;
+  while (sigwait(&signals, &received) != 0) {
+  }
+  fmt::print(stderr, "kiln: {} received; finishing requests in flight (up to {:.0f} s; signal again to cancel them)\n",
+             received == SIGINT ? "SIGINT" : "SIGTERM", options.shutdown_grace_seconds);
+  std::atomic<bool> stopped{false};
+  std::thread drain([&] {
+    server.shutdown();
+    stopped.store(true);
+  });
+  // A second signal cancels what is still running instead of waiting for it.
+  const timespec poll_interval{0, 100'000'000};
+  while (!stopped.load()) {
+    if (sigtimedwait(&signals, nullptr, &poll_interval) > 0) {
+      fmt::print(stderr, "kiln: cancelling the requests in flight\n");
+      server.cancel_in_flight();
+      break;
+    }
+  }
+  drain.join();
+  fmt::print(stderr, "kiln: stopped\n");
+}
+
+RegisterCommand register_serve([](CLI::App& app) {
+  auto options = std::make_shared<ServeCommand>();
+  CLI::App* command = app.add_subcommand("serve", "Serve a model over OpenAI- and Anthropic-compatible HTTP APIs");
+  options->model.add_to(*command);
+  command->add_option("--host", options->host, "Address to listen on (loopback by default)");
+  command->add_option("--port", options->port, "Port to listen on (0: any free port)");
+  command->add_option("--max-batch", options->max_batch, "Sequences decoded together (KV-cache slots)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--max-context", options->max_context, "Tokens per sequence (default: the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--max-queue", options->max_queue, "Waiting requests beyond which new ones get 429")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--prefill-chunk", options->prefill_chunk,
+                   "Most prompt tokens a sequence prefills per step (multiple of 64)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--api-key", options->api_key, "Require this key (Authorization: Bearer, or x-api-key)");
+  command->add_option("--served-model-name", options->served_model_name,
+                      "The model id clients use (default: the directory name)");
+  command->add_option("--chat-template", options->chat_template, "A Jinja chat template file replacing the model's");
+  command->add_option("--shutdown-grace", options->shutdown_grace_seconds, "Seconds shutdown lets requests finish")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--request-timeout", options->request_timeout_seconds,
+                   "Seconds a client has to send a whole request")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--idle-timeout", options->idle_timeout_seconds, "Seconds an idle keep-alive connection stays open")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted (413 beyond)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--max-connections", options->max_connections, "Open connections beyond which new ones get 503")
+      ->check(CLI::PositiveNumber);
+  command->callback([options] { serve(*options); });
+});
+
+}  // namespace
+}  // namespace kiln::cli

@@ -1,0 +1,72 @@
+// kiln tokenize: token ids of text, for checking kiln's tokenizer against others.
+//   kiln tokenize (--model DIR | --tokenizer DIR_OR_FILE) (--text T | --jsonl F)
+// --text prints one JSON array of ids; with --jsonl each input line is one JSON string and each
+// output line the JSON array of its ids. Special tokens are added only with --add-special-tokens.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::cli {
+namespace {
+
+struct TokenizeOptions {
+  std::string model_dir;
+  std::string tokenizer_path;
+  std::string text;
+  std::string jsonl_path;
+  bool add_special_tokens = false;
+};
+
+void print_ids(const std::vector<int32_t>& ids) { fmt::print("{}\n", nlohmann::json(ids).dump()); }
+
+void run_tokenize(const TokenizeOptions& options) {
+  const Tokenizer tokenizer = Tokenizer::load(options.model_dir.empty() ? options.tokenizer_path : options.model_dir);
+  if (options.jsonl_path.empty()) {
+    print_ids(tokenizer.encode(options.text, options.add_special_tokens));
+    return;
+  }
+  std::ifstream file;
+  if (options.jsonl_path != "-") {
+    file.open(options.jsonl_path, std::ios::binary);
+    if (!file) fail("{}: cannot open", options.jsonl_path);
+  }
+  std::istream& in = options.jsonl_path == "-" ? std::cin : file;
+  std::string line;
+  for (size_t line_number = 1; std::getline(in, line); ++line_number) {
+    nlohmann::json value;
+    try {
+      value = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& error) {
+      fail("{}:{}: not valid JSON: {}", options.jsonl_path, line_number, error.what());
+    }
+    if (!value.is_string()) fail("{}:{}: each line must be one JSON string", options.jsonl_path, line_number);
+    print_ids(tokenizer.encode(value.get<std::string>(), options.add_special_tokens));
+  }
+}
+
+const RegisterCommand kRegisterTokenize([](CLI::App& app) {
+  auto options = std::make_shared<TokenizeOptions>();
+  CLI::App* command = app.add_subcommand("tokenize", "Print the token ids of text");
+  CLI::Option_group* source = command->add_option_group("source", "where the tokenizer is");
+  source->add_option("--model", options->model_dir, "model directory holding tokenizer.json");
+  source->add_option("--tokenizer", options->tokenizer_path, "tokenizer.json, or a directory holding it");
+  source->require_option(1);
+  CLI::Option_group* input = command->add_option_group("input", "what to tokenize");
+  input->add_option("--text", options->text, "the text");
+  input->add_option("--jsonl", options->jsonl_path, "a file (or - for stdin) of JSON strings, one per line");
+  input->require_option(1);
+  command->add_flag("--add-special-tokens", options->add_special_tokens,
+                    "add the tokens the tokenizer puts around a sequence (e.g. BOS)");
+  command->callback([options] { run_tokenize(*options); });
+});
+
+}  // namespace
+}  // namespace kiln::cli

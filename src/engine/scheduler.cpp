@@ -1,0 +1,237 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace kiln {
+
+std::optional<TokenEvent> RequestStream::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  TokenEvent event = std::move(events_.front());
+  events_.pop_front();
+  return event;
+}
+
+void RequestStream::push(TokenEvent event) {
+  {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  ready_.notify_all();
+}
+
+struct Scheduler::Active {
+  GenerationRequest request;
+  std::shared_ptr<RequestStream> stream;
+  Sampler sampler;
+  int32_t slot = 0;
+  int64_t prefilled = 0;  // prompt tokens already in the cache
+  int32_t next_input = -1;  // the last sampled token, fed at the next decode step
+  int64_t generated = 0;
+};
+
+namespace {
+
+constexpr int64_t kChunkAlignment = 64;  // prefill splits fall on multiples of 64 (hybrid GDN chunks)
+
+std::vector<std::pair<int32_t, float>> top_logprobs(std::span<const float> logits, int32_t count) {
+  const double maximum = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float logit : logits) sum += std::exp(static_cast<double>(logit) - maximum);
+  const double log_sum = std::log(sum);
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t keep = std::min<size_t>(count, order.size());
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  std::vector<std::pair<int32_t, float>> top;
+  for (size_t i = 0; i < keep; ++i)
+    top.emplace_back(order[i], static_cast<float>(logits[order[i]] - maximum - log_sum));
+  return top;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(Model& model, SchedulerOptions options) : model_(model), options_(options) {
+  if (options_.max_batch < 1) fail("max batch must be at least 1, got {}", options_.max_batch);
+  if (options_.prefill_chunk < kChunkAlignment || options_.prefill_chunk % kChunkAlignment != 0)
+    fail("prefill chunk must be a positive multiple of {}, got {}", kChunkAlignment, options_.prefill_chunk);
+  cache_ = model_.make_cache(options_.max_batch, options_.context_tokens);
+  for (int32_t slot = options_.max_batch - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+  stats_.cache_tokens_total = options_.max_batch * options_.context_tokens;
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() { shutdown(false); }
+
+std::shared_ptr<RequestStream> Scheduler::submit(GenerationRequest request) {
+  const auto prompt_length = static_cast<int64_t>(request.prompt.size());
+  if (prompt_length == 0) fail("the prompt is empty");
+  if (prompt_length >= options_.context_tokens)
+    fail("the prompt has {} tokens but the context holds {} (prompt and completion together)", prompt_length,
+         options_.context_tokens);
+  if (request.max_tokens < 0) fail("max_tokens must be ≥ 0, got {}", request.max_tokens);
+  request.sampling.validate();
+  const int64_t vocab = model_.config().vocab_size;
+  for (int32_t token : request.prompt)
+    if (token < 0 || token >= vocab) fail("prompt token id {} is outside the vocabulary (size {})", token, vocab);
+  request.max_tokens = std::min(request.max_tokens, options_.context_tokens - prompt_length);
+
+  auto stream = std::make_shared<RequestStream>();
+  stream->prompt_tokens_ = prompt_length;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) fail("the server is shutting down");
+    if (static_cast<int64_t>(waiting_.size()) >= options_.max_queue)
+      throw QueueFull("the request queue is full (" + std::to_string(options_.max_queue) + " waiting)");
+    waiting_.emplace_back(std::move(request), stream);
+    stats_.waiting = static_cast<int64_t>(waiting_.size());
+  }
+  wake_.notify_one();
+  return stream;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void Scheduler::shutdown(bool finish) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    finish_on_stop_ = finish;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::run() {
+  std::vector<std::unique_ptr<Active>> running;
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running.empty(); });
+      if (stopping_ && !finish_on_stop_) {
+        for (auto& [request, stream] : waiting_) stream->push({-1, 0, {}, true, "cancelled", "server shutting down"});
+        waiting_.clear();
+        for (auto& active : running) active->stream->push({-1, 0, {}, true, "cancelled", "server shutting down"});
+        return;
+      }
+      if (stopping_ && waiting_.empty() && running.empty()) return;
+      while (!free_slots_.empty() && !waiting_.empty()) {
+        auto [request, stream] = std::move(waiting_.front());
+        waiting_.pop_front();
+        auto active = std::make_unique<Active>(Active{std::move(request), std::move(stream),
+                                                      Sampler(SamplingParams{}), free_slots_.back()});
+        active->sampler = Sampler(active->request.sampling);
+        free_slots_.pop_back();
+        cache_->reset_slot(active->slot);
+        running.push_back(std::move(active));
+      }
+      stats_.waiting = static_cast<int64_t>(waiting_.size());
+      stats_.running = static_cast<int64_t>(running.size());
+    }
+    step(running);
+  }
+}
+
+void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
+  auto finish = [&](Active& active, TokenEvent event) {
+    active.stream->push(std::move(event));
+    std::lock_guard lock(mutex_);
+    free_slots_.push_back(active.slot);
+  };
+  // Drop cancelled requests (a disconnected client) before spending compute on them.
+  std::erase_if(running, [&](const std::unique_ptr<Active>& active) {
+    if (!active->stream->cancelled()) return false;
+    finish(*active, {-1, 0, {}, true, "cancelled", ""});
+    return true;
+  });
+  // With nothing left to run the loop sleeps, so the stats must say so now (a cancelled last
+  // request would otherwise stay counted as running, holding its cache positions).
+  auto publish_idle = [&] {
+    std::lock_guard lock(mutex_);
+    stats_.running = 0;
+    stats_.cache_tokens_used = 0;
+  };
+  if (running.empty()) {
+    publish_idle();
+    return;
+  }
+
+  std::vector<SequenceStep> steps;
+  std::vector<bool> samples;  // whether the step's logit row is used to sample a token
+  for (const auto& active : running) {
+    const auto prompt_length = static_cast<int64_t>(active->request.prompt.size());
+    if (active->prefilled < prompt_length) {
+      int64_t end = std::min(prompt_length, active->prefilled + options_.prefill_chunk);
+      if (end < prompt_length) end = end / kChunkAlignment * kChunkAlignment;
+      steps.push_back({active->slot, static_cast<int32_t>(active->prefilled),
+                       std::vector<int32_t>(active->request.prompt.begin() + active->prefilled,
+                                            active->request.prompt.begin() + end),
+                       false});
+      samples.push_back(end == prompt_length);
+      active->prefilled = end;
+    } else {
+      steps.push_back({active->slot, static_cast<int32_t>(prompt_length + active->generated - 1), {active->next_input}, false});
+      samples.push_back(true);
+    }
+  }
+
+  Tensor logits;
+  try {
+    logits = run_step(model_, *cache_, steps);
+  } catch (const std::exception& error) {
+    for (auto& active : running) finish(*active, {-1, 0, {}, true, "error", error.what()});
+    running.clear();
+    publish_idle();
+    return;
+  }
+  const int64_t vocab = model_.config().vocab_size;
+  std::vector<std::unique_ptr<Active>> still_running;
+  int64_t cache_used = 0;
+  for (size_t index = 0; index < running.size(); ++index) {
+    Active& active = *running[index];
+    if (samples[index] && active.request.max_tokens == 0) {
+      finish(active, {-1, 0, {}, true, "length", ""});
+      continue;
+    }
+    if (samples[index]) {
+      const std::span<const float> row(logits.data<float>() + index * vocab, static_cast<size_t>(vocab));
+      const SampledToken token = active.sampler.sample(row);
+      ++active.generated;
+      active.next_input = token.token;
+      TokenEvent event{token.token, token.logprob, {}, false, "", ""};
+      if (active.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, active.request.top_logprobs);
+      const auto& stops = active.request.stop_ids;
+      if (std::find(stops.begin(), stops.end(), token.token) != stops.end()) {
+        event.finished = true;
+        event.finish_reason = "stop";
+      } else if (active.generated >= active.request.max_tokens) {
+        event.finished = true;
+        event.finish_reason = "length";
+      }
+      if (event.finished) {
+        finish(active, std::move(event));
+        continue;
+      }
+      active.stream->push(std::move(event));
+    }
+    cache_used += active.prefilled + active.generated;
+    still_running.push_back(std::move(running[index]));
+  }
+  running = std::move(still_running);
+  std::lock_guard lock(mutex_);
+  stats_.steps++;
+  stats_.running = static_cast<int64_t>(running.size());
+  stats_.cache_tokens_used = cache_used;
+}
+
+}  // namespace kiln

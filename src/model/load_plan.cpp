@@ -1,0 +1,211 @@
+#include "model/load_plan.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace kiln {
+namespace {
+
+// How many tensor names one error line lists before it only counts the rest.
+constexpr size_t kNamesListed = 20;
+
+float stored_value_as_f32(const Tensor& tensor, int64_t index) {
+  switch (tensor.dtype()) {
+    case DType::F32: return tensor.data<const float>()[index];
+    case DType::F16: return f16_to_f32(tensor.data<const uint16_t>()[index]);
+    case DType::BF16: return bf16_to_f32(tensor.data<const uint16_t>()[index]);
+    case DType::I32: break;
+  }
+  fail("subtract-one fix-up of a {} tensor", dtype_name(tensor.dtype()));
+}
+
+// A stored 1 + γ gain as the zero-centred γ in f32. Widening F16/BF16/F32 to f32 is exact, so the
+// one f32 subtraction is the only rounding: the result is the correctly rounded stored − 1.
+Tensor subtract_one(const Tensor& stored) {
+  Tensor shifted = Tensor::empty(stored.shape(), DType::F32);
+  float* out = shifted.data<float>();
+  for (int64_t index = 0; index < stored.numel(); ++index) out[index] = stored_value_as_f32(stored, index) - 1.0f;
+  return shifted;
+}
+
+std::string listed(const std::vector<std::string>& names) {
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kNamesListed));
+  std::string text = fmt::format("{}", fmt::join(shown, ", "));
+  if (names.size() > shown.size()) text += fmt::format(" and {} more", names.size() - shown.size());
+  return text;
+}
+
+// The source's row blocks (axis 0) concatenated in order: a copy in the stored dtype.
+Tensor gather_rows(const Tensor& source, const std::vector<RowBlock>& blocks, const std::string& file,
+                   const std::string& name) {
+  if (source.ndim() < 1) fail("{}: tensor '{}': cannot gather rows of a scalar", file, name);
+  const int64_t row_bytes = source.dim(0) ? static_cast<int64_t>(source.nbytes()) / source.dim(0) : 0;
+  int64_t total_rows = 0;
+  for (const RowBlock& block : blocks) {
+    if (block.first_row < 0 || block.rows < 0 || block.first_row + block.rows > source.dim(0))
+      fail("{}: tensor '{}': row block [{}, {}) is outside its {} rows", file, name, block.first_row,
+           block.first_row + block.rows, source.dim(0));
+    total_rows += block.rows;
+  }
+  Shape shape = source.shape();
+  shape[0] = total_rows;
+  Tensor gathered = Tensor::empty(shape, source.dtype());
+  char* out = static_cast<char*>(gathered.raw());
+  for (const RowBlock& block : blocks) {
+    std::memcpy(out, static_cast<const char*>(source.raw()) + block.first_row * row_bytes, block.rows * row_bytes);
+    out += block.rows * row_bytes;
+  }
+  return gathered;
+}
+
+}  // namespace
+
+const char* fixup_name(FixUp fixup) {
+  switch (fixup) {
+    case FixUp::ConvToChannelsKernel: return "conv_to_channels_kernel";
+    case FixUp::ConvFromKernelLast: return "conv_from_kernel_last";
+    case FixUp::SubtractOne: return "subtract_one";
+    case FixUp::GatherRows: return "gather_rows";
+  }
+  return "?";
+}
+
+nlohmann::json LoadPlan::to_json() const {
+  nlohmann::json planned = nlohmann::json::array();
+  for (const PlannedTensor& tensor : tensors) {
+    nlohmann::json fixup_names = nlohmann::json::array();
+    for (FixUp fixup : tensor.fixups) fixup_names.push_back(fixup_name(fixup));
+    planned.push_back({{"canonical", tensor.canonical},
+                       {"source", tensor.source},
+                       {"fixups", fixup_names},
+                       {"canonical_shape", tensor.canonical_shape}});
+    if (!tensor.row_blocks.empty()) {
+      nlohmann::json blocks = nlohmann::json::array();
+      for (const RowBlock& block : tensor.row_blocks) blocks.push_back({block.first_row, block.rows});
+      planned.back()["row_blocks"] = blocks;
+    }
+  }
+  nlohmann::json dropped_json = nlohmann::json::array();
+  for (const DroppedTensor& tensor : dropped)
+    dropped_json.push_back({{"source", tensor.source}, {"reason", tensor.reason}});
+  return {{"tensors", planned}, {"dropped", dropped_json}, {"notes", notes}};
+}
+
+WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan)
+    : checkpoint_name_(checkpoint.location().string()) {
+  std::set<std::string> covered;
+  for (const DroppedTensor& dropped : plan.dropped) {
+    if (!checkpoint.contains(dropped.source))
+      fail("{}: the load plan drops tensor '{}' ({}), which the checkpoint does not hold", checkpoint_name_,
+           dropped.source, dropped.reason);
+    covered.insert(dropped.source);
+  }
+  for (const PlannedTensor& planned : plan.tensors) {
+    if (tensors_.count(planned.canonical))
+      fail("{}: the load plan maps tensor '{}' twice", checkpoint_name_, planned.canonical);
+    if (!checkpoint.contains(planned.source))
+      fail("{}: tensor '{}' (for '{}') is missing from the checkpoint", checkpoint_name_, planned.source,
+           planned.canonical);
+    const TensorInfo& info = checkpoint.info(planned.source);
+    const std::string file = info.file.string();
+    Tensor tensor = checkpoint.view(planned.source);
+    for (FixUp fixup : planned.fixups) {
+      switch (fixup) {
+        case FixUp::ConvToChannelsKernel:
+          if (tensor.ndim() != 3 || tensor.dim(1) != 1)
+            fail("{}: tensor '{}': conv weight shape {} is not [channels, 1, kernel]", file, planned.source,
+                 shape_string(tensor.shape()));
+          tensor = tensor.reshape({tensor.dim(0), tensor.dim(2)});
+          break;
+        case FixUp::ConvFromKernelLast:
+          if (tensor.ndim() != 3 || tensor.dim(2) != 1)
+            fail("{}: tensor '{}': conv weight shape {} is not [channels, kernel, 1]", file, planned.source,
+                 shape_string(tensor.shape()));
+          tensor = tensor.reshape({tensor.dim(0), tensor.dim(1)});
+          break;
+        case FixUp::SubtractOne:
+          tensor = subtract_one(tensor);
+          break;
+        case FixUp::GatherRows:
+          tensor = gather_rows(tensor, planned.row_blocks, file, planned.source);
+          break;
+      }
+    }
+    if (tensor.shape() != planned.canonical_shape)
+      fail("{}: tensor '{}': the load plan expects shape {} for '{}' but fixed up it is {}", file, planned.source,
+           shape_string(planned.canonical_shape), planned.canonical, shape_string(tensor.shape()));
+    tensors_.emplace(planned.canonical, std::move(tensor));
+    sources_.emplace(planned.canonical, planned.source);
+    source_files_.emplace(planned.canonical, info.file);
+    covered.insert(planned.source);
+  }
+  for (const auto& [name, info] : checkpoint.tensors())
+    if (!covered.count(name)) unplanned_.push_back(fmt::format("'{}' in {}", name, info.file.string()));
+}
+
+Tensor WeightMap::take(const std::string& canonical, const Shape& shape) {
+  auto found = tensors_.find(canonical);
+  if (found == tensors_.end())
+    fail("{}: tensor '{}' is missing from the checkpoint (the model graph needs it)", checkpoint_name_, canonical);
+  if (found->second.shape() != shape)
+    fail("{}: tensor '{}': wrong shape: config implies {} but the checkpoint has {}",
+         source_files_.at(canonical).string(), sources_.at(canonical), shape_string(shape),
+         shape_string(found->second.shape()));
+  used_.insert(canonical);
+  return found->second;
+}
+
+const std::string& WeightMap::source_name(const std::string& canonical) const {
+  auto found = sources_.find(canonical);
+  if (found == sources_.end()) fail("{}: no planned tensor '{}'", checkpoint_name_, canonical);
+  return found->second;
+}
+
+void WeightMap::require_all_used() const {
+  std::vector<std::string> unused;
+  for (const auto& [canonical, source] : sources_)
+    if (!used_.count(canonical))
+      unused.push_back(fmt::format("'{}' in {}", source, source_files_.at(canonical).string()));
+  if (!unused.empty())
+    fail("{}: {} checkpoint tensor(s) that the model graph never used: {}", checkpoint_name_, unused.size(),
+         listed(unused));
+  if (!unplanned_.empty())
+    fail("{}: {} checkpoint tensor(s) that the load plan neither maps nor drops: {}", checkpoint_name_,
+         unplanned_.size(), listed(unplanned_));
+}
+
+void WeightMap::convert_to(DType dtype) {
+  if (dtype == DType::I32) fail("{}: weights cannot be converted to {}", checkpoint_name_, dtype_name(dtype));
+  for (auto& [canonical, tensor] : tensors_) {
+    if (tensor.dtype() == dtype) continue;
+    if (tensor.dtype() == DType::I32)
+      fail("{}: tensor '{}' is {}, not a floating-point weight to convert to {}", checkpoint_name_,
+           sources_.at(canonical), dtype_name(tensor.dtype()), dtype_name(dtype));
+    const Tensor stored = tensor;
+    Tensor converted = Tensor::empty(stored.shape(), dtype);
+    // Widening F16/BF16 to f32 is exact, so each element is rounded once, from its stored value.
+    ThreadPool::global().parallel_for(stored.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+      for (int64_t index = begin; index < end; ++index) {
+        const float value = stored_value_as_f32(stored, index);
+        if (dtype == DType::F32) converted.data<float>()[index] = value;
+        else if (dtype == DType::F16) converted.data<uint16_t>()[index] = f32_to_f16(value);
+        else converted.data<uint16_t>()[index] = f32_to_bf16(value);
+      }
+    });
+    tensor = std::move(converted);
+  }
+}
+
+LoadPlan identity_plan(const Checkpoint& checkpoint) {
+  LoadPlan plan;
+  for (const auto& [name, info] : checkpoint.tensors()) plan.tensors.push_back({name, name, {}, info.shape});
+  return plan;
+}
+
+}  // namespace kiln

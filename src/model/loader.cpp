@@ -1,0 +1,111 @@
+#include "model/loader.h"
+
+#include "core/error.h"
+#include "io/fingerprint.h"
+
+namespace kiln {
+
+SanitizerTable::SanitizerTable(std::map<Graph, Sanitizer> sanitizers) : sanitizers_(std::move(sanitizers)) {
+  for (const auto& [graph, sanitizer] : sanitizers_)
+    if (!sanitizer) fail("checkpoint sanitizer for graph {} is empty", graph_name(graph));
+}
+
+SanitizerTable SanitizerTable::with(Graph graph, Sanitizer sanitizer) const {
+  auto sanitizers = sanitizers_;
+  if (!sanitizers.emplace(graph, std::move(sanitizer)).second)
+    fail("duplicate checkpoint sanitizer for graph {}", graph_name(graph));
+  return SanitizerTable(std::move(sanitizers));
+}
+
+const Sanitizer& SanitizerTable::for_profile(const ModelProfile& profile) const {
+  const Graph graph = profile.execution().graph;
+  const auto found = sanitizers_.find(graph);
+  if (found == sanitizers_.end())
+    fail("model profile {} selects graph {}, for which no checkpoint sanitizer is registered", profile.id(),
+         graph_name(graph));
+  return found->second;
+}
+
+ModelPlan plan_model(const std::filesystem::path& model_dir, Device device, bool backend_present,
+                     const LoadOptions& options) {
+  ModelConfig config = load_config(model_dir);
+  const auto artifact = artifact_fingerprint(model_dir, options.hash_artifact);
+  ResolvedProfile resolved = resolve_profile(config, artifact, *options.profiles);
+  auto engine = engine_capabilities(*options.registry, device, backend_present);
+  require_engine_capabilities(resolved.profile, device, engine);
+  auto implementation = options.registry->select(config, resolved, device);
+  const Sanitizer& sanitize = options.sanitizers->for_profile(resolved.profile);
+  Checkpoint checkpoint = Checkpoint::open(model_dir);
+  LoadPlan load_plan = sanitize(checkpoint, config);
+  return ModelPlan{model_dir,
+                   std::move(config),
+                   std::move(resolved),
+                   device,
+                   std::move(engine),
+                   std::move(implementation),
+                   std::move(checkpoint),
+                   std::move(load_plan)};
+}
+
+std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std::optional<DType> dtype) {
+  const ModelImplementation& implementation = *plan.implementation;
+  const std::string& profile = plan.resolved.profile.id();
+  if (backend.device() != plan.device)
+    fail("model profile {}: implementation {} was planned for {}, but the backend is {}", profile, implementation.id,
+         device_name(plan.device), backend.name());
+  WeightMap weights(plan.checkpoint, plan.load_plan);
+  if (dtype) weights.convert_to(*dtype);
+  // The construction seam: the resolved profile is checked again against the config it builds.
+  check_resolved_profile(plan.config, plan.resolved);
+  std::unique_ptr<Model> model = implementation.create(weights, plan.config, plan.resolved, backend);
+  if (!model)
+    fail("model implementation {} returned no model for profile {} ({})", implementation.id, profile,
+         plan.model_dir.string());
+  weights.require_all_used();
+  return model;
+}
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, Backend& backend,
+                                  const LoadOptions& options) {
+  const ModelPlan plan = plan_model(model_dir, backend.device(), /*backend_present=*/true, options);
+  return build_model(plan, backend, options.dtype);
+}
+
+nlohmann::json ModelPlan::to_json() const {
+  // Parameters and bytes count what the graph will hold: the planned tensors, not the dropped
+  // ones (which the load plan lists).
+  int64_t parameters = 0;
+  std::map<std::string, uint64_t> bytes_by_dtype;
+  for (const auto& planned : load_plan.tensors) {
+    const TensorInfo& info = checkpoint.info(planned.source);
+    parameters += shape_numel(info.shape);
+    bytes_by_dtype[std::string(dtype_name(info.dtype))] += info.nbytes;
+  }
+  std::set<Capability> required_set = resolved.profile.capabilities();
+  required_set.insert(backend_capability(device));
+  nlohmann::json required = nlohmann::json::array();
+  for (Capability capability : required_set) required.push_back(capability_name(capability));
+  nlohmann::json engine = nlohmann::json::array();
+  for (Capability capability : engine_capabilities) engine.push_back(capability_name(capability));
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& file : checkpoint.files()) files.push_back(file.string());
+
+  return {
+      {"model_dir", model_dir.string()},
+      {"model_type", config.model_type},
+      {"device", device_name(device)},
+      {"profile", resolved.profile.to_json()},
+      {"artifact_fingerprint", resolved.artifact_fingerprint ? nlohmann::json(*resolved.artifact_fingerprint)
+                                                             : nlohmann::json(nullptr)},
+      {"config_fingerprint", resolved.config_fingerprint},
+      {"exact_artifact", resolved.exact_artifact},
+      {"implementation", implementation->id},
+      {"capabilities", {{"required", required}, {"engine", engine}}},
+      {"parameters", parameters},
+      {"bytes_by_dtype", bytes_by_dtype},
+      {"checkpoint", {{"files", files}, {"tensors", checkpoint.tensors().size()}, {"bytes", checkpoint.total_bytes()}}},
+      {"load_plan", load_plan.to_json()},
+  };
+}
+
+}  // namespace kiln

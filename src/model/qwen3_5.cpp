@@ -1,0 +1,292 @@
+// Qwen3.5 (dense) and Qwen3-Next text models — transformers' Qwen3_5ForCausalLM; spec part A:
+//
+//   h = E[x]
+//   for each layer i (layer_types[i]):
+//     a = RMSNorm_zc(h)                                   zero-centred: (1 + γ) · x̂, in f32
+//     linear_attention (Gated DeltaNet, A.6):
+//       qkv, z, b, a' = a·W_qkvᵀ, a·W_zᵀ, a·W_bᵀ, a·W_aᵀ
+//       u = SiLU(causal_conv1d(qkv))                       (K = 4, per-sequence state tail)
+//       q, k, v = split(u); q, k = l2norm(q)·dk^-½, l2norm(k)
+//       β = sigmoid(b);  g = −exp(A_log)·softplus(a' + dt_bias)
+//       o = DeltaRule(q, k, v, g, β)                        (f32 state S [Hv, dk, dv])
+//       m = (RMSNorm(o)·w ⊙ SiLU(z))·W_outᵀ
+//     full_attention (gated attention, A.5):
+//       [q | gate] = a·W_qᵀ per head;  k, v = a·W_kᵀ, a·W_vᵀ
+//       q, k = RMSNorm_zc(q), RMSNorm_zc(k);  partial RoPE on the first dh·0.25 dims
+//       m = (Attention(q, K, V) ⊙ sigmoid(gate))·W_oᵀ
+//     h = h + m;  h = h + SwiGLU-MLP(RMSNorm_zc(h))
+//   logits = RMSNorm_zc(h)·W_lmᵀ
+#include "model/qwen3_5.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/rope_frequencies.h"
+
+namespace kiln {
+namespace {
+
+struct GatedDeltaNetWeights {
+  Tensor in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, a_log, norm, out_proj;
+};
+
+struct GatedAttentionWeights {
+  Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+};
+
+struct HybridLayer {
+  LayerKind kind = LayerKind::FullAttention;
+  Tensor input_norm, post_attention_norm;
+  GatedDeltaNetWeights delta;
+  GatedAttentionWeights attention;
+  Tensor gate_proj, up_proj, down_proj;
+  int64_t state_index = 0;  // index among the layers of its kind (cache tensors)
+};
+
+// KV rows for the attention layers; the conv tail and the delta-rule state for the GDN layers.
+class HybridCache final : public ModelCache {
+ public:
+  HybridCache(Backend& backend, const ModelConfig& config, int64_t attention_layers, int64_t delta_layers,
+              int64_t slots, int64_t capacity)
+      : slots_(slots), capacity_(capacity) {
+    const int64_t conv_channels = 2 * config.linear_num_key_heads * config.linear_key_head_dim +
+                                  config.linear_num_value_heads * config.linear_value_head_dim;
+    for (int64_t i = 0; i < attention_layers; ++i) {
+      keys.push_back(backend.alloc({slots, capacity, config.num_key_value_heads, config.head_dim}, backend.activation_dtype()));
+      values.push_back(backend.alloc({slots, capacity, config.num_key_value_heads, config.head_dim}, backend.activation_dtype()));
+    }
+    for (int64_t i = 0; i < delta_layers; ++i) {
+      conv_states.push_back(backend.alloc({slots, config.linear_conv_kernel_dim - 1, conv_channels}, DType::F32));
+      delta_states.push_back(backend.alloc({slots, config.linear_num_value_heads, config.linear_key_head_dim,
+                                            config.linear_value_head_dim},
+                                           DType::F32));
+    }
+  }
+  int64_t slots() const override { return slots_; }
+  int64_t capacity() const override { return capacity_; }
+  // A span at position 0 starts from zero conv and delta states whatever the slot holds, and
+  // attention reads only rows its own sequence wrote: a slot needs no clearing to be reused.
+  void reset_slot(int32_t slot) override {
+    if (slot < 0 || slot >= slots_) fail("cache slot {} out of range (cache has {} slots)", slot, slots_);
+  }
+  size_t bytes() const override {
+    size_t total = 0;
+    for (const auto* group : {&keys, &values, &conv_states, &delta_states})
+      for (const Tensor& tensor : *group) total += tensor.nbytes();
+    return total;
+  }
+
+  std::vector<Tensor> keys, values, conv_states, delta_states;
+
+ private:
+  int64_t slots_, capacity_;
+};
+
+class Qwen35Model final : public Model {
+ public:
+  Qwen35Model(WeightMap& weights, const ModelConfig& config, Backend& backend)
+      : config_(config), backend_(backend), hybrid_(backend.hybrid_ops()) {
+    if (!hybrid_) fail("the {} backend has no Gated DeltaNet kernels: the qwen3_5 graph cannot run on it", backend.name());
+    const int64_t hidden = config.hidden_size;
+    const int64_t ffn = config.intermediate_size;
+    const int64_t key_heads = config.linear_num_key_heads, key_dim = config.linear_key_head_dim;
+    const int64_t value_heads = config.linear_num_value_heads, value_dim = config.linear_value_head_dim;
+    const int64_t conv_channels = 2 * key_heads * key_dim + value_heads * value_dim;
+    const int64_t q_width = config.num_attention_heads * config.head_dim;
+    const int64_t kv_width = config.num_key_value_heads * config.head_dim;
+
+    auto take = [&](const std::string& name, const Shape& shape) { return backend.upload(weights.take(name, shape)); };
+    embed_tokens_ = take("model.embed_tokens.weight", {config.vocab_size, hidden});
+    for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
+      const std::string prefix = "model.layers." + std::to_string(index) + ".";
+      HybridLayer layer;
+      layer.kind = config.layer_types.at(index);
+      layer.input_norm = take(prefix + "input_layernorm.weight", {hidden});
+      layer.post_attention_norm = take(prefix + "post_attention_layernorm.weight", {hidden});
+      if (layer.kind == LayerKind::LinearAttention) {
+        const std::string p = prefix + "linear_attn.";
+        GatedDeltaNetWeights& d = layer.delta;
+        d.in_proj_qkv = take(p + "in_proj_qkv.weight", {conv_channels, hidden});
+        d.in_proj_z = take(p + "in_proj_z.weight", {value_heads * value_dim, hidden});
+        d.in_proj_b = take(p + "in_proj_b.weight", {value_heads, hidden});
+        d.in_proj_a = take(p + "in_proj_a.weight", {value_heads, hidden});
+        d.conv1d = take(p + "conv1d.weight", {conv_channels, config.linear_conv_kernel_dim});
+        d.dt_bias = take(p + "dt_bias", {value_heads});
+        d.a_log = take(p + "A_log", {value_heads});
+        d.norm = take(p + "norm.weight", {value_dim});
+        d.out_proj = take(p + "out_proj.weight", {hidden, value_heads * value_dim});
+        layer.state_index = delta_layers_++;
+      } else {
+        const std::string p = prefix + "self_attn.";
+        GatedAttentionWeights& a = layer.attention;
+        a.q_proj = take(p + "q_proj.weight", {2 * q_width, hidden});
+        a.k_proj = take(p + "k_proj.weight", {kv_width, hidden});
+        a.v_proj = take(p + "v_proj.weight", {kv_width, hidden});
+        a.o_proj = take(p + "o_proj.weight", {hidden, q_width});
+        a.q_norm = take(p + "q_norm.weight", {config.head_dim});
+        a.k_norm = take(p + "k_norm.weight", {config.head_dim});
+        layer.state_index = attention_layers_++;
+      }
+      layer.gate_proj = take(prefix + "mlp.gate_proj.weight", {ffn, hidden});
+      layer.up_proj = take(prefix + "mlp.up_proj.weight", {ffn, hidden});
+      layer.down_proj = take(prefix + "mlp.down_proj.weight", {hidden, ffn});
+      layers_.push_back(std::move(layer));
+    }
+    final_norm_ = take("model.norm.weight", {hidden});
+    if (weights.contains("lm_head.weight") || !config.tie_word_embeddings)
+      lm_head_ = take("lm_head.weight", {config.vocab_size, hidden});
+    else
+      lm_head_ = embed_tokens_;
+
+    // Text-only input: the three mRoPE streams all carry the 1-D position, so the interleaved
+    // multimodal RoPE is exactly partial 1-D RoPE (spec A.5.3).
+    rotary_dim_ = static_cast<int>(rope_rotary_dim(config));
+    const std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim_, embed_tokens_.dtype());
+    Tensor host_inv_freq = Tensor::empty({static_cast<int64_t>(inv_freq.size())}, DType::F32);
+    std::copy(inv_freq.begin(), inv_freq.end(), host_inv_freq.data<float>());
+    inv_freq_ = backend.upload(host_inv_freq);
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  Backend& backend() const override { return backend_; }
+
+  size_t decode_weight_bytes() const override {
+    size_t bytes = final_norm_.nbytes() + lm_head_.nbytes();
+    for (const HybridLayer& layer : layers_) {
+      const auto& d = layer.delta;
+      const auto& a = layer.attention;
+      for (const Tensor* tensor : {&layer.input_norm, &layer.post_attention_norm, &layer.gate_proj, &layer.up_proj,
+                                   &layer.down_proj, &d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a,
+                                   &d.conv1d, &d.dt_bias, &d.a_log, &d.norm, &d.out_proj, &a.q_proj, &a.k_proj,
+                                   &a.v_proj, &a.o_proj, &a.q_norm, &a.k_norm})
+        if (tensor->defined()) bytes += tensor->nbytes();
+    }
+    return bytes;
+  }
+
+  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
+    return std::make_unique<HybridCache>(backend_, config_, attention_layers_, delta_layers_, slots, capacity);
+  }
+
+  void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache, Tensor& logits) override {
+    auto& cache = dynamic_cast<HybridCache&>(model_cache);
+    const int64_t tokens = layout.total_tokens;
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    Backend& ops = backend_;
+    Tensor residual = ops.alloc({tokens, config_.hidden_size}, ops.activation_dtype());
+    Tensor normed = ops.alloc({tokens, config_.hidden_size}, ops.activation_dtype());
+    Tensor mixed = ops.alloc({tokens, config_.hidden_size}, ops.activation_dtype());
+
+    ops.embedding(embed_tokens_, layout.token_ids, residual);
+    ops.rms_norm(residual, layers_.front().input_norm, eps, NormStyle::ZeroCentred, normed);
+    for (size_t index = 0; index < layers_.size(); ++index) {
+      const HybridLayer& layer = layers_[index];
+      if (layer.kind == LayerKind::LinearAttention)
+        gated_delta_net(layer, normed, layout, cache, mixed);
+      else
+        gated_attention(layer, normed, layout, cache, mixed);
+      ops.add_rms_norm(residual, mixed, layer.post_attention_norm, eps, NormStyle::ZeroCentred, normed);
+      mlp(layer, normed, mixed);
+      const Tensor& next_norm = index + 1 < layers_.size() ? layers_[index + 1].input_norm : final_norm_;
+      ops.add_rms_norm(residual, mixed, next_norm, eps, NormStyle::ZeroCentred, normed);
+    }
+    Tensor selected = ops.alloc({logit_rows.numel(), config_.hidden_size}, ops.activation_dtype());
+    ops.gather_rows(normed, logit_rows, selected);
+    ops.matmul(selected, lm_head_, nullptr, logits);
+  }
+
+ private:
+  void gated_delta_net(const HybridLayer& layer, const Tensor& x, const BatchLayout& layout, HybridCache& cache,
+                       Tensor& out) {
+    Backend& ops = backend_;
+    const GatedDeltaNetWeights& d = layer.delta;
+    const int64_t tokens = x.dim(0);
+    const int64_t key_heads = config_.linear_num_key_heads, key_dim = config_.linear_key_head_dim;
+    const int64_t value_heads = config_.linear_num_value_heads, value_dim = config_.linear_value_head_dim;
+    const DType act = ops.activation_dtype();
+    Tensor qkv = ops.alloc({tokens, d.in_proj_qkv.dim(0)}, act);
+    Tensor z = ops.alloc({tokens, value_heads, value_dim}, act);
+    Tensor b = ops.alloc({tokens, value_heads}, act);
+    Tensor a = ops.alloc({tokens, value_heads}, act);
+    ops.matmul(x, d.in_proj_qkv, nullptr, qkv);
+    Tensor z_flat = z.reshape({tokens, value_heads * value_dim});
+    ops.matmul(x, d.in_proj_z, nullptr, z_flat);
+    ops.matmul(x, d.in_proj_b, nullptr, b);
+    ops.matmul(x, d.in_proj_a, nullptr, a);
+
+    Tensor convolved = ops.alloc(qkv.shape(), act);
+    hybrid_->causal_conv1d_silu(qkv, d.conv1d, layout, cache.conv_states[layer.state_index], convolved);
+    Tensor q = ops.alloc({tokens, key_heads, key_dim}, act);
+    Tensor k = ops.alloc({tokens, key_heads, key_dim}, act);
+    Tensor v = ops.alloc({tokens, value_heads, value_dim}, act);
+    hybrid_->gated_delta_prepare_qkv(convolved, q, k, v);
+    Tensor beta = ops.alloc({tokens, value_heads}, DType::F32);
+    Tensor g = ops.alloc({tokens, value_heads}, DType::F32);
+    hybrid_->gated_delta_gates(b, a, d.a_log, d.dt_bias, beta, g);
+
+    Tensor core = ops.alloc({tokens, value_heads, value_dim}, act);
+    hybrid_->gated_delta_rule(q, k, v, g, beta, layout, cache.delta_states[layer.state_index], core);
+    hybrid_->rms_norm_gated(core, z, d.norm, static_cast<float>(config_.rms_norm_eps), core);
+    ops.matmul(core.reshape({tokens, value_heads * value_dim}), d.out_proj, nullptr, out);
+  }
+
+  void gated_attention(const HybridLayer& layer, const Tensor& x, const BatchLayout& layout, HybridCache& cache,
+                       Tensor& out) {
+    Backend& ops = backend_;
+    const GatedAttentionWeights& w = layer.attention;
+    const int64_t tokens = x.dim(0);
+    const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
+    const int64_t head_dim = config_.head_dim;
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    const DType act = ops.activation_dtype();
+    Tensor query_and_gate = ops.alloc({tokens, heads, 2 * head_dim}, act);
+    Tensor query_and_gate_flat = query_and_gate.reshape({tokens, 2 * heads * head_dim});
+    ops.matmul(x, w.q_proj, nullptr, query_and_gate_flat);
+    Tensor q = ops.alloc({tokens, heads, head_dim}, act);
+    Tensor gate = ops.alloc({tokens, heads, head_dim}, act);
+    hybrid_->split_query_gate(query_and_gate, q, gate);
+    Tensor k = ops.alloc({tokens, kv_heads, head_dim}, act);
+    Tensor v = ops.alloc({tokens, kv_heads, head_dim}, act);
+    Tensor k_flat = k.reshape({tokens, kv_heads * head_dim}), v_flat = v.reshape({tokens, kv_heads * head_dim});
+    ops.matmul(x, w.k_proj, nullptr, k_flat);
+    ops.matmul(x, w.v_proj, nullptr, v_flat);
+    ops.rms_norm(q, w.q_norm, eps, NormStyle::ZeroCentred, q);
+    ops.rms_norm(k, w.k_norm, eps, NormStyle::ZeroCentred, k);
+    ops.rope(q, layout.positions, inv_freq_, rotary_dim_);
+    ops.rope(k, layout.positions, inv_freq_, rotary_dim_);
+    ops.kv_write(k, v, layout, cache.keys[layer.state_index], cache.values[layer.state_index]);
+    Tensor attended = ops.alloc({tokens, heads, head_dim}, act);
+    ops.attention(q, cache.keys[layer.state_index], cache.values[layer.state_index], layout,
+                  1.0f / std::sqrt(static_cast<float>(head_dim)), attended);
+    hybrid_->sigmoid_gate(attended, gate);
+    ops.matmul(attended.reshape({tokens, heads * head_dim}), w.o_proj, nullptr, out);
+  }
+
+  void mlp(const HybridLayer& layer, const Tensor& x, Tensor& out) {
+    Backend& ops = backend_;
+    Tensor gate = ops.alloc({x.dim(0), config_.intermediate_size}, ops.activation_dtype());
+    Tensor up = ops.alloc({x.dim(0), config_.intermediate_size}, ops.activation_dtype());
+    ops.matmul(x, layer.gate_proj, nullptr, gate);
+    ops.matmul(x, layer.up_proj, nullptr, up);
+    ops.swiglu(gate, up, gate);
+    ops.matmul(gate, layer.down_proj, nullptr, out);
+  }
+
+  ModelConfig config_;
+  Backend& backend_;
+  HybridOps* hybrid_;
+  Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
+  std::vector<HybridLayer> layers_;
+  int64_t attention_layers_ = 0, delta_layers_ = 0;
+  int rotary_dim_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig& config, Backend& backend) {
+  return std::make_unique<Qwen35Model>(weights, config, backend);
+}
+
+}  // namespace kiln

@@ -1,0 +1,69 @@
+// Synthetic checkpoints: a published model's exact config.json with deterministic random weights,
+// for tests and benchmarks of full-size graphs without downloading the real weights.
+//
+// The weights come from a counter-based generator (each element is a hash of the seed, the
+// tensor name and the element index), so any chunk is produced independently and in parallel and
+// the same seed always gives the same bytes. Matrices are N(0, 0.02)-like, as transformers'
+// initializer_range; norm gains are 1 so activations stay in a sane range.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "io/config.h"
+
+namespace kiln {
+
+// One known model: its name for `kiln synth --shape` and its config.json as published.
+struct SynthShape {
+  std::string name;    // e.g. "qwen3-0.6b"
+  std::string origin;  // where the config comes from (the Hugging Face repository)
+  nlohmann::json config;
+};
+
+// Every known shape. Adding a model is one entry in synth.cpp's shape table, plus a layout in its
+// layout table when the model_type is new.
+const std::vector<SynthShape>& synth_shapes();
+// The shape called `name`; the error lists the known names.
+const SynthShape& find_synth_shape(const std::string& name);
+
+enum class SynthInit { Normal, Ones };
+
+struct SynthTensor {
+  std::string name;
+  Shape shape;
+  SynthInit init = SynthInit::Normal;
+};
+
+// The tensors a Hugging Face checkpoint of `config` holds, with their shapes. Fails for a
+// model_type whose layout synth does not know (it knows llama, qwen2 and qwen3).
+std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config);
+
+struct SynthOptions {
+  std::string shape;
+  DType dtype = DType::BF16;
+  std::filesystem::path out;
+  uint64_t seed = 0;
+  std::optional<int64_t> layers;  // overrides num_hidden_layers (quick tests of big shapes)
+  // transformers writes shards of at most a few GB; 4 GiB keeps each file well inside that.
+  uint64_t max_shard_bytes = 4ull << 30;
+};
+
+struct SynthResult {
+  ModelConfig config;
+  std::vector<std::filesystem::path> files;  // config.json, the safetensors files, the index if sharded
+  uint64_t tensor_bytes = 0;
+  size_t tensor_count = 0;
+};
+
+// Writes OUT/config.json and the random-weight safetensors. OUT must be absent or empty.
+SynthResult write_synthetic_checkpoint(const SynthOptions& options);
+
+}  // namespace kiln

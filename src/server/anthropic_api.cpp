@@ -1,0 +1,230 @@
+#include "server/anthropic_api.h"
+
+#include <limits>
+
+#include "server/api_error.h"
+#include "server/openai_api.h"
+
+namespace kiln::server {
+
+namespace {
+
+std::string block_text(JsonFields& block) {
+  const auto text = block.string("text");
+  if (!text) reject_field(block.param("text"), "`{}` is required", block.param("text"));
+  // Prompt-caching hints and citations change nothing for generation here.
+  block.object("cache_control");
+  block.value("citations");
+  return *text;
+}
+
+// A tool result's content: a string or text blocks.
+std::string tool_result_text(const json& content, const std::string& param) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    reject_field(param, "`{}` must be a string or an array of text blocks, got {}", param, json_type_name(content));
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string block_param = fmt::format("{}[{}]", param, i);
+    if (!content[i].is_object())
+      reject_field(block_param, "`{}` must be an object, got {}", block_param, json_type_name(content[i]));
+    JsonFields block(content[i], block_param);
+    const auto type = block.string("type");
+    if (type != "text") reject_unsupported(block.param("type"), "tool results other than text");
+    if (i > 0) text += "\n";
+    text += block_text(block);
+    block.reject_unknown();
+  }
+  return text;
+}
+
+// Appends one Anthropic message to the template conversation: text blocks become the content;
+// tool_use blocks (assistant) become tool_calls; tool_result blocks (user) become tool messages.
+void convert_message(const json& message_json, size_t index, json& conversation) {
+  const std::string param = fmt::format("messages[{}]", index);
+  if (!message_json.is_object())
+    reject_field(param, "`{}` must be an object, got {}", param, json_type_name(message_json));
+  JsonFields message(message_json, param);
+  const auto role = message.string("role");
+  if (!role) reject_field(message.param("role"), "`{}` is required", message.param("role"));
+  if (*role != "user" && *role != "assistant")
+    reject_field(message.param("role"), "`{}` must be \"user\" or \"assistant\", got \"{}\"", message.param("role"),
+                 *role);
+  const json* content = message.value("content");
+  if (!content) reject_field(message.param("content"), "`{}` is required", message.param("content"));
+  message.reject_unknown();
+
+  json out = {{"role", *role}};
+  if (content->is_string()) {
+    out["content"] = content->get<std::string>();
+    conversation.push_back(std::move(out));
+    return;
+  }
+  if (!content->is_array())
+    reject_field(message.param("content"), "`{}` must be a string or an array of content blocks, got {}",
+                 message.param("content"), json_type_name(*content));
+  std::string text;
+  json tool_calls = json::array();
+  for (size_t i = 0; i < content->size(); ++i) {
+    const std::string block_param = fmt::format("{}.content[{}]", param, i);
+    const json& block_json = (*content)[i];
+    if (!block_json.is_object())
+      reject_field(block_param, "`{}` must be an object, got {}", block_param, json_type_name(block_json));
+    JsonFields block(block_json, block_param);
+    const auto type = block.string("type");
+    if (!type) reject_field(block.param("type"), "`{}` is required", block.param("type"));
+    if (*type == "text") {
+      if (!text.empty()) text += "\n";
+      text += block_text(block);
+    } else if (*type == "tool_use" && *role == "assistant") {
+      const auto id = block.string("id");
+      const auto name = block.string("name");
+      const json* input = block.object("input");
+      if (!id || !name || !input)
+        reject_field(block_param, "`{}` (tool_use) needs `id`, `name` and an object `input`", block_param);
+      block.object("cache_control");
+      tool_calls.push_back({{"id", *id}, {"type", "function"}, {"function", {{"name", *name}, {"arguments", *input}}}});
+    } else if (*type == "tool_result" && *role == "user") {
+      const auto tool_use_id = block.string("tool_use_id");
+      if (!tool_use_id) reject_field(block.param("tool_use_id"), "`{}` is required", block.param("tool_use_id"));
+      const json* result = block.value("content");
+      block.boolean("is_error");
+      block.object("cache_control");
+      conversation.push_back({{"role", "tool"},
+                              {"tool_call_id", *tool_use_id},
+                              {"content", result ? tool_result_text(*result, block.param("content")) : ""}});
+    } else {
+      reject_unsupported(block.param("type"),
+                         fmt::format("content blocks of type \"{}\" in {} messages", *type, *role));
+    }
+    block.reject_unknown();
+  }
+  if (text.empty() && tool_calls.empty()) return;  // only tool results
+  out["content"] = text;
+  if (!tool_calls.empty()) out["tool_calls"] = tool_calls;
+  conversation.push_back(std::move(out));
+}
+
+std::string system_text(const json& system) {
+  if (system.is_string()) return system.get<std::string>();
+  if (!system.is_array())
+    reject_field("system", "`system` must be a string or an array of text blocks, got {}", json_type_name(system));
+  std::string text;
+  for (size_t i = 0; i < system.size(); ++i) {
+    const std::string param = fmt::format("system[{}]", i);
+    if (!system[i].is_object()) reject_field(param, "`{}` must be an object, got {}", param, json_type_name(system[i]));
+    JsonFields block(system[i], param);
+    if (block.string("type") != "text") reject_field(block.param("type"), "`{}` must be \"text\"", block.param("type"));
+    if (i > 0) text += "\n";
+    text += block_text(block);
+    block.reject_unknown();
+  }
+  return text;
+}
+
+// Anthropic tools ({name, description, input_schema}) in the OpenAI shape templates take.
+json convert_tools(const json& tools) {
+  json converted = json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string param = fmt::format("tools[{}]", i);
+    if (!tools[i].is_object()) reject_field(param, "`{}` must be an object, got {}", param, json_type_name(tools[i]));
+    JsonFields tool(tools[i], param);
+    if (auto type = tool.string("type"); type && *type != "custom")
+      reject_unsupported(tool.param("type"), fmt::format("tools of type \"{}\"", *type));
+    const auto name = tool.string("name");
+    if (!name || name->empty()) reject_field(tool.param("name"), "`{}` must be a non-empty string", tool.param("name"));
+    json function = {{"name", *name}};
+    if (auto description = tool.string("description")) function["description"] = *description;
+    const json* schema = tool.object("input_schema");
+    if (!schema) reject_field(tool.param("input_schema"), "`{}` is required", tool.param("input_schema"));
+    function["parameters"] = *schema;
+    tool.object("cache_control");
+    tool.reject_unknown();
+    converted.push_back({{"type", "function"}, {"function", function}});
+  }
+  return converted;
+}
+
+}  // namespace
+
+MessagesRequest parse_messages_request(const json& body, const std::string& served_model) {
+  MessagesRequest request;
+  JsonFields fields(body, "");
+  check_model_field(fields, served_model);
+  const auto max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit);
+  if (!max_tokens) reject_field("max_tokens", "`max_tokens` is required");
+  request.generation.max_tokens = max_tokens;
+
+  request.messages = json::array();
+  if (const json* system = fields.value("system")) {
+    const std::string text = system_text(*system);
+    if (!text.empty()) request.messages.push_back({{"role", "system"}, {"content", text}});
+  }
+  const json* messages = fields.array("messages");
+  if (!messages) reject_field("messages", "`messages` is required");
+  if (messages->empty()) reject_field("messages", "`messages` must hold at least one message");
+  for (size_t i = 0; i < messages->size(); ++i) convert_message((*messages)[i], i, request.messages);
+
+  read_sampling(fields, 1.0, request.generation.sampling);
+  request.generation.stop = read_stop_strings(fields, "stop_sequences", false);
+  request.generation.stream = fields.boolean("stream").value_or(false);
+  if (const json* tools = fields.array("tools"); tools && !tools->empty()) request.prompt.tools = convert_tools(*tools);
+  if (const json* choice = fields.object("tool_choice")) {
+    JsonFields choice_fields(*choice, "tool_choice");
+    const auto type = choice_fields.string("type");
+    if (!type) reject_field("tool_choice.type", "`tool_choice.type` is required");
+    if (*type == "any" || *type == "tool") reject_unsupported("tool_choice", "forcing a tool call with `tool_choice`");
+    if (*type == "none")
+      request.prompt.tools = json();
+    else if (*type != "auto")
+      reject_field("tool_choice.type", "`tool_choice.type` must be auto, any, tool or none");
+    choice_fields.string("name");
+    choice_fields.boolean("disable_parallel_tool_use");
+    choice_fields.reject_unknown();
+  }
+  // Extended thinking maps onto the templates' enable_thinking switch (Qwen3-style).
+  if (const json* thinking = fields.object("thinking")) {
+    JsonFields thinking_fields(*thinking, "thinking");
+    const auto type = thinking_fields.string("type");
+    if (type != "enabled" && type != "disabled")
+      reject_field("thinking.type", "`thinking.type` must be \"enabled\" or \"disabled\"");
+    thinking_fields.integer("budget_tokens", 0, kMaxTokensLimit);
+    thinking_fields.reject_unknown();
+    request.prompt.template_kwargs["enable_thinking"] = *type == "enabled";
+  }
+  fields.object("metadata");
+  fields.string("service_tier");
+  fields.reject_unknown();
+  return request;
+}
+
+json anthropic_error_body(int status, const std::string& message) {
+  std::string type = "invalid_request_error";
+  if (status == 401)
+    type = "authentication_error";
+  else if (status == 403)
+    type = "permission_error";
+  else if (status == 404)
+    type = "not_found_error";
+  else if (status == 413)
+    type = "request_too_large";
+  else if (status == 429)
+    type = "rate_limit_error";
+  else if (status == 503)
+    type = "overloaded_error";
+  else if (status >= 500)
+    type = "api_error";
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
+}
+
+std::string anthropic_stop_reason(const std::string& finish_reason, const std::optional<std::string>& stop_sequence) {
+  if (finish_reason == "length") return "max_tokens";
+  if (stop_sequence) return "stop_sequence";
+  return "end_turn";
+}
+
+json anthropic_usage(int64_t input_tokens, int64_t output_tokens) {
+  return {{"input_tokens", input_tokens}, {"output_tokens", output_tokens}};
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,120 @@
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace kiln::server {
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : upper_bounds_(std::move(upper_bounds)), counts_(upper_bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  const size_t bucket = std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) - upper_bounds_.begin();
+  ++counts_[bucket];
+  sum_ += value;
+  ++total_;
+}
+
+uint64_t Histogram::count() const { return total_; }
+
+std::string Histogram::render(const std::string& name, const std::string& help) const {
+  std::string text = fmt::format("# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < upper_bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    text += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, upper_bounds_[i], cumulative);
+  }
+  text += fmt::format("{0}_bucket{{le=\"+Inf\"}} {1}\n{0}_sum {2}\n{0}_count {1}\n", name, total_, sum_);
+  return text;
+}
+
+namespace {
+
+// Bucket bounds in seconds, from a millisecond (a tiny model's step) to the tens of seconds a
+// long prompt can wait on a loaded server.
+std::vector<double> latency_bounds() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
+void append_metric(std::string& text, const std::string& name, const std::string& type, const std::string& help,
+                   double value) {
+  text += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, value);
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics()
+    : time_to_first_token_(latency_bounds()),
+      inter_token_latency_(latency_bounds()),
+      request_duration_(latency_bounds()) {}
+
+void ServerMetrics::count_request(const std::string& endpoint, const std::string& finish_reason) {
+  std::lock_guard lock(mutex_);
+  ++requests_[{endpoint, finish_reason}];
+}
+
+void ServerMetrics::count_response(int status) {
+  std::lock_guard lock(mutex_);
+  ++responses_[status];
+}
+
+void ServerMetrics::add_tokens(int64_t prompt_tokens, int64_t generated_tokens) {
+  std::lock_guard lock(mutex_);
+  prompt_tokens_ += static_cast<uint64_t>(prompt_tokens);
+  generated_tokens_ += static_cast<uint64_t>(generated_tokens);
+}
+
+void ServerMetrics::observe_time_to_first_token(double seconds) {
+  std::lock_guard lock(mutex_);
+  time_to_first_token_.observe(seconds);
+}
+
+void ServerMetrics::observe_inter_token_latency(double seconds) {
+  std::lock_guard lock(mutex_);
+  inter_token_latency_.observe(seconds);
+}
+
+void ServerMetrics::observe_request_duration(double seconds) {
+  std::lock_guard lock(mutex_);
+  request_duration_.observe(seconds);
+}
+
+std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
+  std::lock_guard lock(mutex_);
+  std::string text =
+      "# HELP kiln_requests_total Generation requests served, by endpoint and finish reason.\n"
+      "# TYPE kiln_requests_total counter\n";
+  for (const auto& [key, count] : requests_)
+    text +=
+        fmt::format("kiln_requests_total{{endpoint=\"{}\",finish_reason=\"{}\"}} {}\n", key.first, key.second, count);
+  text +=
+      "# HELP kiln_http_responses_total HTTP responses, by status code.\n# TYPE kiln_http_responses_total counter\n";
+  for (const auto& [status, count] : responses_)
+    text += fmt::format("kiln_http_responses_total{{code=\"{}\"}} {}\n", status, count);
+  append_metric(text, "kiln_prompt_tokens_total", "counter", "Prompt tokens prefilled (after chat templating).",
+                static_cast<double>(prompt_tokens_));
+  append_metric(text, "kiln_generation_tokens_total", "counter", "Tokens generated.",
+                static_cast<double>(generated_tokens_));
+  append_metric(text, "kiln_requests_waiting", "gauge", "Requests queued for a batch slot.",
+                static_cast<double>(scheduler.waiting));
+  append_metric(text, "kiln_requests_running", "gauge", "Requests in the decode batch.",
+                static_cast<double>(scheduler.running));
+  append_metric(text, "kiln_kv_cache_tokens_used", "gauge", "KV-cache token positions held by running requests.",
+                static_cast<double>(scheduler.cache_tokens_used));
+  append_metric(text, "kiln_kv_cache_tokens_total", "gauge", "KV-cache token positions (slots x context).",
+                static_cast<double>(scheduler.cache_tokens_total));
+  append_metric(text, "kiln_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache in use.",
+                scheduler.cache_tokens_total > 0 ? static_cast<double>(scheduler.cache_tokens_used) /
+                                                       static_cast<double>(scheduler.cache_tokens_total)
+                                                 : 0.0);
+  append_metric(text, "kiln_scheduler_steps_total", "counter", "Batched forward steps run.",
+                static_cast<double>(scheduler.steps));
+  text += time_to_first_token_.render("kiln_time_to_first_token_seconds",
+                                      "Time from a request's arrival to its first generated token.");
+  text += inter_token_latency_.render("kiln_inter_token_latency_seconds", "Time between consecutive generated tokens.");
+  text += request_duration_.render("kiln_request_duration_seconds", "Time from arrival to the last token.");
+  return text;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,57 @@
+// Server metrics in the Prometheus text exposition format (GET /metrics): request and token
+// counters, queue depth, KV-cache use, and time-to-first-token / inter-token latency histograms.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/scheduler.h"
+
+namespace kiln::server {
+
+// A cumulative histogram with fixed upper bounds (seconds), as Prometheus defines it.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  // The "_bucket"/"_sum"/"_count" series of `name`.
+  std::string render(const std::string& name, const std::string& help) const;
+  uint64_t count() const;
+
+ private:
+  std::vector<double> upper_bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; the last is +Inf
+  double sum_ = 0;
+  uint64_t total_ = 0;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+
+  // A generation request that ran, by endpoint ("chat", "completions", "messages") and end.
+  void count_request(const std::string& endpoint, const std::string& finish_reason);
+  void count_response(int status);
+  void add_tokens(int64_t prompt_tokens, int64_t generated_tokens);
+  void observe_time_to_first_token(double seconds);
+  void observe_inter_token_latency(double seconds);
+  void observe_request_duration(double seconds);
+
+  std::string render(const SchedulerStats& scheduler) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, std::string>, uint64_t> requests_;
+  std::map<int, uint64_t> responses_;
+  uint64_t prompt_tokens_ = 0;
+  uint64_t generated_tokens_ = 0;
+  Histogram time_to_first_token_;
+  Histogram inter_token_latency_;
+  Histogram request_duration_;
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,368 @@
+#include "server/openai_api.h"
+
+#include <limits>
+
+#include "server/api_error.h"
+
+namespace kiln::server {
+
+namespace {
+
+// A message's content as the template sees it: a string, or text parts joined by newlines (as
+// vLLM does for templates that take string content). Other part types are refused.
+std::string message_text(const json& content, const std::string& param) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array())
+    reject_field(param, "`{}` must be a string or an array of content parts, got {}", param, json_type_name(content));
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string part_param = fmt::format("{}[{}]", param, i);
+    if (!content[i].is_object())
+      reject_field(part_param, "`{}` must be an object, got {}", part_param, json_type_name(content[i]));
+    JsonFields part(content[i], part_param);
+    const auto type = part.string("type");
+    if (!type) reject_field(part.param("type"), "`{}` is required", part.param("type"));
+    if (*type != "text") reject_unsupported(part.param("type"), fmt::format("content of type \"{}\"", *type));
+    const auto part_text = part.string("text");
+    if (!part_text) reject_field(part.param("text"), "`{}` is required", part.param("text"));
+    part.reject_unknown();
+    if (i > 0) text += "\n";
+    text += *part_text;
+  }
+  return text;
+}
+
+json normalise_tool_calls(const json& tool_calls, const std::string& param) {
+  json normalised = json::array();
+  for (size_t i = 0; i < tool_calls.size(); ++i) {
+    const std::string call_param = fmt::format("{}[{}]", param, i);
+    if (!tool_calls[i].is_object())
+      reject_field(call_param, "`{}` must be an object, got {}", call_param, json_type_name(tool_calls[i]));
+    JsonFields call(tool_calls[i], call_param);
+    json out = json::object();
+    if (auto id = call.string("id")) out["id"] = *id;
+    const auto type = call.string("type");
+    if (type && *type != "function")
+      reject_unsupported(call.param("type"), fmt::format("tool calls of type \"{}\"", *type));
+    out["type"] = "function";
+    const json* function = call.object("function");
+    if (!function) reject_field(call.param("function"), "`{}` is required", call.param("function"));
+    JsonFields function_fields(*function, call.param("function"));
+    const auto name = function_fields.string("name");
+    if (!name) reject_field(function_fields.param("name"), "`{}` is required", function_fields.param("name"));
+    out["function"]["name"] = *name;
+    // Templates expect the arguments as an object (Hugging Face's convention); the API sends a
+    // JSON string, which is decoded when it holds an object and passed on as text otherwise.
+    if (const json* arguments = function_fields.value("arguments")) {
+      if (arguments->is_string()) {
+        json decoded = json::parse(arguments->get<std::string>(), nullptr, false);
+        out["function"]["arguments"] = decoded.is_object() ? decoded : *arguments;
+      } else if (arguments->is_object()) {
+        out["function"]["arguments"] = *arguments;
+      } else {
+        reject_field(function_fields.param("arguments"), "`{}` must be a string, got {}",
+                     function_fields.param("arguments"), json_type_name(*arguments));
+      }
+    }
+    function_fields.reject_unknown();
+    call.reject_unknown();
+    normalised.push_back(std::move(out));
+  }
+  return normalised;
+}
+
+json normalise_messages(const json& messages) {
+  if (messages.empty()) reject_field("messages", "`messages` must hold at least one message");
+  json normalised = json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!messages[i].is_object())
+      reject_field(param, "`{}` must be an object, got {}", param, json_type_name(messages[i]));
+    JsonFields message(messages[i], param);
+    const auto role = message.string("role");
+    if (!role) reject_field(message.param("role"), "`{}` is required", message.param("role"));
+    static const std::vector<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
+    if (std::find(kRoles.begin(), kRoles.end(), *role) == kRoles.end())
+      reject_field(message.param("role"), "`{}` must be one of system, developer, user, assistant, tool; got \"{}\"",
+                   message.param("role"), *role);
+    json out = json::object();
+    // Templates know "system"; OpenAI's newer "developer" role means the same.
+    out["role"] = *role == "developer" ? "system" : *role;
+    const json* content = message.value("content");
+    const json* tool_calls = message.array("tool_calls");
+    if (tool_calls && *role != "assistant")
+      reject_field(message.param("tool_calls"), "`{}` is only allowed on assistant messages",
+                   message.param("tool_calls"));
+    if (content)
+      out["content"] = message_text(*content, message.param("content"));
+    else if (!tool_calls)
+      reject_field(message.param("content"), "`{}` is required", message.param("content"));
+    else
+      out["content"] = "";
+    if (tool_calls) out["tool_calls"] = normalise_tool_calls(*tool_calls, message.param("tool_calls"));
+    if (auto name = message.string("name")) out["name"] = *name;
+    if (auto tool_call_id = message.string("tool_call_id")) out["tool_call_id"] = *tool_call_id;
+    if (*role == "tool" && !out.contains("tool_call_id"))
+      reject_field(message.param("tool_call_id"), "`{}` is required on tool messages", message.param("tool_call_id"));
+    if (auto reasoning = message.string("reasoning_content")) out["reasoning_content"] = *reasoning;
+    // Fields a client echoes back from an earlier response; they carry nothing for the prompt.
+    message.value("refusal");
+    message.value("annotations");
+    message.reject_unknown();
+    normalised.push_back(std::move(out));
+  }
+  return normalised;
+}
+
+json validate_tools(const json& tools) {
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string param = fmt::format("tools[{}]", i);
+    if (!tools[i].is_object()) reject_field(param, "`{}` must be an object, got {}", param, json_type_name(tools[i]));
+    JsonFields tool(tools[i], param);
+    const auto type = tool.string("type");
+    if (!type) reject_field(tool.param("type"), "`{}` is required", tool.param("type"));
+    if (*type != "function") reject_unsupported(tool.param("type"), fmt::format("tools of type \"{}\"", *type));
+    const json* function = tool.object("function");
+    if (!function) reject_field(tool.param("function"), "`{}` is required", tool.param("function"));
+    JsonFields function_fields(*function, tool.param("function"));
+    const auto name = function_fields.string("name");
+    if (!name || name->empty())
+      reject_field(function_fields.param("name"), "`{}` must be a non-empty string", function_fields.param("name"));
+    function_fields.string("description");
+    function_fields.object("parameters");
+    function_fields.boolean("strict");
+    function_fields.reject_unknown();
+    tool.reject_unknown();
+  }
+  return tools;
+}
+
+// Options OpenAI defines that this server does not implement: accepted only at their neutral value.
+void reject_unsupported_options(JsonFields& fields) {
+  if (auto n = fields.integer("n", 1, 128); n && *n != 1)
+    reject_unsupported(fields.param("n"), "n > 1 (several choices per request)");
+  if (auto best_of = fields.integer("best_of", 1, 128); best_of && *best_of != 1)
+    reject_unsupported(fields.param("best_of"), "best_of > 1");
+  if (const json* bias = fields.object("logit_bias"); bias && !bias->empty())
+    reject_unsupported(fields.param("logit_bias"), "logit_bias");
+  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
+    if (auto value = fields.number(penalty, -2.0, 2.0); value && *value != 0.0)
+      reject_unsupported(fields.param(penalty), fmt::format("a non-zero {}", penalty));
+  if (auto value = fields.number("repetition_penalty", 0.0, 100.0); value && *value != 1.0)
+    reject_unsupported(fields.param("repetition_penalty"), "a repetition_penalty other than 1");
+}
+
+void read_stream_fields(JsonFields& fields, GenerationFields& generation, bool& include_usage) {
+  generation.stream = fields.boolean("stream").value_or(false);
+  if (const json* options = fields.object("stream_options")) {
+    if (!generation.stream)
+      reject_field(fields.param("stream_options"), "`stream_options` is only allowed when `stream` is true");
+    JsonFields stream_options(*options, fields.param("stream_options"));
+    include_usage = stream_options.boolean("include_usage").value_or(false);
+    stream_options.boolean("continuous_usage_stats");
+    stream_options.reject_unknown();
+  }
+}
+
+// Fields OpenAI accepts that change nothing here (client bookkeeping); type-checked, then unused.
+void accept_bookkeeping_fields(JsonFields& fields) {
+  fields.string("user");
+  fields.object("metadata");
+  fields.boolean("store");
+  fields.string("service_tier");
+  fields.boolean("parallel_tool_calls");
+}
+
+}  // namespace
+
+void check_model_field(JsonFields& fields, const std::string& served_model) {
+  const auto model = fields.string("model");
+  if (!model) reject_field("model", "`model` is required");
+  if (*model != served_model)
+    throw ApiError(404, fmt::format("the model `{}` does not exist; this server serves `{}`", *model, served_model),
+                   "model", "model_not_found");
+}
+
+ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model) {
+  ChatCompletionRequest request;
+  JsonFields fields(body, "");
+  check_model_field(fields, served_model);
+  const json* messages = fields.array("messages");
+  if (!messages) reject_field("messages", "`messages` is required");
+  request.messages = normalise_messages(*messages);
+
+  read_sampling(fields, 2.0, request.generation.sampling);
+  const auto max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit);
+  const auto max_completion_tokens = fields.integer("max_completion_tokens", 1, kMaxTokensLimit);
+  if (max_tokens && max_completion_tokens && *max_tokens != *max_completion_tokens)
+    reject_field("max_tokens", "`max_tokens` ({}) and `max_completion_tokens` ({}) disagree; send one", *max_tokens,
+                 *max_completion_tokens);
+  request.generation.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  request.generation.stop = read_stop_strings(fields, "stop", true);
+  request.generation.ignore_eos = fields.boolean("ignore_eos").value_or(false);
+  read_stream_fields(fields, request.generation, request.include_usage);
+
+  request.logprobs = fields.boolean("logprobs").value_or(false);
+  if (auto top = fields.integer("top_logprobs", 0, kMaxChatTopLogprobs)) {
+    if (*top > 0 && !request.logprobs) reject_field("top_logprobs", "`top_logprobs` needs `logprobs` set to true");
+    request.top_logprobs = static_cast<int32_t>(*top);
+  }
+
+  if (const json* tools = fields.array("tools")) request.prompt.tools = validate_tools(*tools);
+  if (const json* tool_choice = fields.value("tool_choice")) {
+    if (!tool_choice->is_string() && !tool_choice->is_object())
+      reject_field("tool_choice", "`tool_choice` must be a string or an object, got {}", json_type_name(*tool_choice));
+    if (tool_choice->is_object() || *tool_choice == "required")
+      reject_unsupported("tool_choice", "forcing a tool call with `tool_choice`");
+    if (*tool_choice == "none")
+      request.prompt.tools = json();
+    else if (*tool_choice != "auto")
+      reject_field("tool_choice", "`tool_choice` must be \"none\", \"auto\" or \"required\", got {}",
+                   tool_choice->dump());
+  }
+  if (const json* format = fields.object("response_format")) {
+    JsonFields format_fields(*format, "response_format");
+    const auto type = format_fields.string("type");
+    if (!type) reject_field("response_format.type", "`response_format.type` is required");
+    if (*type != "text") reject_unsupported("response_format", fmt::format("response_format of type \"{}\"", *type));
+    format_fields.reject_unknown();
+  }
+  if (const json* kwargs = fields.object("chat_template_kwargs")) request.prompt.template_kwargs = *kwargs;
+  request.prompt.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
+
+  reject_unsupported_options(fields);
+  accept_bookkeeping_fields(fields);
+  fields.reject_unknown();
+  return request;
+}
+
+CompletionRequest parse_completion_request(const json& body, const std::string& served_model, int64_t vocab_size) {
+  CompletionRequest request;
+  JsonFields fields(body, "");
+  check_model_field(fields, served_model);
+  const json* prompt = fields.value("prompt");
+  if (!prompt) reject_field("prompt", "`prompt` is required");
+  // One prompt per request: a string, an array of one string, or an array of token ids.
+  const json* single = prompt;
+  if (prompt->is_array() && prompt->size() == 1 && ((*prompt)[0].is_string() || (*prompt)[0].is_array()))
+    single = &(*prompt)[0];
+  if (single->is_string()) {
+    request.prompt_text = single->get<std::string>();
+  } else if (single->is_array() && !single->empty() &&
+             std::all_of(single->begin(), single->end(), [](const json& item) { return item.is_number_integer(); })) {
+    for (const json& id : *single) {
+      const int64_t value = id.is_number_unsigned() && id.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                                ? INT64_MAX
+                                : id.get<int64_t>();
+      if (value < 0 || value >= vocab_size)
+        reject_field("prompt", "prompt token id {} is outside the vocabulary (0 to {})", id.dump(), vocab_size - 1);
+      request.prompt_ids.push_back(static_cast<int32_t>(value));
+    }
+  } else if (prompt->is_array() && prompt->size() > 1 &&
+             std::all_of(prompt->begin(), prompt->end(),
+                         [](const json& item) { return item.is_string() || item.is_array(); })) {
+    reject_unsupported("prompt", "more than one prompt per request");
+  } else {
+    reject_field("prompt", "`prompt` must be a string, an array of one string, or a non-empty array of token ids");
+  }
+
+  read_sampling(fields, 2.0, request.generation.sampling);
+  // OpenAI's legacy API generates 16 tokens when max_tokens is not given.
+  request.generation.max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit).value_or(16);
+  request.generation.stop = read_stop_strings(fields, "stop", true);
+  request.generation.ignore_eos = fields.boolean("ignore_eos").value_or(false);
+  read_stream_fields(fields, request.generation, request.include_usage);
+  if (auto logprobs = fields.integer("logprobs", 0, kMaxCompletionLogprobs))
+    request.logprobs = static_cast<int32_t>(*logprobs);
+  if (fields.boolean("echo").value_or(false)) reject_unsupported("echo", "echo");
+  if (fields.string("suffix")) reject_unsupported("suffix", "suffix");
+  reject_unsupported_options(fields);
+  accept_bookkeeping_fields(fields);
+  fields.reject_unknown();
+  return request;
+}
+
+json openai_error_body(int status, const std::string& message, const std::string& param, const std::string& code) {
+  std::string type = "invalid_request_error";
+  if (status == 401)
+    type = "authentication_error";
+  else if (status == 404)
+    type = "not_found_error";
+  else if (status == 429)
+    type = "rate_limit_error";
+  else if (status == 503)
+    type = "service_unavailable_error";
+  else if (status >= 500)
+    type = "server_error";
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json() : json(param)},
+            {"code", code.empty() ? json() : json(code)}}}};
+}
+
+json openai_usage(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+namespace {
+
+json utf8_bytes(const std::string& text) {
+  json bytes = json::array();
+  for (unsigned char byte : text) bytes.push_back(byte);
+  return bytes;
+}
+
+}  // namespace
+
+json chat_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& codec) {
+  json content = json::array();
+  for (const auto& token : tokens) {
+    const std::string& text = token.text;
+    json top = json::array();
+    for (const auto& [id, logprob] : token.top) {
+      const std::string alternative = codec.token_text(id);
+      top.push_back({{"token", alternative}, {"logprob", logprob}, {"bytes", utf8_bytes(alternative)}});
+    }
+    content.push_back(
+        {{"token", text}, {"logprob", token.logprob}, {"bytes", utf8_bytes(text)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json completion_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& codec, size_t text_offset) {
+  json result = {{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  for (const auto& token : tokens) {
+    const std::string& text = token.text;
+    result["tokens"].push_back(text);
+    result["token_logprobs"].push_back(token.logprob);
+    json top = json::object();
+    for (const auto& [id, logprob] : token.top) top[codec.token_text(id)] = logprob;
+    result["top_logprobs"].push_back(top);
+    result["text_offset"].push_back(text_offset);
+    text_offset += text.size();
+  }
+  return result;
+}
+
+json openai_finish_reason(const std::string& finish_reason) {
+  if (finish_reason == "stop" || finish_reason == "length") return finish_reason;
+  return json();
+}
+
+json models_list(const std::string& served_model, int64_t context_tokens, int64_t created) {
+  return {{"object", "list"},
+          {"data",
+           {{{"id", served_model},
+             {"object", "model"},
+             {"created", created},
+             {"owned_by", "kiln"},
+             {"max_model_len", context_tokens}}}}};
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,38 @@
+// Request fields the OpenAI and Anthropic endpoints share: sampling, stop strings, token limits.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "server/json_fields.h"
+
+namespace kiln::server {
+
+struct GenerationFields {
+  SamplingParams sampling;
+  std::optional<int64_t> max_tokens;  // absent: up to the end of the context
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  bool stream = false;
+};
+
+// Most stop strings one request may give (vLLM takes any number; a bound keeps matching cheap).
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopBytes = 256;
+// The largest max_tokens a request may name before the context check (a sanity bound).
+inline constexpr int64_t kMaxTokensLimit = int64_t{1} << 31;
+
+// temperature (0..temperature_max), top_p, top_k, min_p, seed.
+void read_sampling(JsonFields& fields, double temperature_max, SamplingParams& sampling);
+// A string or an array of strings (OpenAI's `stop`, Anthropic's `stop_sequences`).
+std::vector<std::string> read_stop_strings(JsonFields& fields, const std::string& name, bool allow_single_string);
+
+// The tokens a request may generate given its prompt: a 400 naming both lengths when the prompt
+// does not fit the context, or when prompt + max_tokens exceeds it.
+int64_t completion_budget(int64_t prompt_tokens, std::optional<int64_t> max_tokens, int64_t context_tokens,
+                          const std::string& prompt_param, const std::string& max_tokens_param);
+
+}  // namespace kiln::server

@@ -1,0 +1,459 @@
+#include "server/server.h"
+
+#include <random>
+
+#include "core/error.h"
+#include "server/anthropic_api.h"
+#include "server/json_fields.h"
+#include "server/openai_api.h"
+#include "server/sse.h"
+
+namespace kiln::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+std::string random_id(const char* prefix) {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  return fmt::format("{}{:016x}{:08x}", prefix, random(), static_cast<uint32_t>(random()));
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A request that ended without finishing ("cancelled" at shutdown, or a failed step) as the error
+// its client sees.
+ApiError generation_failure(const TextDelta& end) {
+  if (end.finish_reason == "cancelled")
+    return ApiError(503, end.error.empty() ? "the request was cancelled" : "the request was cancelled: " + end.error,
+                    "", "cancelled");
+  return ApiError(500, "generation failed: " + end.error, "", "generation_error");
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char difference = 0;
+  for (size_t i = 0; i < a.size(); ++i) difference |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return difference == 0;
+}
+
+}  // namespace
+
+Server::InFlight::InFlight(Server& server) : server_(server) {
+  std::lock_guard lock(server_.in_flight_mutex_);
+  ++server_.in_flight_;
+}
+
+Server::InFlight::~InFlight() {
+  std::lock_guard lock(server_.in_flight_mutex_);
+  if (--server_.in_flight_ == 0) server_.in_flight_done_.notify_all();
+}
+
+bool Server::wait_in_flight(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(in_flight_mutex_);
+  return in_flight_done_.wait_for(lock, timeout, [&] { return in_flight_ == 0 || cancel_now_; });
+}
+
+void Server::cancel_in_flight() {
+  std::lock_guard lock(in_flight_mutex_);
+  cancel_now_ = true;
+  in_flight_done_.notify_all();
+}
+
+Server::Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions options)
+    : scheduler_(scheduler),
+      codec_(codec),
+      options_(std::move(options)),
+      http_(
+          options_.http, [this](const HttpRequest& request, HttpExchange& exchange) { handle(request, exchange); },
+          [this](int status, const std::string& message, const std::string& path) {
+            metrics_.count_response(status);
+            return error_response(path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI, status, message, "",
+                                  "");
+          }) {
+  if (options_.model_name.empty()) fail("the server needs a model name");
+}
+
+Server::~Server() { shutdown(); }
+
+void Server::shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    draining_.store(true);
+    http_.stop_accepting();
+    wait_in_flight(options_.shutdown_grace);
+    // Whatever is still running is cancelled; its handlers tell their clients and return.
+    scheduler_.shutdown(false);
+    {
+      std::unique_lock lock(in_flight_mutex_);
+      in_flight_done_.wait_for(lock, options_.http.write_timeout, [&] { return in_flight_ == 0; });
+    }
+    http_.close();
+  });
+}
+
+std::string Server::metrics_text() const { return metrics_.render(scheduler_.stats()); }
+
+HttpResponse Server::error_response(Dialect dialect, int status, const std::string& message, const std::string& param,
+                                    const std::string& code) {
+  HttpResponse response;
+  response.status = status;
+  const json body = dialect == Dialect::Anthropic ? anthropic_error_body(status, message)
+                                                  : openai_error_body(status, message, param, code);
+  response.body = dump_json(body);
+  if (status == 429 || status == 503)
+    response.headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
+  return response;
+}
+
+void Server::respond_json(HttpExchange& exchange, int status, const json& body, HeaderList headers) {
+  metrics_.count_response(status);
+  exchange.respond({status, "application/json", std::move(headers), dump_json(body)});
+}
+
+void Server::respond_error(HttpExchange& exchange, Dialect dialect, const ApiError& error) {
+  metrics_.count_response(error.status());
+  exchange.respond(error_response(dialect, error.status(), error.what(), error.param(), error.code()));
+}
+
+void Server::check_api_key(const HttpRequest& request) const {
+  if (options_.api_key.empty()) return;
+  if (const std::string* authorization = request.header("authorization");
+      authorization && authorization->rfind("Bearer ", 0) == 0 &&
+      constant_time_equal(authorization->substr(7), options_.api_key))
+    return;
+  if (const std::string* key = request.header("x-api-key"); key && constant_time_equal(*key, options_.api_key)) return;
+  throw ApiError(401, "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)", "",
+                 "invalid_api_key");
+}
+
+void Server::handle(const HttpRequest& request, HttpExchange& exchange) {
+  const Clock::time_point arrival = Clock::now();
+  const Dialect dialect = request.path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI;
+  try {
+    route(request, exchange, arrival);
+  } catch (const ApiError& error) {
+    if (!exchange.responded()) respond_error(exchange, dialect, error);
+  } catch (const Error& error) {
+    // kiln's own errors here come from the request's content (a template that rejects the
+    // conversation, a token id the scheduler refuses).
+    if (!exchange.responded()) respond_error(exchange, dialect, ApiError(400, error.what()));
+  } catch (const std::exception& error) {
+    if (!exchange.responded())
+      respond_error(exchange, dialect, ApiError(500, std::string("internal error: ") + error.what()));
+  }
+}
+
+void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival) {
+  const std::string& path = request.path;
+  struct Route {
+    const char* path;
+    const char* method;
+  };
+  static const Route kRoutes[] = {{"/health", "GET"},          {"/metrics", "GET"},
+                                  {"/v1/models", "GET"},       {"/v1/chat/completions", "POST"},
+                                  {"/v1/completions", "POST"}, {"/v1/messages", "POST"}};
+  const std::string model_prefix = "/v1/models/";
+  const bool model_path = path.rfind(model_prefix, 0) == 0;
+  const Route* route = nullptr;
+  for (const auto& candidate : kRoutes)
+    if (path == candidate.path) route = &candidate;
+  if (!route && !model_path)
+    throw ApiError(404, fmt::format("no route for {} {}", request.method, path), "", "not_found");
+  const char* method = route ? route->method : "GET";
+  if (request.method != method)
+    throw ApiError(405, fmt::format("{} takes {}, not {}", path, method, request.method), "", "method_not_allowed");
+
+  if (path == "/health") {
+    if (draining_.load())
+      respond_json(exchange, 503, {{"status", "shutting down"}},
+                   {{"Retry-After", std::to_string(options_.retry_after_seconds)}});
+    else
+      respond_json(exchange, 200, {{"status", "ok"}});
+    return;
+  }
+  if (path == "/metrics") {
+    metrics_.count_response(200);
+    exchange.respond({200, "text/plain; version=0.0.4; charset=utf-8", {}, metrics_text()});
+    return;
+  }
+  check_api_key(request);
+  const int64_t context = scheduler_.options().context_tokens;
+  if (path == "/v1/models") {
+    respond_json(exchange, 200, models_list(options_.model_name, context, unix_seconds()));
+    return;
+  }
+  if (model_path) {
+    const std::string requested = path.substr(model_prefix.size());
+    if (requested != options_.model_name)
+      throw ApiError(404, fmt::format("the model `{}` does not exist", requested), "model", "model_not_found");
+    respond_json(exchange, 200, models_list(options_.model_name, context, unix_seconds())["data"][0]);
+    return;
+  }
+
+  InFlight in_flight(*this);
+  if (draining_.load()) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+  if (path == "/v1/chat/completions")
+    chat_completions(request, exchange, arrival);
+  else if (path == "/v1/completions")
+    completions(request, exchange, arrival);
+  else
+    messages(request, exchange, arrival);
+}
+
+std::vector<int32_t> Server::chat_prompt(const json& messages, const ChatPromptOptions& options) const {
+  if (!codec_.has_chat_template())
+    throw ApiError(400,
+                   "this model has no chat template: start the server with --chat-template FILE, or use "
+                   "/v1/completions",
+                   "messages", "no_chat_template");
+  std::string text;
+  try {
+    text = codec_.render_chat(messages, options);
+  } catch (const Error& error) {
+    throw ApiError(400, fmt::format("the chat template rejected the conversation: {}", error.what()), "messages");
+  }
+  // The template writes the special tokens (BOS) itself.
+  return codec_.encode(text, false);
+}
+
+TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
+                                                 const std::string& prompt_param,
+                                                 const std::string& max_tokens_param) const {
+  TextGenerationRequest request;
+  request.max_tokens = completion_budget(static_cast<int64_t>(prompt.size()), fields.max_tokens,
+                                         scheduler_.options().context_tokens, prompt_param, max_tokens_param);
+  request.prompt = std::move(prompt);
+  request.sampling = fields.sampling;
+  request.stop = fields.stop;
+  request.ignore_eos = fields.ignore_eos;
+  return request;
+}
+
+void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
+  const ChatCompletionRequest request =
+      parse_chat_completion_request(parse_request_json(http_request.body), options_.model_name);
+  TextGenerationRequest generation_fields =
+      generation_request(chat_prompt(request.messages, request.prompt), request.generation, "messages", "max_tokens");
+  generation_fields.logprobs = request.logprobs;
+  generation_fields.top_logprobs = request.top_logprobs;
+  TextGeneration generation(scheduler_, codec_, std::move(generation_fields), metrics_, "chat", arrival,
+                            draining_.load());
+  const auto client_gone = [&] { return exchange.client_gone(); };
+  const std::string id = random_id("chatcmpl-");
+  const int64_t created = unix_seconds();
+
+  if (!request.generation.stream) {
+    std::string text;
+    std::vector<GeneratedToken> tokens;
+    TextDelta delta;
+    do {
+      delta = generation.next(client_gone);
+      text += delta.text;
+      tokens.insert(tokens.end(), delta.tokens.begin(), delta.tokens.end());
+    } while (!delta.finished);
+    if (delta.finish_reason != "stop" && delta.finish_reason != "length") throw generation_failure(delta);
+    json choice = {{"index", 0},
+                   {"message", {{"role", "assistant"}, {"content", text}}},
+                   {"logprobs", request.logprobs ? chat_logprobs(tokens, codec_) : json()},
+                   {"finish_reason", delta.finish_reason}};
+    respond_json(exchange, 200,
+                 {{"id", id},
+                  {"object", "chat.completion"},
+                  {"created", created},
+                  {"model", options_.model_name},
+                  {"choices", json::array({choice})},
+                  {"usage", openai_usage(generation.prompt_tokens(), generation.completion_tokens())}});
+    return;
+  }
+
+  auto chunk = [&](json delta, json logprobs, json finish_reason) {
+    json body = {{"id", id},
+                 {"object", "chat.completion.chunk"},
+                 {"created", created},
+                 {"model", options_.model_name},
+                 {"choices", json::array({{{"index", 0},
+                                           {"delta", std::move(delta)},
+                                           {"logprobs", std::move(logprobs)},
+                                           {"finish_reason", std::move(finish_reason)}}})}};
+    if (request.include_usage) body["usage"] = nullptr;
+    return sse_data(body);
+  };
+  metrics_.count_response(200);
+  if (!exchange.start_stream(200, "text/event-stream", {})) return;
+  if (!exchange.write(chunk({{"role", "assistant"}, {"content", ""}}, json(), json()))) return;
+  for (;;) {
+    TextDelta delta = generation.next(client_gone);
+    const bool has_logprobs = request.logprobs && !delta.tokens.empty();
+    if (!delta.text.empty() || has_logprobs) {
+      if (!exchange.write(
+              chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(), json())))
+        return;
+    }
+    if (!delta.finished) continue;
+    if (delta.finish_reason == "stop" || delta.finish_reason == "length") {
+      if (!exchange.write(chunk(json::object(), json(), delta.finish_reason))) return;
+    } else {
+      const ApiError failure = generation_failure(delta);
+      if (!exchange.write(sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())))) return;
+    }
+    if (request.include_usage) {
+      const json usage = {{"id", id},
+                          {"object", "chat.completion.chunk"},
+                          {"created", created},
+                          {"model", options_.model_name},
+                          {"choices", json::array()},
+                          {"usage", openai_usage(generation.prompt_tokens(), generation.completion_tokens())}};
+      if (!exchange.write(sse_data(usage))) return;
+    }
+    exchange.write(kSseDone);
+    return;
+  }
+}
+
+void Server::completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
+  const CompletionRequest request =
+      parse_completion_request(parse_request_json(http_request.body), options_.model_name, options_.vocab_size);
+  std::vector<int32_t> prompt = request.prompt_text ? codec_.encode(*request.prompt_text, true) : request.prompt_ids;
+  if (prompt.empty()) throw ApiError(400, "the prompt is empty (it encodes to no tokens)", "prompt");
+  TextGenerationRequest generation_fields =
+      generation_request(std::move(prompt), request.generation, "prompt", "max_tokens");
+  generation_fields.logprobs = request.logprobs.has_value();
+  generation_fields.top_logprobs = request.logprobs.value_or(0);
+  TextGeneration generation(scheduler_, codec_, std::move(generation_fields), metrics_, "completions", arrival,
+                            draining_.load());
+  const auto client_gone = [&] { return exchange.client_gone(); };
+  const std::string id = random_id("cmpl-");
+  const int64_t created = unix_seconds();
+  auto body = [&](json choices) {
+    return json{{"id", id},
+                {"object", "text_completion"},
+                {"created", created},
+                {"model", options_.model_name},
+                {"choices", std::move(choices)}};
+  };
+
+  if (!request.generation.stream) {
+    std::string text;
+    std::vector<GeneratedToken> tokens;
+    TextDelta delta;
+    do {
+      delta = generation.next(client_gone);
+      text += delta.text;
+      tokens.insert(tokens.end(), delta.tokens.begin(), delta.tokens.end());
+    } while (!delta.finished);
+    if (delta.finish_reason != "stop" && delta.finish_reason != "length") throw generation_failure(delta);
+    json response = body(json::array({{{"index", 0},
+                                       {"text", text},
+                                       {"logprobs", request.logprobs ? completion_logprobs(tokens, codec_, 0) : json()},
+                                       {"finish_reason", delta.finish_reason}}}));
+    response["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
+    respond_json(exchange, 200, response);
+    return;
+  }
+
+  metrics_.count_response(200);
+  if (!exchange.start_stream(200, "text/event-stream", {})) return;
+  size_t text_offset = 0;
+  for (;;) {
+    TextDelta delta = generation.next(client_gone);
+    const bool ended = delta.finished && (delta.finish_reason == "stop" || delta.finish_reason == "length");
+    if (!delta.text.empty() || ended) {
+      json chunk = body(json::array(
+          {{{"index", 0},
+            {"text", delta.text},
+            {"logprobs", request.logprobs ? completion_logprobs(delta.tokens, codec_, text_offset) : json()},
+            {"finish_reason", ended ? json(delta.finish_reason) : json()}}}));
+      if (request.include_usage) chunk["usage"] = nullptr;
+      text_offset += delta.text.size();
+      if (!exchange.write(sse_data(chunk))) return;
+    }
+    if (!delta.finished) continue;
+    if (!ended) {
+      const ApiError failure = generation_failure(delta);
+      if (!exchange.write(sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())))) return;
+    }
+    if (request.include_usage) {
+      json usage = body(json::array());
+      usage["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
+      if (!exchange.write(sse_data(usage))) return;
+    }
+    exchange.write(kSseDone);
+    return;
+  }
+}
+
+void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
+  const MessagesRequest request = parse_messages_request(parse_request_json(http_request.body), options_.model_name);
+  TextGeneration generation(
+      scheduler_, codec_,
+      generation_request(chat_prompt(request.messages, request.prompt), request.generation, "messages", "max_tokens"),
+      metrics_, "messages", arrival, draining_.load());
+  const auto client_gone = [&] { return exchange.client_gone(); };
+  const std::string id = random_id("msg_");
+
+  if (!request.generation.stream) {
+    std::string text;
+    TextDelta delta;
+    do {
+      delta = generation.next(client_gone);
+      text += delta.text;
+    } while (!delta.finished);
+    if (delta.finish_reason != "stop" && delta.finish_reason != "length") throw generation_failure(delta);
+    respond_json(exchange, 200,
+                 {{"id", id},
+                  {"type", "message"},
+                  {"role", "assistant"},
+                  {"model", options_.model_name},
+                  {"content", json::array({{{"type", "text"}, {"text", text}}})},
+                  {"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
+                  {"stop_sequence", delta.stop_sequence ? json(*delta.stop_sequence) : json()},
+                  {"usage", anthropic_usage(generation.prompt_tokens(), generation.completion_tokens())}});
+    return;
+  }
+
+  metrics_.count_response(200);
+  if (!exchange.start_stream(200, "text/event-stream", {})) return;
+  const json start = {{"type", "message_start"},
+                      {"message",
+                       {{"id", id},
+                        {"type", "message"},
+                        {"role", "assistant"},
+                        {"model", options_.model_name},
+                        {"content", json::array()},
+                        {"stop_reason", nullptr},
+                        {"stop_sequence", nullptr},
+                        {"usage", anthropic_usage(generation.prompt_tokens(), 0)}}}};
+  if (!exchange.write(sse_event("message_start", start) +
+                      sse_event("content_block_start", {{"type", "content_block_start"},
+                                                        {"index", 0},
+                                                        {"content_block", {{"type", "text"}, {"text", ""}}}}) +
+                      sse_event("ping", {{"type", "ping"}})))
+    return;
+  for (;;) {
+    TextDelta delta = generation.next(client_gone);
+    if (!delta.text.empty() &&
+        !exchange.write(sse_event("content_block_delta", {{"type", "content_block_delta"},
+                                                          {"index", 0},
+                                                          {"delta", {{"type", "text_delta"}, {"text", delta.text}}}})))
+      return;
+    if (!delta.finished) continue;
+    if (delta.finish_reason != "stop" && delta.finish_reason != "length") {
+      const ApiError failure = generation_failure(delta);
+      exchange.write(sse_event("error", anthropic_error_body(failure.status(), failure.what())));
+      return;
+    }
+    exchange.write(
+        sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
+        sse_event("message_delta", {{"type", "message_delta"},
+                                    {"delta",
+                                     {{"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
+                                      {"stop_sequence", delta.stop_sequence ? json(*delta.stop_sequence) : json()}}},
+                                    {"usage", {{"output_tokens", generation.completion_tokens()}}}}) +
+        sse_event("message_stop", {{"type", "message_stop"}}));
+    return;
+  }
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,96 @@
+// kiln's API server: OpenAI-compatible (/v1/chat/completions, /v1/completions, /v1/models) and
+// Anthropic-compatible (/v1/messages) endpoints, /health and /metrics, over the continuous-batching
+// scheduler. Each connection's thread drives its own request; the scheduler batches them all.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "server/api_error.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/request_fields.h"
+#include "server/text_codec.h"
+#include "server/text_generation.h"
+
+namespace kiln::server {
+
+struct ServerOptions {
+  HttpServerOptions http;
+  std::string model_name;  // the id clients name in `model`
+  int64_t vocab_size = 0;  // the model's (token-id prompts are checked against it)
+  std::string api_key;     // when set, /v1/* requires "Authorization: Bearer KEY" or "x-api-key: KEY"
+  std::chrono::milliseconds shutdown_grace{30'000};  // how long shutdown lets requests finish
+  int retry_after_seconds = 1;                       // Retry-After on 429 and 503
+};
+
+class Server {
+ public:
+  // Listens at once (an error names the address); serves after start().
+  Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  uint16_t port() const { return http_.port(); }
+  void start() { http_.start(); }
+  // Refuses new requests (503), lets those in flight run for up to shutdown_grace, then cancels
+  // the rest by shutting the scheduler down, and closes every connection. Idempotent.
+  void shutdown();
+  // Ends shutdown's grace period now: requests still running are cancelled.
+  void cancel_in_flight();
+  std::string metrics_text() const;
+
+ private:
+  enum class Dialect { OpenAI, Anthropic };
+
+  void handle(const HttpRequest& request, HttpExchange& exchange);
+  void route(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
+  void respond_json(HttpExchange& exchange, int status, const nlohmann::ordered_json& body, HeaderList headers = {});
+  void respond_error(HttpExchange& exchange, Dialect dialect, const ApiError& error);
+  HttpResponse error_response(Dialect dialect, int status, const std::string& message, const std::string& param,
+                              const std::string& code);
+  void check_api_key(const HttpRequest& request) const;
+
+  std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
+  TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
+                                           const std::string& prompt_param, const std::string& max_tokens_param) const;
+
+  void chat_completions(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
+  void completions(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
+  void messages(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
+
+  // Counts a generation request in flight for the duration of a handler.
+  class InFlight {
+   public:
+    explicit InFlight(Server& server);
+    ~InFlight();
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+
+   private:
+    Server& server_;
+  };
+  bool wait_in_flight(std::chrono::milliseconds timeout);
+
+  Scheduler& scheduler_;
+  const TextCodec& codec_;
+  ServerOptions options_;
+  ServerMetrics metrics_;
+  std::atomic<bool> draining_{false};
+  std::mutex in_flight_mutex_;
+  std::condition_variable in_flight_done_;
+  int64_t in_flight_ = 0;
+  bool cancel_now_ = false;
+  std::once_flag shutdown_once_;
+  HttpServer http_;  // last: its threads call into everything above
+};
+
+}  // namespace kiln::server

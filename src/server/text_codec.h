@@ -1,0 +1,46 @@
+// What the server needs from a tokenizer and chat template: text → prompt ids, generated ids →
+// text as it streams, the text of single tokens (logprobs), and the ids that end generation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln::server {
+
+struct ChatPromptOptions {
+  bool add_generation_prompt = true;
+  nlohmann::ordered_json tools;                                               // null, or an array of tool schemas
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // e.g. {"enable_thinking": false}
+};
+
+// Generated ids in, complete UTF-8 text out (nothing while a character is unfinished).
+class TokenTextStream {
+ public:
+  virtual ~TokenTextStream() = default;
+  virtual std::string push(int32_t id) = 0;
+  virtual std::string finish() = 0;
+};
+
+class TextCodec {
+ public:
+  virtual ~TextCodec() = default;
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const = 0;
+  // Decodes ids generated after `prompt`, skipping special tokens (an end-of-text token shows no
+  // text). The text is what decoding prompt + generated ids adds to the prompt's own text (so a
+  // leading space is kept where decoding the generated ids alone would strip it).
+  virtual std::unique_ptr<TokenTextStream> text_stream(const std::vector<int32_t>& prompt) const = 0;
+  // One token on its own, as logprobs report it.
+  virtual std::string token_text(int32_t id) const = 0;
+  virtual bool has_chat_template() const = 0;
+  // The prompt text of a conversation (messages in OpenAI's shape). A template error is a
+  // kiln::Error whose message the client sees.
+  virtual std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const = 0;
+  // Ids that end generation (end of text, end of turn).
+  virtual std::vector<int32_t> stop_token_ids() const = 0;
+};
+
+}  // namespace kiln::server

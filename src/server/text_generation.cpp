@@ -1,0 +1,111 @@
+#include "server/text_generation.h"
+
+#include "core/error.h"
+#include "server/api_error.h"
+
+namespace kiln::server {
+
+namespace {
+
+std::shared_ptr<RequestStream> submit(Scheduler& scheduler, GenerationRequest request, bool shutting_down) {
+  try {
+    return scheduler.submit(std::move(request));
+  } catch (const QueueFull& error) {
+    throw ApiError(429, fmt::format("the server is busy: {}; retry later", error.what()), "", "queue_full");
+  } catch (const Error& error) {
+    // The scheduler refuses everything once it stops; the server knows it is shutting down.
+    if (shutting_down) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    throw ApiError(400, error.what());
+  }
+}
+
+}  // namespace
+
+TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, TextGenerationRequest request,
+                               ServerMetrics& metrics, std::string endpoint, Clock::time_point arrival,
+                               bool shutting_down)
+    : metrics_(metrics),
+      endpoint_(std::move(endpoint)),
+      logprobs_(request.logprobs),
+      prompt_tokens_(request.prompt.size()),
+      decoder_(codec.text_stream(request.prompt)),
+      stop_matcher_(std::move(request.stop)),
+      arrival_(arrival),
+      last_disconnect_check_(Clock::now()) {
+  GenerationRequest generation;
+  generation.prompt = std::move(request.prompt);
+  generation.max_tokens = request.max_tokens;
+  generation.sampling = request.sampling;
+  if (!request.ignore_eos) generation.stop_ids = codec.stop_token_ids();
+  generation.top_logprobs = request.logprobs ? request.top_logprobs : 0;
+  stream_ = submit(scheduler, std::move(generation), shutting_down);
+}
+
+TextGeneration::~TextGeneration() {
+  if (finished_) return;
+  stream_->cancel();
+  metrics_.count_request(endpoint_, "cancelled");
+  metrics_.add_tokens(prompt_tokens(), completion_tokens_);
+}
+
+bool TextGeneration::absorb(const std::string& text, TextDelta& delta) {
+  StopMatcher::Output output = stop_matcher_.push(text);
+  delta.text += output.text;
+  if (!output.matched) return false;
+  delta.stop_sequence = std::move(output.matched);
+  return true;
+}
+
+TextDelta& TextGeneration::finish(TextDelta& delta, std::string reason) {
+  finished_ = true;
+  delta.finished = true;
+  delta.finish_reason = std::move(reason);
+  metrics_.count_request(endpoint_, delta.finish_reason);
+  metrics_.add_tokens(prompt_tokens(), completion_tokens_);
+  metrics_.observe_request_duration(std::chrono::duration<double>(Clock::now() - arrival_).count());
+  return delta;
+}
+
+TextDelta TextGeneration::next(const std::function<bool()>& client_gone) {
+  if (finished_) fail("TextGeneration::next called after the end");
+  TextDelta delta;
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    if (now - last_disconnect_check_ >= kDisconnectPoll) {
+      last_disconnect_check_ = now;
+      if (client_gone()) {
+        stream_->cancel();
+        delta.error = "the client disconnected";
+        return finish(delta, "cancelled");
+      }
+    }
+    std::optional<TokenEvent> event = stream_->next(kDisconnectPoll);
+    if (!event) continue;
+    if (event->token >= 0) {
+      const Clock::time_point arrived = Clock::now();
+      if (last_token_time_)
+        metrics_.observe_inter_token_latency(std::chrono::duration<double>(arrived - *last_token_time_).count());
+      else
+        metrics_.observe_time_to_first_token(std::chrono::duration<double>(arrived - arrival_).count());
+      last_token_time_ = arrived;
+      ++completion_tokens_;
+      std::string text = decoder_->push(event->token);
+      if (logprobs_) delta.tokens.push_back({event->token, text, event->logprob, std::move(event->top_logprobs)});
+      if (absorb(text, delta)) {
+        stream_->cancel();  // the rest of the generation is not wanted: free the slot now
+        return finish(delta, "stop");
+      }
+    }
+    if (event->finished) {
+      delta.error = event->error;
+      if (event->finish_reason == "stop" || event->finish_reason == "length") {
+        if (absorb(decoder_->finish(), delta)) return finish(delta, "stop");
+        delta.text += stop_matcher_.flush();
+      }
+      return finish(delta, event->finish_reason);
+    }
+    if (!delta.text.empty()) return delta;
+  }
+}
+
+}  // namespace kiln::server

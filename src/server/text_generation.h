@@ -1,0 +1,89 @@
+// One request's generation as text: submits prompt ids to the scheduler, turns the tokens that come
+// back into text (incremental detokenisation), applies text-level stop strings (cutting the output
+// at a match and cancelling the request), counts usage and records latency metrics.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "server/metrics.h"
+#include "engine/stop_matcher.h"
+#include "server/text_codec.h"
+
+namespace kiln::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct TextGenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 0;
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // text-level stop strings
+  bool ignore_eos = false;        // keep generating past end-of-text tokens
+  bool logprobs = false;
+  int32_t top_logprobs = 0;  // alternatives reported per token
+};
+
+struct GeneratedToken {
+  int32_t id = 0;
+  std::string text;  // what the token added to the output (empty inside an unfinished character)
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // the most likely alternatives (when asked)
+};
+
+struct TextDelta {
+  std::string text;                    // new output text (possibly empty on the final delta)
+  std::vector<GeneratedToken> tokens;  // with logprobs: the tokens generated since the last delta
+  bool finished = false;
+  std::string finish_reason;                 // "stop" | "length" | "cancelled" | "error" (when finished)
+  std::optional<std::string> stop_sequence;  // the stop string that ended the output
+  std::string error;                         // why it was cancelled or failed
+};
+
+class TextGeneration {
+ public:
+  // Submits the request. A full queue is a 429 ApiError, a stopping scheduler a 503, an invalid
+  // request a 400. `endpoint` labels the request in the metrics.
+  TextGeneration(Scheduler& scheduler, const TextCodec& codec, TextGenerationRequest request, ServerMetrics& metrics,
+                 std::string endpoint, Clock::time_point arrival, bool shutting_down);
+  ~TextGeneration();  // cancels a generation that has not finished (its cache slot is freed)
+  TextGeneration(const TextGeneration&) = delete;
+  TextGeneration& operator=(const TextGeneration&) = delete;
+
+  // Waits for more text or the end. `client_gone` is asked every kDisconnectPoll while waiting;
+  // when it answers true the request is cancelled and a finished "cancelled" delta returns.
+  TextDelta next(const std::function<bool()>& client_gone);
+  bool finished() const { return finished_; }
+
+  int64_t prompt_tokens() const { return static_cast<int64_t>(prompt_tokens_); }
+  int64_t completion_tokens() const { return completion_tokens_; }
+
+  static constexpr std::chrono::milliseconds kDisconnectPoll{20};
+
+ private:
+  // Feeds decoded text through the stop strings; true when one matched.
+  bool absorb(const std::string& text, TextDelta& delta);
+  TextDelta& finish(TextDelta& delta, std::string reason);
+
+  ServerMetrics& metrics_;
+  std::string endpoint_;
+  bool logprobs_;
+  size_t prompt_tokens_;
+  std::shared_ptr<RequestStream> stream_;
+  std::unique_ptr<TokenTextStream> decoder_;
+  StopMatcher stop_matcher_;
+  Clock::time_point arrival_;
+  std::optional<Clock::time_point> last_token_time_;
+  Clock::time_point last_disconnect_check_;
+  int64_t completion_tokens_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,40 @@
+// The server's TextCodec bound to kiln's tokenizer (tokenizer/): a model directory's
+// tokenizer.json, its special tokens and end-of-generation ids, and its chat template (or one
+// given in place of it, e.g. for a model that ships none).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "server/text_codec.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::server {
+
+class TokenizerCodec final : public TextCodec {
+ public:
+  // `chat_template` replaces the model's own template when given.
+  TokenizerCodec(const std::filesystem::path& model_dir, std::optional<std::string> chat_template);
+
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override;
+  std::unique_ptr<TokenTextStream> text_stream(const std::vector<int32_t>& prompt) const override;
+  std::string token_text(int32_t id) const override;
+  bool has_chat_template() const override { return chat_template_ != nullptr; }
+  std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const override;
+  std::vector<int32_t> stop_token_ids() const override { return tokenizer_.eos_ids(); }
+
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+
+ private:
+  Tokenizer tokenizer_;
+  std::unique_ptr<ChatTemplate> chat_template_;
+  // A plain token whose text is decoded in front of a token shown alone, so that decoders which
+  // strip a leading space at the start of a text (SentencePiece's) keep the token's own space.
+  std::optional<int32_t> anchor_;
+  std::string anchor_text_;
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,92 @@
+// The command line end to end: the README's main job, logits as .npy, and one-line errors.
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "io/npy.h"
+#include "test_support.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+std::string kiln(const std::string& arguments) { return kiln_binary().string() + " " + arguments; }
+
+// The last line of the output (stderr comes after stdout here).
+std::string last_line(const std::string& output) {
+  std::string trimmed = output;
+  while (!trimmed.empty() && trimmed.back() == '\n') trimmed.pop_back();
+  return trimmed.substr(trimmed.rfind('\n') == std::string::npos ? 0 : trimmed.rfind('\n') + 1);
+}
+
+TEST(Cli, GenerateFromTextPrintsTheReferenceStory) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto model = shared / "models/stories260K";
+  const auto ref = nlohmann::json::parse(std::ifstream(model / "ref_greedy.json"));
+  std::vector<int32_t> path = {1};
+  for (int32_t id : ref["greedy_ids"].get<std::vector<int32_t>>()) path.push_back(id);
+  const std::string story = Tokenizer::load(model).decode(path, true);
+  ASSERT_TRUE(story.starts_with("Once upon a time, there was a little girl named Lily."));
+  // "Once upon a time" is 4 of the 256 reference steps; llama2.c's run counts the prompt in them.
+  const CommandResult result =
+      run_command(kiln("generate --model " + model.string() + " --prompt 'Once upon a time' --temperature 0 --max-tokens 252 2>/dev/null"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.output, story + "\n");
+}
+
+TEST(Cli, GenerateStopsAtAStopString) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto model = shared / "models/stories260K";
+  const CommandResult result = run_command(
+      kiln("generate --model " + model.string() + " --prompt 'Once upon a time' --temperature 0 --stop 'park' 2>/dev/null"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.output, "Once upon a time, there was a little girl named Lily. She loved to play outside in the \n");
+}
+
+TEST(Cli, LogitsWritesEveryPositionAsNpy) {
+  KILN_REQUIRE_SHARED(shared);
+  TempDir temp;
+  const auto out = temp.path() / "logits.npy";
+  const CommandResult result = run_command(
+      kiln("logits --model " + (shared / "fixtures/tiny/llama3-tiny/f32").string() + " --ids 1,2,3,4,5 --chunk 2 --out " + out.string()));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const NpyArray logits = read_npy(out);
+  EXPECT_EQ(logits.shape, (Shape{5, 512}));
+}
+
+TEST(Cli, ErrorsAreOneLineAndNonZero) {
+  KILN_REQUIRE_SHARED(shared);
+  const std::string model = (shared / "fixtures/tiny/llama3-tiny/f32").string();
+  const struct {
+    std::string arguments;
+    std::string expected;
+  } cases[] = {
+      {"generate --model " + model + " --ids 1,x,3", "'x' is not a token id"},
+      {"generate --model " + model + " --ids 1,99999", "99999"},
+      {"generate --model /nonexistent --ids 1", "/nonexistent"},
+      {"generate --model " + model + " --ids 1 --top-p 2", "top_p"},
+      {"logits --model " + model + " --ids 1", "--out"},
+      {"frobnicate", "frobnicate"},
+  };
+  for (const auto& c : cases) {
+    const CommandResult result = run_command("{ " + kiln(c.arguments) + " 2>&1 >/dev/null; }");
+    EXPECT_NE(result.exit_code, 0) << c.arguments;
+    std::string output = result.output;
+    while (!output.empty() && output.back() == '\n') output.pop_back();
+    EXPECT_EQ(output.find('\n'), std::string::npos) << c.arguments << ": more than one line:\n" << output;
+    EXPECT_NE(last_line(output).find(c.expected), std::string::npos) << c.arguments << ": " << output;
+  }
+}
+
+TEST(Cli, EveryCommandHasHelp) {
+  for (const char* command : {"generate", "logits", "bench", "synth", "inspect", "tokenize", "render", "serve"}) {
+    const CommandResult result = run_command(kiln(std::string(command) + " --help"));
+    EXPECT_EQ(result.exit_code, 0) << command;
+    EXPECT_NE(result.output.find("Usage"), std::string::npos) << command;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,144 @@
+// The invariance contract on the CPU backend: a token's logits are bit-identical however its
+// sequence is prefilled (one shot, chunked — at any split for attention-only models, at multiples
+// of 64 for the hybrid Gated DeltaNet models —, token by token or in small appends), whatever else
+// shares the batch, and whatever the thread count.
+#include <cstring>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "core/thread_pool.h"
+#include "engine/generation.h"
+#include "model_test_support.h"
+#include "test_support.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+struct InvarianceCase {
+  std::string fixture;
+  std::string dtype_dir;
+  bool hybrid = false;  // GDN chunks fall on absolute multiples of 64: splits must too
+};
+
+std::string case_name(const ::testing::TestParamInfo<InvarianceCase>& info) {
+  std::string name = info.param.fixture + "_" + info.param.dtype_dir;
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return name;
+}
+
+// Logits of every prompt position computed step by step: the prompt is cut at `cuts`.
+Tensor logits_with_cuts(Model& model, const std::vector<int32_t>& prompt, std::vector<size_t> cuts) {
+  auto cache = model.make_cache(1, static_cast<int64_t>(prompt.size()));
+  const int64_t vocab = model.config().vocab_size;
+  Tensor all = Tensor::empty({static_cast<int64_t>(prompt.size()), vocab}, DType::F32);
+  cuts.push_back(prompt.size());
+  size_t start = 0;
+  for (size_t cut : cuts) {
+    if (cut <= start) continue;
+    SequenceStep step{0, static_cast<int32_t>(start), std::vector<int32_t>(prompt.begin() + start, prompt.begin() + cut), true};
+    Tensor logits = run_step(model, *cache, {step});
+    std::memcpy(all.data<float>() + start * vocab, logits.raw(), logits.nbytes());
+    start = cut;
+  }
+  return all;
+}
+
+void expect_bit_identical(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  const int64_t vocab = a.dim(1);
+  for (int64_t row = 0; row < a.dim(0); ++row)
+    ASSERT_EQ(std::memcmp(a.data<float>() + row * vocab, b.data<float>() + row * vocab, vocab * sizeof(float)), 0)
+        << what << ": row " << row << " differs";
+}
+
+class Invariance : public ::testing::TestWithParam<InvarianceCase> {
+ protected:
+  void SetUp() override {
+    auto shared = shared_dir();
+    if (!shared) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
+    fixture_ = *shared / "fixtures/tiny" / GetParam().fixture;
+    loaded_ = open_cpu_model(fixture_ / GetParam().dtype_dir);
+    prompt_ = fixture_prompt(fixture_);
+    prompt_.resize(150);
+  }
+  std::filesystem::path fixture_;
+  TestModel loaded_;
+  std::vector<int32_t> prompt_;
+};
+
+TEST_P(Invariance, ChunkedPrefillAtRandomSplitsAndTokenByTokenEqualOneShot) {
+  Model& model = *loaded_.model;
+  const Tensor one_shot = logits_with_cuts(model, prompt_, {});
+  const size_t split_unit = GetParam().hybrid ? 64 : 1;
+  std::mt19937 random(7);
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<size_t> cuts;
+    for (size_t position = split_unit; position < prompt_.size(); position += split_unit)
+      if (random() % (GetParam().hybrid ? 2 : 23) == 0) cuts.push_back(position);
+    expect_bit_identical(one_shot, logits_with_cuts(model, prompt_, cuts), "random chunking");
+  }
+  const size_t prefill = GetParam().hybrid ? 128 : 40;
+  std::vector<size_t> token_by_token;
+  for (size_t position = prefill; position < prompt_.size(); ++position) token_by_token.push_back(position);
+  expect_bit_identical(one_shot, logits_with_cuts(model, prompt_, token_by_token), "prefill then one by one");
+}
+
+TEST_P(Invariance, SmallAppendsEqualTokenByTokenDecode) {
+  // What exact speculative decoding needs: k ≤ 16 tokens appended in one step give the logits
+  // of decoding them one at a time.
+  Model& model = *loaded_.model;
+  std::vector<size_t> one_by_one, appends;
+  for (size_t position = 128; position < prompt_.size(); ++position) one_by_one.push_back(position);
+  for (size_t position = 128, k = 1; position < prompt_.size(); position += k, k = k % 16 + 1) appends.push_back(position);
+  expect_bit_identical(logits_with_cuts(model, prompt_, one_by_one), logits_with_cuts(model, prompt_, appends),
+                       "appends of 1..16 tokens vs one by one");
+}
+
+TEST_P(Invariance, SequenceAloneEqualsSequenceInBatchOfThree) {
+  Model& model = *loaded_.model;
+  const int64_t vocab = model.config().vocab_size;
+  const std::vector<int32_t> first(prompt_.begin(), prompt_.begin() + 100);
+  const std::vector<int32_t> other_a(prompt_.begin() + 3, prompt_.begin() + 40);
+  const std::vector<int32_t> other_b(prompt_.begin() + 17, prompt_.begin() + 150);
+
+  auto alone_cache = model.make_cache(1, 128);
+  const Tensor alone_prefill = run_step(model, *alone_cache, {SequenceStep{0, 0, first, true}});
+  const Tensor alone_decode = run_step(model, *alone_cache, {SequenceStep{0, 100, {prompt_[100]}, true}});
+
+  auto batch_cache = model.make_cache(3, 160);
+  const Tensor batch_prefill = run_step(model, *batch_cache,
+                                        {SequenceStep{2, 0, other_a, true}, SequenceStep{0, 0, first, true},
+                                         SequenceStep{1, 0, other_b, true}});
+  const Tensor batch_decode = run_step(model, *batch_cache,
+                                       {SequenceStep{1, 133, {prompt_[5]}, true}, SequenceStep{2, 37, {prompt_[9]}, true},
+                                        SequenceStep{0, 100, {prompt_[100]}, true}});
+  expect_bit_identical(alone_prefill, batch_prefill.slice_rows(other_a.size(), first.size()).reshape({100, vocab}),
+                       "prefill in a batch of 3");
+  expect_bit_identical(alone_decode, batch_decode.slice_rows(2, 1), "decode in a batch of 3");
+}
+
+TEST_P(Invariance, OneThreadEqualsTwoThreads) {
+  Model& model = *loaded_.model;
+  ThreadPool::set_global_threads(1);
+  const Tensor single = logits_with_cuts(model, prompt_, {70});
+  ThreadPool::set_global_threads(2);
+  const Tensor pair = logits_with_cuts(model, prompt_, {70});
+  ThreadPool::set_global_threads(3);
+  const Tensor triple = logits_with_cuts(model, prompt_, {70});
+  expect_bit_identical(single, pair, "1 vs 2 threads");
+  expect_bit_identical(single, triple, "1 vs 3 threads");
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Invariance,
+                         ::testing::Values(InvarianceCase{"llama3-tiny", "f32"}, InvarianceCase{"llama3-tiny", "bf16"},
+                                           InvarianceCase{"qwen3-tiny", "f32"}, InvarianceCase{"qwen3-tiny", "bf16"},
+                                           InvarianceCase{"qwen3_5-text-tiny", "f32", true},
+                                           InvarianceCase{"qwen3_5-text-tiny", "bf16", true},
+                                           InvarianceCase{"qwen3_5-vl-tiny", "bf16", true}),
+                         case_name);
+
+}  // namespace

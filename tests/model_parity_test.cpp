@@ -1,0 +1,92 @@
+// Parity of every family graph (Llama-3, Qwen3, Qwen3.5 in both checkpoint layouts) against
+// transformers on the fixtures, and of the real stories260K model against its reference decode.
+#include <algorithm>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/generation.h"
+#include "model_test_support.h"
+#include "test_support.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+class ModelParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelParity, F32MatchesFloat64ReferenceAtEveryPosition) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
+  const std::vector<double> errors = row_relative_errors(logits, read_npy(fixture / "f32/ref_logits_f64.npy"));
+  ASSERT_EQ(errors.size(), 300u);
+  for (size_t row = 0; row < errors.size(); ++row) ASSERT_LE(errors[row], 1e-4) << "position " << row;
+}
+
+TEST_P(ModelParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  TestModel loaded = open_cpu_model(fixture / "bf16");
+  const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
+  const NpyArray truth = read_npy(fixture / "bf16/ref_logits_f64.npy");
+  const NpyArray torch_bf16 = read_npy(fixture / "bf16/ref_logits_torch_bf16.npy");
+  Tensor torch_logits = Tensor::empty(torch_bf16.shape, DType::F32);
+  std::transform(torch_bf16.values.begin(), torch_bf16.values.end(), torch_logits.data<float>(),
+                 [](double v) { return static_cast<float>(v); });
+  const std::vector<double> ours = row_relative_errors(logits, truth);
+  const std::vector<double> theirs = row_relative_errors(torch_logits, truth);
+  for (size_t row = 0; row < ours.size(); ++row)
+    ASSERT_LE(ours[row], 1.5 * theirs[row]) << "position " << row << " (transformers bf16 error " << theirs[row] << ")";
+}
+
+TEST_P(ModelParity, GreedyContinuationMatchesFloat64Reference) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  nlohmann::json ref = nlohmann::json::parse(std::ifstream(fixture / "ref.json"));
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  std::vector<int32_t> prompt = fixture_prompt(fixture);
+  prompt.resize(ref["greedy_prompt_len"].get<size_t>());
+  GenerationOptions options;
+  options.sampling.temperature = 0;
+  options.max_tokens = static_cast<int64_t>(ref["greedy_f64"].size());
+  const GenerationResult result = generate(*loaded.model, prompt, options);
+  EXPECT_EQ(result.tokens, ref["greedy_f64"].get<std::vector<int32_t>>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
+                         ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny", "qwen3_5-vl-tiny"));
+
+TEST(Stories260K, GreedyFromBosReproducesReferenceIds) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto model_dir = shared / "models/stories260K";
+  nlohmann::json ref = nlohmann::json::parse(std::ifstream(model_dir / "ref_greedy.json"));
+  TestModel loaded = open_cpu_model(model_dir);
+  GenerationOptions options;
+  options.sampling.temperature = 0;
+  options.max_tokens = static_cast<int64_t>(ref["greedy_ids"].size());
+  options.stop_ids = {1};  // llama2.c stops on BOS (see the model's README)
+  const GenerationResult result = generate(*loaded.model, ref["input_ids"].get<std::vector<int32_t>>(), options);
+  EXPECT_EQ(result.tokens, ref["greedy_ids"].get<std::vector<int32_t>>());
+}
+
+TEST(Stories260K, FirstLogitsMatchReference) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto model_dir = shared / "models/stories260K";
+  nlohmann::json ref = nlohmann::json::parse(std::ifstream(model_dir / "ref_greedy.json"));
+  TestModel loaded = open_cpu_model(model_dir);
+  std::vector<int32_t> path = ref["input_ids"].get<std::vector<int32_t>>();
+  const auto greedy = ref["greedy_ids"].get<std::vector<int32_t>>();
+  path.insert(path.end(), greedy.begin(), greedy.begin() + 7);
+  const Tensor logits = prompt_logits(*loaded.model, path, 0);
+  const auto& expected = ref["logits_first8"];
+  for (size_t position = 0; position < 8; ++position)
+    for (size_t token = 0; token < 512; ++token)
+      ASSERT_NEAR(logits.data<float>()[position * 512 + token], expected[position][token].get<double>(), 2e-5)
+          << "position " << position << " token " << token;
+}
+
+}  // namespace

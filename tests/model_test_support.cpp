@@ -1,0 +1,50 @@
+#include "model_test_support.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/loader.h"
+
+namespace kiln::testing {
+
+TestModel open_cpu_model(const std::filesystem::path& dir, const std::string& dtype) {
+  TestModel loaded;
+  loaded.backend = make_cpu_backend();
+  LoadOptions options;
+  if (dtype == "f32") options.dtype = DType::F32;
+  if (dtype == "bf16") options.dtype = DType::BF16;
+  loaded.model = load_model(dir, *loaded.backend, options);
+  return loaded;
+}
+
+std::vector<double> row_relative_errors(const Tensor& ours, const NpyArray& reference) {
+  if (reference.shape.size() != 2 || ours.ndim() != 2 || ours.dim(0) != reference.shape[0] ||
+      ours.dim(1) != reference.shape[1])
+    fail("logits {} do not match the reference shape {}", shape_string(ours.shape()), shape_string(reference.shape));
+  const int64_t rows = reference.shape[0], columns = reference.shape[1];
+  std::vector<double> errors(rows);
+  for (int64_t row = 0; row < rows; ++row) {
+    double max_difference = 0, max_reference = 0;
+    for (int64_t column = 0; column < columns; ++column) {
+      const double expected = reference.values[row * columns + column];
+      const double actual = ours.data<float>()[row * columns + column];
+      max_difference = std::max(max_difference, std::abs(actual - expected));
+      if (std::isnan(actual)) max_difference = INFINITY;
+      max_reference = std::max(max_reference, std::abs(expected));
+    }
+    errors[row] = max_difference / max_reference;
+  }
+  return errors;
+}
+
+std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir) {
+  std::ifstream in(fixture_dir / "ref.json");
+  if (!in) fail("{}: cannot open ref.json", fixture_dir.string());
+  return nlohmann::json::parse(in)["prompt_ids"].get<std::vector<int32_t>>();
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,117 @@
+// Small configs and profiles for the profile, registry and loader tests, built in memory so the
+// rules can be tested without a checkpoint on disk.
+#pragma once
+
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "io/config.h"
+#include "io/fingerprint.h"
+#include "model/profile.h"
+
+namespace kiln::testing {
+
+// A tiny Llama-shaped config of the given model_type (hybrid fields filled for hybrid types).
+inline ModelConfig tiny_config(const std::string& model_type = "llama") {
+  ModelConfig config;
+  config.source = "/models/tiny/config.json";
+  config.model_type = model_type;
+  config.outer_model_type = model_type;
+  config.hidden_size = 64;
+  config.intermediate_size = 128;
+  config.num_hidden_layers = 4;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.head_dim = 16;
+  config.vocab_size = 256;
+  config.max_position_embeddings = 512;
+  config.rms_norm_eps = 1e-5;
+  config.torch_dtype = "float32";
+  config.layer_types.assign(4, LayerKind::FullAttention);
+  if (config.is_hybrid()) {
+    config.layer_types = {LayerKind::LinearAttention, LayerKind::LinearAttention, LayerKind::LinearAttention,
+                          LayerKind::FullAttention};
+    config.linear_num_key_heads = 2;
+    config.linear_num_value_heads = 4;
+    config.linear_key_head_dim = 16;
+    config.linear_value_head_dim = 16;
+    config.linear_conv_kernel_dim = 4;
+    config.rope.partial_rotary_factor = 0.25;
+    config.rope.mrope_section = {2, 1, 1};
+    config.rope.mrope_interleaved = true;
+  }
+  return config;
+}
+
+// A valid family profile spec for `graph` (the loop and capabilities its execution needs).
+inline ModelProfileSpec family_spec(const std::string& id, Graph graph = Graph::Llama) {
+  ModelProfileSpec spec;
+  spec.id = id;
+  spec.fidelity = {FidelityTier::ReferenceParity, "transformers float64 logits"};
+  spec.execution.graph = graph;
+  spec.execution.loop = graph == Graph::Qwen3_5 ? Loop::HybridRecurrent : Loop::Autoregressive;
+  spec.execution.specialization = Specialization::Dedicated;
+  spec.capabilities = execution_capabilities(spec.execution);
+  return spec;
+}
+
+// An artifact fingerprint in the Hugging Face form, distinct per `tag`.
+inline std::string hf_fingerprint(char tag = 'a') { return "hf:org/tiny@" + std::string(40, tag); }
+
+// A valid exact-artifact spec bound to `artifact` and to `config`'s fingerprint.
+inline ModelProfileSpec exact_spec(const std::string& id, const ModelConfig& config, const std::string& artifact,
+                                   Graph graph = Graph::Llama) {
+  ModelProfileSpec spec = family_spec(id, graph);
+  spec.execution.specialization = Specialization::Artifact;
+  spec.artifact_fingerprint = artifact;
+  spec.config_fingerprint = config_fingerprint(config);
+  return spec;
+}
+
+// Sets an environment variable for the life of the object, then restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, const std::string& value) : name_(std::move(name)) {
+    if (const char* previous = std::getenv(name_.c_str())) previous_ = previous;
+    ::setenv(name_.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (previous_) ::setenv(name_.c_str(), previous_->c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> previous_;
+};
+
+// Runs `action`, expecting a kiln::Error whose message holds every one of `fragments`.
+inline void expect_error_mentions(const std::function<void()>& action, const std::vector<std::string>& fragments) {
+  try {
+    action();
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    for (const auto& fragment : fragments)
+      EXPECT_NE(message.find(fragment), std::string::npos) << "the error \"" << message << "\" does not mention \""
+                                                             << fragment << "\"";
+    return;
+  }
+  ADD_FAILURE() << "expected a kiln::Error mentioning " << ::testing::PrintToString(fragments);
+}
+
+}  // namespace kiln::testing
+
+// Expects `statement` to throw a kiln::Error whose message mentions every listed fragment.
+#define EXPECT_FAILS_MENTIONING(statement, ...)                                   \
+  do {                                                                            \
+    SCOPED_TRACE(#statement);                                                     \
+    ::kiln::testing::expect_error_mentions([&] { statement; }, {__VA_ARGS__});   \
+  } while (0)

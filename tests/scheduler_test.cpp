@@ -1,0 +1,112 @@
+// Continuous batching: every request served among others equals the same request served alone.
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "engine/scheduler.h"
+#include "model_test_support.h"
+#include "test_support.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<int32_t> collect(RequestStream& stream, std::string* finish_reason = nullptr) {
+  std::vector<int32_t> tokens;
+  for (;;) {
+    auto event = stream.next(30s);
+    if (!event) ADD_FAILURE() << "no event within 30 s";
+    if (!event) return tokens;
+    if (event->token >= 0) tokens.push_back(event->token);
+    if (event->finished) {
+      if (finish_reason) *finish_reason = event->finish_reason;
+      return tokens;
+    }
+  }
+}
+
+GenerationRequest make_request(const std::vector<int32_t>& prompt, int64_t max_tokens, float temperature, uint64_t seed) {
+  GenerationRequest request;
+  request.prompt = prompt;
+  request.max_tokens = max_tokens;
+  request.sampling.temperature = temperature;
+  request.sampling.top_k = 40;
+  request.sampling.seed = seed;
+  return request;
+}
+
+TEST(Scheduler, ConcurrentRequestsEqualTheirSoloRuns) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i)
+    requests.push_back(make_request(std::vector<int32_t>(prompt.begin() + i * 7, prompt.begin() + i * 7 + 20 + 30 * i),
+                                    12 + i, i % 2 ? 0.8f : 0.0f, 100 + i));
+
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& request : requests) {
+    GenerationOptions options;
+    options.max_tokens = request.max_tokens;
+    options.sampling = request.sampling;
+    solo.push_back(generate(*loaded.model, request.prompt, options).tokens);
+  }
+
+  SchedulerOptions options;
+  options.max_batch = 4;  // fewer slots than requests: some wait and join mid-flight
+  options.context_tokens = 512;
+  options.prefill_chunk = 64;
+  Scheduler scheduler(*loaded.model, options);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
+  for (size_t i = 0; i < streams.size(); ++i) EXPECT_EQ(collect(*streams[i]), solo[i]) << "request " << i;
+}
+
+TEST(Scheduler, CancelledRequestFreesItsSlot) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  SchedulerOptions options;
+  options.max_batch = 1;
+  options.context_tokens = 1024;
+  options.prefill_chunk = 64;
+  Scheduler scheduler(*loaded.model, options);
+  auto endless = scheduler.submit(make_request({prompt.begin(), prompt.begin() + 10}, 900, 0.0f, 1));
+  ASSERT_TRUE(endless->next(30s).has_value());
+  endless->cancel();
+  std::string reason;
+  collect(*endless, &reason);
+  EXPECT_EQ(reason, "cancelled");
+  auto next = scheduler.submit(make_request({prompt.begin(), prompt.begin() + 10}, 3, 0.0f, 1));
+  EXPECT_EQ(collect(*next, &reason).size(), 3u);
+  EXPECT_EQ(reason, "length");
+}
+
+TEST(Scheduler, RefusesInvalidRequestsAndAFullQueue) {
+  KILN_REQUIRE_SHARED(shared);
+  TestModel loaded = open_cpu_model(shared / "fixtures/tiny/llama3-tiny/f32");
+  SchedulerOptions options;
+  options.max_batch = 1;
+  options.context_tokens = 64;
+  options.max_queue = 1;
+  options.prefill_chunk = 64;
+  Scheduler scheduler(*loaded.model, options);
+  EXPECT_THROW(scheduler.submit(make_request({}, 4, 0, 1)), Error);
+  EXPECT_THROW(scheduler.submit(make_request(std::vector<int32_t>(64, 5), 4, 0, 1)), Error);
+  EXPECT_THROW(scheduler.submit(make_request({5, 100000}, 4, 0, 1)), Error);
+  // One request runs, one waits; the third finds the queue full.
+  auto running = scheduler.submit(make_request({5, 6}, 60, 0, 1));
+  ASSERT_TRUE(running->next(30s).has_value());
+  auto waiting = scheduler.submit(make_request({5, 6}, 2, 0, 1));
+  EXPECT_THROW(scheduler.submit(make_request({5, 6}, 2, 0, 1)), QueueFull);
+  running->cancel();
+  EXPECT_EQ(collect(*waiting).size(), 2u);
+}
+
+}  // namespace

@@ -1,0 +1,140 @@
+// kiln synth: the checkpoints it writes load through Checkpoint::open and load_config with the
+// shapes the published config implies, deterministically and in any shard layout.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/load_plan.h"
+#include "model/synth.h"
+#include "test_support.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+TEST(Synth, Qwen3OneLayerCheckpointLoads) {
+  kiln::testing::TempDir dir;
+  const fs::path out = dir.path() / "qwen3";
+  const auto result = kiln::testing::run_command(kiln::testing::kiln_binary().string() +
+                                           " synth --shape qwen3-0.6b --layers 1 --dtype bf16 --out " + out.string());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+
+  const ModelConfig config = load_config(out);
+  EXPECT_EQ(config.model_type, "qwen3");
+  EXPECT_EQ(config.num_hidden_layers, 1);
+  EXPECT_EQ(config.hidden_size, 1024);
+  EXPECT_EQ(config.intermediate_size, 3072);
+  EXPECT_EQ(config.num_attention_heads, 16);
+  EXPECT_EQ(config.num_key_value_heads, 8);
+  EXPECT_EQ(config.head_dim, 128);
+  EXPECT_EQ(config.vocab_size, 151936);
+  EXPECT_EQ(config.rope.theta, 1e6);
+  EXPECT_TRUE(config.tie_word_embeddings);
+  EXPECT_EQ(config.torch_dtype, "bfloat16");
+  EXPECT_EQ(config.eos_token_ids, std::vector<int64_t>{151645});
+
+  const Checkpoint checkpoint = Checkpoint::open(out);
+  const std::map<std::string, Shape> expected = {
+      {"model.embed_tokens.weight", {151936, 1024}},
+      {"model.layers.0.input_layernorm.weight", {1024}},
+      {"model.layers.0.self_attn.q_proj.weight", {2048, 1024}},
+      {"model.layers.0.self_attn.k_proj.weight", {1024, 1024}},
+      {"model.layers.0.self_attn.v_proj.weight", {1024, 1024}},
+      {"model.layers.0.self_attn.o_proj.weight", {1024, 2048}},
+      {"model.layers.0.self_attn.q_norm.weight", {128}},
+      {"model.layers.0.self_attn.k_norm.weight", {128}},
+      {"model.layers.0.post_attention_layernorm.weight", {1024}},
+      {"model.layers.0.mlp.gate_proj.weight", {3072, 1024}},
+      {"model.layers.0.mlp.up_proj.weight", {3072, 1024}},
+      {"model.layers.0.mlp.down_proj.weight", {1024, 3072}},
+      {"model.norm.weight", {1024}},
+  };
+  ASSERT_EQ(checkpoint.tensors().size(), expected.size());
+  WeightMap weights(checkpoint, identity_plan(checkpoint));
+  for (const auto& [name, shape] : expected) {
+    EXPECT_EQ(checkpoint.info(name).dtype, DType::BF16) << name;
+    weights.take(name, shape);
+  }
+  EXPECT_NO_THROW(weights.require_all_used());
+
+  // Norm gains are 1; matrices are small, centred and spread like N(0, 0.02).
+  const Tensor gain = checkpoint.view("model.layers.0.self_attn.q_norm.weight");
+  for (int64_t i = 0; i < gain.numel(); ++i) ASSERT_EQ(bf16_to_f32(gain.data<const uint16_t>()[i]), 1.0f);
+  const Tensor q = checkpoint.view("model.layers.0.self_attn.q_proj.weight");
+  double sum = 0, sum_squares = 0;
+  for (int64_t i = 0; i < q.numel(); ++i) {
+    const double value = bf16_to_f32(q.data<const uint16_t>()[i]);
+    sum += value;
+    sum_squares += value * value;
+  }
+  const double mean = sum / static_cast<double>(q.numel());
+  EXPECT_LT(std::abs(mean), 1e-4);
+  EXPECT_NEAR(std::sqrt(sum_squares / static_cast<double>(q.numel()) - mean * mean), 0.02, 0.001);
+
+  // The library writes the same bytes again when the shards are split differently.
+  SynthOptions options;
+  options.shape = "qwen3-0.6b";
+  options.layers = 1;
+  options.out = dir.path() / "sharded";
+  options.max_shard_bytes = 64ull << 20;
+  const SynthResult sharded = write_synthetic_checkpoint(options);
+  EXPECT_TRUE(fs::exists(options.out / "model.safetensors.index.json"));
+  const Checkpoint again = Checkpoint::open(options.out);
+  EXPECT_GT(again.files().size(), 1u);
+  for (const auto& [name, info] : checkpoint.tensors()) {
+    const Tensor first = checkpoint.view(name);
+    const Tensor second = again.view(name);
+    ASSERT_EQ(first.nbytes(), second.nbytes());
+    EXPECT_EQ(std::memcmp(first.raw(), second.raw(), first.nbytes()), 0) << name;
+  }
+  EXPECT_NE(std::memcmp(checkpoint.view("model.layers.0.self_attn.k_proj.weight").raw(),
+                        checkpoint.view("model.layers.0.self_attn.v_proj.weight").raw(), 1024 * 1024 * 2),
+            0);
+}
+
+TEST(Synth, ShapesMatchThePublishedConfigs) {
+  struct Expected {
+    const char* shape;
+    int64_t hidden, intermediate, layers, heads, kv_heads, head_dim, vocab;
+    bool tied;
+    const char* rope_type;
+    double rope_factor;
+  };
+  const Expected table[] = {
+      {"llama-3.2-1b", 2048, 8192, 16, 32, 8, 64, 128256, true, "llama3", 32.0},
+      {"llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256, false, "llama3", 8.0},
+      {"qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, true, "default", 1.0},
+      {"qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, false, "default", 1.0},
+  };
+  for (const Expected& expected : table) {
+    SCOPED_TRACE(expected.shape);
+    const ModelConfig config = parse_config(find_synth_shape(expected.shape).config, "config.json");
+    EXPECT_EQ(config.hidden_size, expected.hidden);
+    EXPECT_EQ(config.intermediate_size, expected.intermediate);
+    EXPECT_EQ(config.num_hidden_layers, expected.layers);
+    EXPECT_EQ(config.num_attention_heads, expected.heads);
+    EXPECT_EQ(config.num_key_value_heads, expected.kv_heads);
+    EXPECT_EQ(config.head_dim, expected.head_dim);
+    EXPECT_EQ(config.vocab_size, expected.vocab);
+    EXPECT_EQ(config.tie_word_embeddings, expected.tied);
+    EXPECT_EQ(config.rope.type, expected.rope_type);
+    EXPECT_EQ(config.rope.factor, expected.rope_factor);
+    const auto layout = synth_tensor_layout(config);
+    const size_t per_layer = config.qk_norm ? 11 : 9;
+    EXPECT_EQ(layout.size(), 2 + per_layer * static_cast<size_t>(expected.layers) + (expected.tied ? 0 : 1));
+  }
+  EXPECT_THROW(find_synth_shape("gpt-2"), Error);
+}
+
+TEST(Synth, RefusesANonEmptyDirectory) {
+  kiln::testing::TempDir dir;
+  std::ofstream(dir.path() / "keep.txt") << "x";
+  const auto result = kiln::testing::run_command(kiln::testing::kiln_binary().string() + " synth --shape qwen3-0.6b --out " +
+                                           dir.path().string());
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("new or empty directory"), std::string::npos) << result.output;
+}
