@@ -8,7 +8,10 @@
 #   gpu-check.sh --ops-bench          kernel micro-benchmarks (kiln_cuda_bench; KILN_OPS_SECTIONS
 #                                     picks sections: launch decode prefill attention)
 #   gpu-check.sh --model-bench DIR    `kiln bench --device cuda` on checkpoint DIR (repeatable)
+#   gpu-check.sh --synth-bench SHAPE  `kiln synth --shape SHAPE` (bf16, into $KILN_SYNTH_DIR, default
+#                                     /tmp/kiln-synth; SHAPE:N keeps N layers), then benches it
 #   gpu-check.sh --gtest-filter PAT   passes a filter to the GPU tests
+# KILN_BENCH_FLAGS adds flags to every `kiln bench` (e.g. "--batch 1,8 --decode-context 512").
 # Logs go to $KILN_LOG_DIR (default ./gpu-check-logs).
 set -uo pipefail
 
@@ -16,19 +19,20 @@ bin_dir=${KILN_BIN_DIR:-$(cd "$(dirname "$0")" && pwd)}
 log_dir=${KILN_LOG_DIR:-./gpu-check-logs}
 mkdir -p "$log_dir"
 
-run_tests=0 run_ops=0 filter="*" models=()
+run_tests=0 run_ops=0 filter="*" models=() synths=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) run_tests=1 ;;
     --ops-bench) run_ops=1 ;;
     --model-bench) shift; models+=("$1") ;;
+    --synth-bench) shift; synths+=("$1") ;;
     --gtest-filter) shift; filter=$1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
-if [ $run_tests = 0 ] && [ $run_ops = 0 ] && [ ${#models[@]} = 0 ]; then run_tests=1 run_ops=1; fi
+if [ $run_tests = 0 ] && [ $run_ops = 0 ] && [ ${#models[@]} = 0 ] && [ ${#synths[@]} = 0 ]; then run_tests=1 run_ops=1; fi
 
 summary=()
 status=0
@@ -53,9 +57,23 @@ if [ $run_ops = 1 ]; then
   [ "$rc" = 0 ] || status=1
 fi
 
+for synth in "${synths[@]}"; do
+  shape=${synth%%:*}
+  layers=()
+  [ "$shape" != "$synth" ] && layers=(--layers "${synth#*:}")
+  out="${KILN_SYNTH_DIR:-/tmp/kiln-synth}/${synth/:/-}"
+  if "$bin_dir/kiln" synth --shape "$shape" "${layers[@]}" --out "$out" > "$log_dir/synth-${synth/:/-}.log" 2>&1; then
+    models+=("$out")
+  else
+    summary+=("synth $synth: failed (see $log_dir/synth-${synth/:/-}.log)")
+    status=1
+  fi
+done
+
 for model in "${models[@]}"; do
   name=$(basename "$model")
-  "$bin_dir/kiln" bench --model "$model" --device cuda 2>&1 | tee "$log_dir/bench-$name.log"
+  # shellcheck disable=SC2086  # extra bench flags are separate words
+  "$bin_dir/kiln" bench --model "$model" --device cuda ${KILN_BENCH_FLAGS:-} 2>&1 | tee "$log_dir/bench-$name.log"
   rc=${PIPESTATUS[0]}
   summary+=("model bench $name: exit $rc")
   [ "$rc" = 0 ] || status=1
@@ -64,5 +82,6 @@ done
 echo
 echo "=== gpu-check summary ==="
 printf '%s\n' "${summary[@]}"
+for model in "${models[@]}"; do grep -E '^(model|prefill|decode)' "$log_dir/bench-$(basename "$model").log"; done
 [ $run_ops = 1 ] && grep -E '^(device-to-device|per-op|decode|prefill)' "$log_dir/ops-bench.log"
 exit $status

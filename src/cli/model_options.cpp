@@ -1,5 +1,7 @@
 #include "cli/model_options.h"
 
+#include <map>
+
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/loader.h"
@@ -27,14 +29,43 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
   fail("device '{}' is not available: this kiln was built without its backend", device);
 }
 
+namespace {
+
+// The dtype most of the planned weight bytes are stored in (the matrices').
+DType stored_weight_dtype(const ModelPlan& plan) {
+  std::map<DType, uint64_t> bytes;
+  for (const auto& planned : plan.load_plan.tensors) {
+    const TensorInfo& info = plan.checkpoint.info(planned.source);
+    bytes[info.dtype] += info.nbytes;
+  }
+  DType dominant = DType::F32;
+  uint64_t most = 0;
+  for (const auto& [dtype, count] : bytes)
+    if (count > most) most = count, dominant = dtype;
+  return dominant;
+}
+
+}  // namespace
+
 OpenedModel open_model(const ModelOptions& options) {
   if (options.threads > 0) ThreadPool::set_global_threads(options.threads);
   OpenedModel opened;
-  opened.backend = make_backend(options.device);
   LoadOptions load;
   if (options.dtype == "f32") load.dtype = DType::F32;
   if (options.dtype == "bf16") load.dtype = DType::BF16;
   load.hash_artifact = options.hash_artifact;
+#ifdef KILN_HAVE_CUDA
+  if (options.device == "cuda") {
+    // The CUDA backend's activations follow the weights (f32 CUDA-core path for f32/f16
+    // checkpoints, bf16 tensor cores for bf16), so the plan is made before the backend.
+    const ModelPlan plan = plan_model(options.model_dir, Device::CUDA, /*backend_present=*/true, load);
+    const DType weights = load.dtype ? *load.dtype : stored_weight_dtype(plan);
+    opened.backend = make_cuda_backend(0, cuda_activation_dtype_for(weights));
+    opened.model = build_model(plan, *opened.backend, load.dtype);
+    return opened;
+  }
+#endif
+  opened.backend = make_backend(options.device);
   opened.model = load_model(options.model_dir, *opened.backend, load);
   return opened;
 }

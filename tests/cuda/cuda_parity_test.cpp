@@ -1,0 +1,102 @@
+// The dense fixtures (Llama-3, Qwen3) on the CUDA backend, loaded through the same path as the CLI:
+// F32 activations against transformers' float64 logits, BF16 activations no further from them
+// than transformers' own bf16 run, and a prompt's logits bit-identical whether it is prefilled in
+// one call, in 64-token chunks, or decoded one token at a time.
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_support.h"
+#include "engine/generation.h"
+#include "model/loader.h"
+#include "model_test_support.h"
+#include "test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+TestModel open_cuda_model(const std::filesystem::path& dir, DType activations) {
+  TestModel loaded;
+  loaded.backend = make_cuda_backend(0, activations);
+  loaded.model = load_model(dir, *loaded.backend, LoadOptions{});
+  return loaded;
+}
+
+class CudaDenseParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaDenseParity, F32MatchesFloat64ReferenceAtEveryPosition) {
+  KILN_REQUIRE_CUDA();
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  TestModel loaded = open_cuda_model(fixture / "f32", DType::F32);
+  const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
+  const std::vector<double> errors = row_relative_errors(logits, read_npy(fixture / "f32/ref_logits_f64.npy"));
+  ASSERT_EQ(errors.size(), 300u);
+  for (size_t row = 0; row < errors.size(); ++row) ASSERT_LE(errors[row], 1e-4) << "position " << row;
+}
+
+TEST_P(CudaDenseParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
+  KILN_REQUIRE_CUDA();
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
+  const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
+  const NpyArray truth = read_npy(fixture / "bf16/ref_logits_f64.npy");
+  const NpyArray torch_bf16 = read_npy(fixture / "bf16/ref_logits_torch_bf16.npy");
+  Tensor torch_logits = Tensor::empty(torch_bf16.shape, DType::F32);
+  std::transform(torch_bf16.values.begin(), torch_bf16.values.end(), torch_logits.data<float>(),
+                 [](double v) { return static_cast<float>(v); });
+  const std::vector<double> ours = row_relative_errors(logits, truth);
+  const std::vector<double> theirs = row_relative_errors(torch_logits, truth);
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (size_t row = 0; row < ours.size(); ++row)
+    ASSERT_LE(ours[row], 1.5 * theirs[row]) << "position " << row << " (transformers bf16 error " << theirs[row] << ")";
+}
+
+TEST_P(CudaDenseParity, GreedyContinuationMatchesFloat64Reference) {
+  KILN_REQUIRE_CUDA();
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  nlohmann::json ref = nlohmann::json::parse(std::ifstream(fixture / "ref.json"));
+  TestModel loaded = open_cuda_model(fixture / "f32", DType::F32);
+  std::vector<int32_t> prompt = fixture_prompt(fixture);
+  prompt.resize(ref["greedy_prompt_len"].get<size_t>());
+  GenerationOptions options;
+  options.sampling.temperature = 0;
+  options.max_tokens = static_cast<int64_t>(ref["greedy_f64"].size());
+  const GenerationResult result = generate(*loaded.model, prompt, options);
+  EXPECT_EQ(result.tokens, ref["greedy_f64"].get<std::vector<int32_t>>());
+}
+
+// Every position's logits, through the whole graph: one-shot prefill, 64-token chunks, and
+// token-by-token decode (which takes the decode matmul and split-KV attention kernels).
+TEST_P(CudaDenseParity, LogitsAreBitIdenticalOneShotChunkedAndDecoded) {
+  KILN_REQUIRE_CUDA();
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  for (const auto& [folder, activations] : {std::pair{"f32", DType::F32}, std::pair{"bf16", DType::BF16}}) {
+    TestModel loaded = open_cuda_model(fixture / folder, activations);
+    const std::vector<int32_t> prompt = fixture_prompt(fixture);
+    const Tensor one_shot = prompt_logits(*loaded.model, prompt, 0);
+    for (int64_t chunk : {64, 1}) {
+      const Tensor chunked = prompt_logits(*loaded.model, prompt, chunk);
+      for (int64_t row = 0; row < one_shot.dim(0); ++row)
+        ASSERT_TRUE(same_rows(chunked, row, one_shot, row, 1))
+            << folder << ": position " << row << " differs between one-shot and chunks of " << chunk;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDenseParity, ::testing::Values("llama3-tiny", "qwen3-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace kiln::testing
