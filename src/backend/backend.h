@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,6 +94,52 @@ class Backend {
   // The Gated DeltaNet / gated-attention ops, or null when this backend has no kernels for them
   // (a hybrid model then has no implementation for this backend: its construction fails).
   virtual class HybridOps* hybrid_ops() { return nullptr; }
+
+  // Capture/replay of decode steps and token choice on the device, or null when this backend
+  // runs every step directly and the engine samples on the host (the CPU).
+  virtual class GraphOps* graph_ops() { return nullptr; }
+};
+
+// Device work recorded once (a CUDA graph) and re-issued as a whole, with no host work per op.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  // Queues the recorded work again on the backend's stream. It reads whatever its input buffers
+  // hold when it runs, so callers refill them (GraphOps::upload_into) before each replay.
+  virtual void replay() = 0;
+};
+
+// The per-row settings sample_tokens reads: kSamplingSettingsWords I32 words per row,
+//   [0] temperature (f32 bits; 0 = greedy)  [1] top_k  [2] top_p (f32 bits)  [3] min_p (f32 bits)
+//   [4, 5] the row's uniform draw in [0, 1) as f64 bits (low word first), taken from the
+//          request's host Sampler so that host and device share one random stream.
+constexpr int64_t kSamplingSettingsWords = 6;
+
+// The ops a backend needs to run decode steps as captured graphs and sample on the device.
+class GraphOps {
+ public:
+  virtual ~GraphOps() = default;
+  // Runs `work` once (for real) and records the device work it queues. Scratch that `work`
+  // allocates comes from a pool owned by the backend's captured work: the first (real) run fills
+  // the pool, and the recording must find every block there — the allocator never allocates while
+  // recording. While `work` runs, lengths that kernels would otherwise take from the host (e.g.
+  // attention's number of key splits) are sized for the whole cache, and the kernels read the
+  // per-step values from the layout's device tensors; per-element arithmetic is unchanged, so a
+  // replay gives the same bits as the same step run directly. Everything `work` reads must live
+  // in buffers that outlast the returned object.
+  virtual std::unique_ptr<CapturedWork> capture(const std::function<void()>& work) = 0;
+  // Copies a host tensor into an existing device tensor of the same dtype and size, in order
+  // with the queued work (one asynchronous host-to-device copy).
+  virtual void upload_into(const Tensor& host, Tensor& device) = 0;
+  // Chooses one token per row of logits [rows, vocab] (f32) with engine/sampler.cpp's rules:
+  // temperature 0 takes the argmax (lowest id among equals); otherwise candidates sorted by logit
+  // (descending, lower id first among equals), cut to top_k, then to the smallest prefix whose
+  // mass reaches top_p, then to those at least min_p × the top probability, and the row's uniform
+  // draw picks from the cumulative masses (all in f64, as the host). `settings` is I32
+  // [rows, kSamplingSettingsWords]; `tokens` (I32) and `logprobs` (F32, log-softmax of the chosen
+  // logit) are [rows]. `sorting` false promises every row is greedy (no sort is queued).
+  virtual void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
+                             Tensor& logprobs) = 0;
 };
 
 // The ops only the hybrid Qwen3.5 / Qwen3-Next graph needs (spec A.5, A.6), on the same tensors

@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "engine/decode_graph.h"
 #include "engine/generation.h"
 
 namespace kiln::cli {
@@ -24,6 +25,7 @@ struct BenchCommand {
   std::vector<int64_t> batches{1};
   uint64_t seed = 1;
   bool json = false;
+  bool eager_decode = false;
 };
 
 std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, std::mt19937_64& random) {
@@ -46,6 +48,8 @@ RegisterCommand register_bench([](CLI::App& app) {
   command->add_option("--batch", options->batches, "Decode batch sizes to time")->delimiter(',');
   command->add_option("--seed", options->seed, "Seed for the random prompt tokens");
   command->add_flag("--json", options->json, "Print one JSON object instead of a table");
+  command->add_flag("--eager-decode", options->eager_decode,
+                    "Run decode steps directly even where the backend captures them as graphs (for comparison)");
   command->callback([options] {
     OpenedModel opened = open_model(options->model);
     Model& model = *opened.model;
@@ -73,14 +77,27 @@ RegisterCommand register_bench([](CLI::App& app) {
                                       dtype_size(backend.activation_dtype()) *
                                       static_cast<size_t>(std::count(config.layer_types.begin(), config.layer_types.end(),
                                                                      LayerKind::FullAttention));
+    // Decode as the engine runs it: captured graphs with greedy tokens chosen on the device where
+    // the backend can (engine/decode_graph.h), otherwise one direct step with host-side tokens.
+    const bool graphs = DecodeGraphs::supported(model) && !options->eager_decode;
+    report["decode_graphs"] = graphs;
     for (int64_t batch : options->batches) {
       const int64_t context = options->decode_context;
-      auto cache = model.make_cache(batch, context + options->decode_tokens + 1);
+      auto cache = model.make_cache(graphs ? decode_bucket(batch) : batch, context + options->decode_tokens + 1);
+      std::unique_ptr<DecodeGraphs> decode_graphs;
+      if (graphs) decode_graphs = std::make_unique<DecodeGraphs>(model, *cache);
       std::vector<SequenceStep> prefill;
       for (int32_t slot = 0; slot < batch; ++slot)
         prefill.push_back({slot, 0, random_tokens(context, config.vocab_size, random), false});
       run_step(model, *cache, prefill);
       auto decode_step = [&](int64_t position) {
+        if (decode_graphs) {
+          std::vector<DecodeRow> rows;
+          for (int32_t slot = 0; slot < batch; ++slot)
+            rows.push_back({slot, static_cast<int32_t>(position), random_tokens(1, config.vocab_size, random)[0], nullptr});
+          decode_graphs->step(rows);
+          return;
+        }
         std::vector<SequenceStep> step;
         for (int32_t slot = 0; slot < batch; ++slot)
           step.push_back({slot, static_cast<int32_t>(position), random_tokens(1, config.vocab_size, random), false});
@@ -107,8 +124,9 @@ RegisterCommand register_bench([](CLI::App& app) {
       fmt::print("{}\n", report.dump());
       return;
     }
-    fmt::print("model {}  device {}  copy bandwidth {:.1f} GB/s  decode weights {:.1f} MB\n", options->model.model_dir,
-               backend.name(), report["copy_bandwidth_gbps"].get<double>(), model.decode_weight_bytes() / 1e6);
+    fmt::print("model {}  device {}  copy bandwidth {:.1f} GB/s  decode weights {:.1f} MB  decode {}\n",
+               options->model.model_dir, backend.name(), report["copy_bandwidth_gbps"].get<double>(),
+               model.decode_weight_bytes() / 1e6, graphs ? "graphs" : "direct");
     for (const auto& row : report["prefill"])
       fmt::print("prefill {:>6} tokens  {:>10.1f} tok/s\n", row["tokens"].get<int64_t>(), row["tokens_per_second"].get<double>());
     for (const auto& row : report["decode"])

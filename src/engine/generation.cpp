@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "engine/decode_graph.h"
 
 namespace kiln {
 
@@ -80,8 +81,12 @@ GenerationResult generate(Model& model, const std::vector<int32_t>& prompt, cons
   start = Clock::now();
   result.finish_reason = "length";
   int64_t position = prompt_length;
+  // The first token comes from the prefill's logits on the host; decode steps run as captured
+  // graphs that sample on the device where the backend can (the same random stream either way).
+  std::unique_ptr<DecodeGraphs> graphs;
+  if (DecodeGraphs::supported(model)) graphs = std::make_unique<DecodeGraphs>(model, *cache);
+  SampledToken next = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
   while (static_cast<int64_t>(result.tokens.size()) < budget) {
-    const SampledToken next = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
     result.tokens.push_back(next.token);
     const bool keep_going = on_token ? on_token(next) : true;
     const bool stop_id = std::find(options.stop_ids.begin(), options.stop_ids.end(), next.token) != options.stop_ids.end();
@@ -90,7 +95,12 @@ GenerationResult generate(Model& model, const std::vector<int32_t>& prompt, cons
       break;
     }
     if (static_cast<int64_t>(result.tokens.size()) == budget) break;
-    logits = run_step(model, *cache, {SequenceStep{0, static_cast<int32_t>(position), {next.token}, false}});
+    if (graphs) {
+      next = graphs->step({DecodeRow{0, static_cast<int32_t>(position), next.token, &sampler}}).front();
+    } else {
+      logits = run_step(model, *cache, {SequenceStep{0, static_cast<int32_t>(position), {next.token}, false}});
+      next = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
+    }
     ++position;
   }
   result.decode_seconds = std::chrono::duration<double>(Clock::now() - start).count();

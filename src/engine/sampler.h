@@ -33,8 +33,13 @@ class Sampler {
   // Picks a token from one row of logits.
   SampledToken sample(std::span<const float> logits);
 
+  const SamplingParams& params() const { return params_; }
+  // The next draw of the request's random stream, in [0, 1) with 53 random bits. sample() takes
+  // one per token when the temperature is not 0; the device sampler (GraphOps::sample_tokens)
+  // takes it here instead, so a request's stream is the same whichever side samples.
+  double next_uniform();
+
  private:
-  double next_uniform();  // [0, 1), 53 random bits
 
   SamplingParams params_;
   uint64_t state_;  // splitmix64: fully specified, identical on every platform

@@ -61,7 +61,11 @@ Scheduler::Scheduler(Model& model, SchedulerOptions options) : model_(model), op
   if (options_.max_batch < 1) fail("max batch must be at least 1, got {}", options_.max_batch);
   if (options_.prefill_chunk < kChunkAlignment || options_.prefill_chunk % kChunkAlignment != 0)
     fail("prefill chunk must be a positive multiple of {}, got {}", kChunkAlignment, options_.prefill_chunk);
-  cache_ = model_.make_cache(options_.max_batch, options_.context_tokens);
+  // Decode steps run as captured graphs where the backend can; their padded rows need the spare
+  // slots of decode_bucket(max_batch) (engine/decode_graph.h), which requests never hold.
+  const bool graphs = DecodeGraphs::supported(model_);
+  cache_ = model_.make_cache(graphs ? decode_bucket(options_.max_batch) : options_.max_batch, options_.context_tokens);
+  if (graphs) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, *cache_);
   for (int32_t slot = options_.max_batch - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   stats_.cache_tokens_total = options_.max_batch * options_.context_tokens;
   thread_ = std::thread([this] { run(); });
@@ -185,9 +189,24 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     }
   }
 
+  // A step in which every sequence decodes runs as a captured graph and samples on the device;
+  // the logits come back only when a request asks for top logprobs.
+  const bool on_device = decode_graphs_ && std::all_of(running.begin(), running.end(), [](const auto& active) {
+    return active->prefilled >= static_cast<int64_t>(active->request.prompt.size());
+  });
+  std::vector<SampledToken> device_tokens;
   Tensor logits;
   try {
-    logits = run_step(model_, *cache_, steps);
+    if (on_device) {
+      std::vector<DecodeRow> rows;
+      for (size_t index = 0; index < running.size(); ++index)
+        rows.push_back({steps[index].slot, steps[index].first_position, steps[index].tokens.front(), &running[index]->sampler});
+      device_tokens = decode_graphs_->step(rows);
+      if (std::any_of(running.begin(), running.end(), [](const auto& active) { return active->request.top_logprobs > 0; }))
+        logits = model_.backend().download(decode_graphs_->last_logits());
+    } else {
+      logits = run_step(model_, *cache_, steps);
+    }
   } catch (const std::exception& error) {
     for (auto& active : running) finish(*active, {-1, 0, {}, true, "error", error.what()});
     running.clear();
@@ -204,8 +223,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
       continue;
     }
     if (samples[index]) {
-      const std::span<const float> row(logits.data<float>() + index * vocab, static_cast<size_t>(vocab));
-      const SampledToken token = active.sampler.sample(row);
+      const std::span<const float> row =
+          logits.defined() ? std::span<const float>(logits.data<float>() + index * vocab, static_cast<size_t>(vocab))
+                           : std::span<const float>();
+      const SampledToken token = on_device ? device_tokens[index] : active.sampler.sample(row);
       ++active.generated;
       active.next_input = token.token;
       TokenEvent event{token.token, token.logprob, {}, false, "", ""};

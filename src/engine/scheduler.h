@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/decode_graph.h"
 #include "engine/generation.h"
 #include "engine/sampler.h"
 #include "model/model.h"
@@ -105,6 +106,7 @@ class Scheduler {
   Model& model_;
   SchedulerOptions options_;
   std::unique_ptr<ModelCache> cache_;
+  std::unique_ptr<DecodeGraphs> decode_graphs_;  // null on backends without GraphOps (the CPU)
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::pair<GenerationRequest, std::shared_ptr<RequestStream>>> waiting_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,34 @@ void check_cuda(cudaError_t status, const char* what) {
 bool is_activation(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16; }
 bool is_float(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16; }
 
-class CudaBackend final : public Backend {
+static_assert(kSamplingSettingsWords == cuda::kSamplingWords, "backend.h and kernels.h describe one settings row");
+
+// An instantiated CUDA graph, replayed on the backend's stream. It holds the allocator, whose
+// graph pool owns the scratch the graph's kernels address (device_allocator.h).
+class CudaGraph final : public CapturedWork {
+ public:
+  CudaGraph(cudaGraphExec_t graph, cudaStream_t stream, int device, std::shared_ptr<cuda::DeviceAllocator> allocator)
+      : graph_(graph), stream_(stream), device_(device), allocator_(std::move(allocator)) {}
+  ~CudaGraph() override {
+    cudaSetDevice(device_);
+    cudaGraphExecDestroy(graph_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  void replay() override {
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaGraphLaunch(graph_, stream_), "cudaGraphLaunch");
+  }
+
+ private:
+  cudaGraphExec_t graph_;
+  cudaStream_t stream_;
+  int device_;
+  std::shared_ptr<cuda::DeviceAllocator> allocator_;
+};
+
+class CudaBackend final : public Backend, public GraphOps {
  public:
   CudaBackend(int device, DType activations) : device_(device), activations_(activations) {
     if (!is_activation(activations))
@@ -55,6 +83,8 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+
+  GraphOps* graph_ops() override { return this; }
 
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::CUDA; }
@@ -97,6 +127,7 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override {
+    refuse_while_recording("synchronize");
     activate();
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     check_device_errors();
@@ -116,6 +147,7 @@ class CudaBackend final : public Backend {
   Tensor upload(const Tensor& host) override {
     if (host.device() == Device::CUDA) return host;
     if (!host.defined()) fail("CUDA upload: the host tensor is undefined");
+    refuse_while_recording("upload");
     Tensor device = alloc(host.shape(), host.dtype());
     // From pageable memory the copy is staged before cudaMemcpyAsync returns, so `host` may go
     // away immediately (CUDA runtime API, "API synchronization behavior").
@@ -127,6 +159,7 @@ class CudaBackend final : public Backend {
 
   Tensor download(const Tensor& tensor) override {
     require_device(tensor, "download", "tensor");
+    refuse_while_recording("download");
     activate();
     Tensor host = Tensor::empty(tensor.shape(), tensor.dtype());
     if (tensor.nbytes())
@@ -190,6 +223,94 @@ class CudaBackend final : public Backend {
     layout.slots = view(2 * total, {total});
     layout.spans_device = view(3 * total, {span_count, 4});
     return layout;
+  }
+
+  // --- captured decode steps ---
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& work) override {
+    if (graph_mode_) fail("CUDA graph capture: capture() was called from inside captured work");
+    activate();
+    struct Restore {
+      CudaBackend& backend;
+      ~Restore() {
+        backend.graph_mode_ = false;
+        backend.recording_ = false;
+        backend.allocator_->set_mode(cuda::DeviceAllocator::Mode::Shared);
+      }
+    } restore{*this};
+    graph_mode_ = true;
+    // The real run: it fills the graph pool and makes every lazy one-time setting (kernel
+    // shared-memory opt-ins) before recording, where such calls would be captured or refused.
+    allocator_->set_mode(cuda::DeviceAllocator::Mode::GraphGrow);
+    work();
+    allocator_->set_mode(cuda::DeviceAllocator::Mode::GraphFixed);
+    check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    recording_ = true;
+    cudaGraph_t graph = nullptr;
+    try {
+      work();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    recording_ = false;
+    check_cuda(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t executable = nullptr;
+    const cudaError_t status = cudaGraphInstantiate(&executable, graph, 0);
+    cudaGraphDestroy(graph);
+    check_cuda(status, "cudaGraphInstantiate");
+    return std::make_unique<CudaGraph>(executable, stream_, device_, allocator_);
+  }
+
+  void upload_into(const Tensor& host, Tensor& device) override {
+    if (!host.defined() || host.device() != Device::CPU) fail("CUDA upload_into: the source must be a host tensor");
+    require_device(device, "upload_into", "device");
+    refuse_while_recording("upload_into");
+    if (host.dtype() != device.dtype() || host.numel() != device.numel())
+      fail("CUDA upload_into: host {} {} does not match device {} {}", dtype_name(host.dtype()),
+           shape_string(host.shape()), dtype_name(device.dtype()), shape_string(device.shape()));
+    activate();
+    if (host.nbytes())
+      check_cuda(cudaMemcpyAsync(device.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice, stream_),
+                 "cudaMemcpyAsync (upload_into)");
+  }
+
+  void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
+                     Tensor& logprobs) override {
+    require_device(logits, "sample_tokens", "logits");
+    require_device(settings, "sample_tokens", "settings");
+    require_device(tokens, "sample_tokens", "tokens");
+    require_device(logprobs, "sample_tokens", "logprobs");
+    require_dtype(logits, DType::F32, "sample_tokens", "logits");
+    require_dtype(settings, DType::I32, "sample_tokens", "settings");
+    require_dtype(tokens, DType::I32, "sample_tokens", "tokens");
+    require_dtype(logprobs, DType::F32, "sample_tokens", "logprobs");
+    if (logits.ndim() != 2 || logits.dim(1) == 0)
+      fail("CUDA sample_tokens: logits must be [rows, vocab], got {}", shape_string(logits.shape()));
+    const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+    if (settings.numel() != rows * kSamplingSettingsWords || tokens.numel() != rows || logprobs.numel() != rows)
+      fail("CUDA sample_tokens: settings {}, tokens {} and logprobs {} do not fit {} rows", shape_string(settings.shape()),
+           shape_string(tokens.shape()), shape_string(logprobs.shape()), rows);
+    if (rows * vocab > std::numeric_limits<int>::max())
+      fail("CUDA sample_tokens: {} rows of {} logits exceed the sort's {} items", rows, vocab,
+           std::numeric_limits<int>::max());
+    cuda::SamplingArgs args;
+    args.logits = logits.data<float>();
+    args.settings = settings.data<int32_t>();
+    args.rows = rows;
+    args.vocab = vocab;
+    args.tokens = tokens.data<int32_t>();
+    args.logprobs = logprobs.data<float>();
+    args.errors = errors_;
+    Tensor sort_scratch;
+    if (sorting) {
+      const auto bytes = static_cast<int64_t>(cuda::sampling_sort_scratch_bytes(rows, vocab));
+      sort_scratch = alloc({(bytes + 3) / 4}, DType::I32);
+      args.sort_scratch = sort_scratch.raw();
+    }
+    activate();
+    launched(cuda::launch_sample_tokens(args, stream_), "sample_tokens");
   }
 
   // --- ops ---
@@ -412,6 +533,9 @@ class CudaBackend final : public Backend {
       args.max_span_tokens = std::max<int64_t>(args.max_span_tokens, span.tokens);
       args.max_position = std::max<int64_t>(args.max_position, span.first_position + span.tokens - 1);
     }
+    // Captured work replays at later positions: size the key splits for the whole cache (the
+    // kernels skip splits past each row's own position, read from the layout's device tensors).
+    if (graph_mode_) args.max_position = cache.capacity - 1;
     args.scale = scale;
     args.dtype = q.dtype();
     Tensor partials;
@@ -429,7 +553,17 @@ class CudaBackend final : public Backend {
     DType dtype;
   };
 
-  void activate() const { check_cuda(cudaSetDevice(device_), "cudaSetDevice"); }
+  // cudaSetDevice only when another device is current: the call is then a no-op inside captures.
+  void activate() const {
+    int current = -1;
+    check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != device_) check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+  }
+
+  // Host copies and synchronisation cannot be part of a recorded graph.
+  void refuse_while_recording(const char* op) const {
+    if (recording_) fail("CUDA {}: not allowed inside captured work (graph recording)", op);
+  }
 
   void launched(cudaError_t status, const char* op) const {
     if (status == cudaSuccess) return;
@@ -447,6 +581,8 @@ class CudaBackend final : public Backend {
       fail("CUDA embedding: token id {} is outside the embedding table's {} rows", record.value, record.limit);
     if (record.code == cuda::kGatherRowOutOfRange)
       fail("CUDA gather_rows: row index {} is outside x's {} rows", record.value, record.limit);
+    if (record.code == cuda::kSamplingRowNotSorted)
+      fail("CUDA sample_tokens: row {} has a temperature but the call was made without sorting", record.value);
     fail("CUDA kernel reported error code {}", record.code);
   }
 
@@ -525,6 +661,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<cuda::DeviceAllocator> allocator_;
   std::shared_ptr<void> errors_owner_;
   cuda::DeviceErrorRecord* errors_ = nullptr;
+  bool graph_mode_ = false;  // inside capture(): its real run or its recording
+  bool recording_ = false;   // inside capture()'s recording
 };
 
 }  // namespace

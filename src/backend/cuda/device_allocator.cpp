@@ -11,6 +11,7 @@ DeviceAllocator::~DeviceAllocator() {
   // memory goes with the context either way.
   cudaSetDevice(device_);
   for (auto& [size, block] : free_blocks_) cudaFree(block);
+  for (auto& [size, block] : graph_free_blocks_) cudaFree(block);
 }
 
 size_t DeviceAllocator::rounded_size(size_t bytes) {
@@ -27,8 +28,7 @@ size_t DeviceAllocator::rounded_size(size_t bytes) {
   return (bytes + kLargeGranule - 1) / kLargeGranule * kLargeGranule;
 }
 
-std::shared_ptr<void> DeviceAllocator::allocate(size_t bytes) {
-  const size_t size = rounded_size(bytes);
+void* DeviceAllocator::take_shared(size_t size) {
   void* block = nullptr;
   {
     std::lock_guard lock(mutex_);
@@ -38,32 +38,63 @@ std::shared_ptr<void> DeviceAllocator::allocate(size_t bytes) {
       cached_bytes_ -= size;
     }
   }
-  if (!block) {
-    if (cudaSetDevice(device_) != cudaSuccess) fail("CUDA device {} cannot be selected", device_);
-    cudaError_t status = cudaMalloc(&block, size);
-    if (status == cudaErrorMemoryAllocation && cached_bytes() > 0) {
-      // Give the cached blocks back to the driver and try once more before failing.
-      cudaGetLastError();
-      std::lock_guard lock(mutex_);
-      for (auto& [cached_size, cached] : free_blocks_) cudaFree(cached);
-      free_blocks_.clear();
-      cached_bytes_ = 0;
-      status = cudaMalloc(&block, size);
-    }
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      fail("CUDA out of memory: cudaMalloc of {} bytes on device {} failed ({})", size, device_,
-           cudaGetErrorString(status));
-    }
+  if (block) return block;
+  if (cudaSetDevice(device_) != cudaSuccess) fail("CUDA device {} cannot be selected", device_);
+  cudaError_t status = cudaMalloc(&block, size);
+  if (status == cudaErrorMemoryAllocation && cached_bytes() > 0) {
+    // Give the cached blocks back to the driver and try once more before failing.
+    cudaGetLastError();
+    std::lock_guard lock(mutex_);
+    for (auto& [cached_size, cached] : free_blocks_) cudaFree(cached);
+    free_blocks_.clear();
+    cached_bytes_ = 0;
+    status = cudaMalloc(&block, size);
   }
-  std::shared_ptr<DeviceAllocator> self = shared_from_this();
-  return std::shared_ptr<void>(block, [self, size](void* returned) { self->release(returned, size); });
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    fail("CUDA out of memory: cudaMalloc of {} bytes on device {} failed ({})", size, device_,
+         cudaGetErrorString(status));
+  }
+  return block;
 }
 
-void DeviceAllocator::release(void* block, size_t size) {
+std::shared_ptr<void> DeviceAllocator::allocate(size_t bytes) {
+  const size_t size = rounded_size(bytes);
+  Mode mode;
+  void* block = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    mode = mode_;
+    if (mode != Mode::Shared) {
+      if (auto found = graph_free_blocks_.find(size); found != graph_free_blocks_.end()) {
+        block = found->second;
+        graph_free_blocks_.erase(found);
+      } else if (mode == Mode::GraphFixed) {
+        fail("CUDA graph capture: recording needs a {}-byte block that the capture's real run did not use "
+             "(the captured work allocated differently the second time)", size);
+      }
+    }
+  }
+  const bool graph_pool = mode != Mode::Shared;
+  if (!block) block = take_shared(size);
+  std::shared_ptr<DeviceAllocator> self = shared_from_this();
+  return std::shared_ptr<void>(block,
+                               [self, size, graph_pool](void* returned) { self->release(returned, size, graph_pool); });
+}
+
+void DeviceAllocator::release(void* block, size_t size, bool graph_pool) {
   std::lock_guard lock(mutex_);
+  if (graph_pool) {
+    graph_free_blocks_.emplace(size, block);
+    return;
+  }
   free_blocks_.emplace(size, block);
   cached_bytes_ += size;
+}
+
+void DeviceAllocator::set_mode(Mode mode) {
+  std::lock_guard lock(mutex_);
+  mode_ = mode;
 }
 
 size_t DeviceAllocator::cached_bytes() const {

@@ -5,6 +5,12 @@
 // by their rounded size and are handed out again for requests of that size. All of the backend's
 // work runs on one stream, so a block returned while kernels that use it are still queued is only
 // reused by work queued after them.
+//
+// Captured graphs (CUDA graphs) keep raw pointers to their scratch for as long as they exist, so
+// their blocks must never go back to the shared free list. While the allocator is in a graph mode
+// it serves requests from a separate graph pool, whose blocks return only to that pool: every
+// captured graph of the backend shares it, which is safe because the backend replays them on its
+// one stream, one after another, and nothing outside captured work ever receives those blocks.
 #pragma once
 
 #include <cstddef>
@@ -27,14 +33,24 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
 
   size_t cached_bytes() const;
 
+  enum class Mode {
+    Shared,     // the shared free list (ordinary work)
+    GraphGrow,  // the graph pool, adding blocks when it has none of the size (a capture's real run)
+    GraphFixed, // the graph pool only: a request it cannot serve is an error (while recording)
+  };
+  void set_mode(Mode mode);
+
  private:
   static size_t rounded_size(size_t bytes);
-  void release(void* block, size_t size);
+  void release(void* block, size_t size, bool graph_pool);
+  void* take_shared(size_t size);
 
   int device_;
   mutable std::mutex mutex_;
   std::multimap<size_t, void*> free_blocks_;
   size_t cached_bytes_ = 0;
+  Mode mode_ = Mode::Shared;
+  std::multimap<size_t, void*> graph_free_blocks_;
 };
 
 }  // namespace kiln::cuda

@@ -20,7 +20,12 @@ struct DeviceErrorRecord {
   int32_t value = 0;  // the offending index
   int32_t limit = 0;  // the extent it had to stay below
 };
-enum DeviceErrorCode : int32_t { kNoDeviceError = 0, kEmbeddingIdOutOfRange = 1, kGatherRowOutOfRange = 2 };
+enum DeviceErrorCode : int32_t {
+  kNoDeviceError = 0,
+  kEmbeddingIdOutOfRange = 1,
+  kGatherRowOutOfRange = 2,
+  kSamplingRowNotSorted = 3,  // a row asked for sampling in a call made without sorting (value: the row)
+};
 
 // out[t, :] = table[ids[t], :], converted to out_dtype.
 cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table_rows, int64_t width,
@@ -110,5 +115,21 @@ constexpr int64_t kAttentionSplitKeys = 256;
 int64_t attention_partials_floats(const AttentionArgs& args);
 bool attention_bf16_supports_head_dim(int64_t head_dim);
 cudaError_t launch_attention(const AttentionArgs& args, cudaStream_t stream);
+
+// Token choice (sampling.cu; GraphOps::sample_tokens documents the rules). settings holds
+// kSamplingWords I32 words per row (backend.h, kSamplingSettingsWords).
+constexpr int64_t kSamplingWords = 6;
+struct SamplingArgs {
+  const float* logits = nullptr;   // [rows, vocab]
+  const int32_t* settings = nullptr;
+  int64_t rows = 0, vocab = 0;
+  void* sort_scratch = nullptr;    // sampling_sort_scratch_bytes(rows, vocab) bytes, or null: every row greedy
+  int32_t* tokens = nullptr;       // [rows]
+  float* logprobs = nullptr;       // [rows]
+  DeviceErrorRecord* errors = nullptr;
+};
+// rows · vocab must fit an int (the radix sort's item count).
+size_t sampling_sort_scratch_bytes(int64_t rows, int64_t vocab);
+cudaError_t launch_sample_tokens(const SamplingArgs& args, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -1,0 +1,288 @@
+// Token choice on the device (GraphOps::sample_tokens), following engine/sampler.cpp step by step
+// so that the same logits and the same uniform draw give the same token as the host Sampler.
+//
+// Greedy rows: a block-wide argmax with the host's tie rule (the lowest id among equal logits).
+// Sampling rows: every row's candidates are sorted once by one device radix sort over all rows,
+// keyed (row, logit descending): a stable sort of ids in ascending order, so equal logits keep
+// the lower id first — the host's partial_sort comparator. Then one block per row walks the sorted
+// candidates with the host's filters in the host's order (top_k, top_p, min_p) and picks with the
+// host's draw, all in f64 like the host. The host sums sequentially; here each of the block's
+// threads sums a contiguous chunk and the chunk sums are combined in a fixed order, so a token can
+// differ from the host's only when the draw falls within f64 rounding (~1e-16 of the mass) of a
+// boundary between two candidates. The arithmetic depends only on the row itself: a row samples
+// the same token in any batch.
+//
+// The reported logprob is the log-softmax of the chosen logit over the whole row (f64 sums as on
+// the host, in the chunked order), rounded to f32.
+#include <cmath>
+#include <cstdint>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "backend/cuda/kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+
+struct RowSettings {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+  double uniform;
+};
+
+__device__ RowSettings read_settings(const int32_t* settings, int64_t row) {
+  const int32_t* words = settings + row * kSamplingWords;
+  RowSettings parsed;
+  parsed.temperature = __int_as_float(words[0]);
+  parsed.top_k = words[1];
+  parsed.top_p = __int_as_float(words[2]);
+  parsed.min_p = __int_as_float(words[3]);
+  parsed.uniform = __hiloint2double(words[5], words[4]);
+  return parsed;
+}
+
+// Fixed-order tree reductions over the block (shared scratch of kThreads entries).
+__device__ double block_sum(double value, double* scratch) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) scratch[threadIdx.x] += scratch[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const double total = scratch[0];
+  __syncthreads();
+  return total;
+}
+
+__device__ int64_t block_min(int64_t value, int64_t* scratch) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride && scratch[threadIdx.x + stride] < scratch[threadIdx.x])
+      scratch[threadIdx.x] = scratch[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const int64_t minimum = scratch[0];
+  __syncthreads();
+  return minimum;
+}
+
+// The sum of the values of the threads before this one (thread 0 adds them in thread order).
+__device__ double block_exclusive_prefix(double value, double* scratch) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double running = 0.0;
+    for (int i = 0; i < kThreads; ++i) {
+      const double own = scratch[i];
+      scratch[i] = running;
+      running += own;
+    }
+  }
+  __syncthreads();
+  const double prefix = scratch[threadIdx.x];
+  __syncthreads();
+  return prefix;
+}
+
+// The argmax of a row (lowest index among equals) and the row's largest logit.
+__device__ int64_t block_argmax(const float* logits, int64_t vocab, float* value_scratch, int64_t* index_scratch) {
+  float best = -INFINITY;
+  int64_t best_index = vocab;
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads)
+    if (best_index == vocab || logits[i] > best) {
+      best = logits[i];
+      best_index = i;
+    }
+  value_scratch[threadIdx.x] = best;
+  index_scratch[threadIdx.x] = best_index;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float other = value_scratch[threadIdx.x + stride];
+      const int64_t other_index = index_scratch[threadIdx.x + stride];
+      const int64_t own_index = index_scratch[threadIdx.x];
+      if (other_index != vocab &&
+          (own_index == vocab || other > value_scratch[threadIdx.x] ||
+           (other == value_scratch[threadIdx.x] && other_index < own_index))) {
+        value_scratch[threadIdx.x] = other;
+        index_scratch[threadIdx.x] = other_index;
+      }
+    }
+    __syncthreads();
+  }
+  const int64_t index = index_scratch[0];
+  __syncthreads();
+  return index;
+}
+
+// log-softmax of logits[token] over the row, in f64 (engine/sampler.cpp log_probability).
+__device__ float block_log_probability(const float* logits, int64_t vocab, int64_t argmax, int64_t token,
+                                       double* scratch) {
+  const double maximum = logits[argmax];
+  double local = 0.0;
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) local += exp(static_cast<double>(logits[i]) - maximum);
+  const double sum = block_sum(local, scratch);
+  return static_cast<float>(static_cast<double>(logits[token]) - maximum - log(sum));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(const float* logits, const int32_t* settings, int64_t vocab, const int32_t* sorted_ids,
+                  int32_t* tokens, float* logprobs, DeviceErrorRecord* errors) {
+  __shared__ double sums[kThreads];
+  __shared__ int64_t indices[kThreads];
+  __shared__ float values[kThreads];
+  const int64_t row = blockIdx.x;
+  const float* row_logits = logits + row * vocab;
+  const RowSettings row_settings = read_settings(settings, row);
+  const int64_t argmax = block_argmax(row_logits, vocab, values, indices);
+  int64_t token = argmax;
+  if (row_settings.temperature != 0.0f && !sorted_ids) {
+    if (threadIdx.x == 0 && atomicCAS(&errors->code, 0, kSamplingRowNotSorted) == 0) {
+      errors->value = static_cast<int32_t>(row);
+      errors->limit = 0;
+    }
+  } else if (row_settings.temperature != 0.0f) {
+    const int32_t* order = sorted_ids + row * vocab;
+    const int64_t candidates =
+        row_settings.top_k > 0 && row_settings.top_k < vocab ? static_cast<int64_t>(row_settings.top_k) : vocab;
+    const double maximum = row_logits[order[0]];
+    const double temperature = row_settings.temperature;
+    auto probability = [&](int64_t i) { return exp((static_cast<double>(row_logits[order[i]]) - maximum) / temperature); };
+    // Each thread owns one contiguous chunk of the sorted candidates.
+    const int64_t chunk = (candidates + kThreads - 1) / kThreads;
+    const int64_t begin = threadIdx.x * chunk;
+    const int64_t end_all = begin + chunk < candidates ? begin + chunk : candidates;
+
+    double local = 0.0;
+    for (int64_t i = begin; i < end_all; ++i) local += probability(i);
+    const double total = block_sum(local, sums);
+
+    int64_t kept = candidates;
+    if (row_settings.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p
+      double chunk_mass = 0.0;
+      for (int64_t i = begin; i < end_all; ++i) chunk_mass += probability(i) / total;
+      double mass = block_exclusive_prefix(chunk_mass, sums);
+      int64_t reached = candidates;
+      for (int64_t i = begin; i < end_all; ++i) {
+        mass += probability(i) / total;
+        if (mass >= static_cast<double>(row_settings.top_p)) {
+          reached = i;
+          break;
+        }
+      }
+      const int64_t first = block_min(reached, indices);
+      if (first < candidates) kept = first + 1;
+    }
+    if (row_settings.min_p > 0.0f) {  // keep the leading run at or above min_p × the top probability
+      const double threshold = static_cast<double>(row_settings.min_p) * probability(0);
+      int64_t below = kept;
+      for (int64_t i = begin > 1 ? begin : 1; i < end_all && i < kept; ++i)
+        if (probability(i) < threshold) {
+          below = i;
+          break;
+        }
+      kept = block_min(below, indices);
+    }
+    const int64_t end_kept = end_all < kept ? end_all : kept;
+    double kept_local = 0.0;
+    for (int64_t i = begin; i < end_kept; ++i) kept_local += probability(i);
+    const double kept_total = block_sum(kept_local, sums);
+    const double target = row_settings.uniform * kept_total;
+    double cumulative = block_exclusive_prefix(kept_local, sums);
+    int64_t chosen = kept - 1;
+    for (int64_t i = begin; i < end_kept; ++i) {
+      cumulative += probability(i);
+      if (target < cumulative) {
+        chosen = i;
+        break;
+      }
+    }
+    chosen = block_min(chosen, indices);
+    token = order[chosen];
+  }
+  const float logprob = block_log_probability(row_logits, vocab, argmax, token, sums);
+  if (threadIdx.x == 0) {
+    tokens[row] = static_cast<int32_t>(token);
+    logprobs[row] = logprob;
+  }
+}
+
+// Sort keys: the row in the high word, then the logit mapped to an unsigned order that descends
+// as the logit ascends (−0 is folded onto +0, which the host's comparison treats as equal).
+__global__ void sort_keys_kernel(const float* logits, int64_t rows, int64_t vocab, unsigned long long* keys,
+                                 int32_t* ids) {
+  const int64_t count = rows * vocab;
+  for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < count;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float logit = logits[index];
+    const uint32_t bits = __float_as_uint(logit == 0.0f ? 0.0f : logit);
+    const uint32_t ascending = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    keys[index] = (static_cast<unsigned long long>(index / vocab) << 32) | static_cast<uint32_t>(~ascending);
+    ids[index] = static_cast<int32_t>(index % vocab);
+  }
+}
+
+int row_key_bits(int64_t rows) {
+  int bits = 0;
+  while ((int64_t{1} << bits) < rows) ++bits;
+  return bits;
+}
+
+size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+size_t cub_scratch_bytes(int64_t rows, int64_t vocab) {
+  size_t bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const unsigned long long*>(nullptr),
+                                  static_cast<unsigned long long*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                  static_cast<int32_t*>(nullptr), static_cast<int>(rows * vocab), 0,
+                                  32 + row_key_bits(rows));
+  return bytes;
+}
+
+}  // namespace
+
+size_t sampling_sort_scratch_bytes(int64_t rows, int64_t vocab) {
+  const size_t items = static_cast<size_t>(rows * vocab);
+  return 2 * align_up(items * sizeof(unsigned long long)) + 2 * align_up(items * sizeof(int32_t)) +
+         align_up(cub_scratch_bytes(rows, vocab));
+}
+
+cudaError_t launch_sample_tokens(const SamplingArgs& args, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  const int32_t* sorted_ids = nullptr;
+  if (args.sort_scratch) {
+    const size_t items = static_cast<size_t>(args.rows * args.vocab);
+    char* cursor = static_cast<char*>(args.sort_scratch);
+    auto carve = [&](size_t bytes) {
+      char* start = cursor;
+      cursor += align_up(bytes);
+      return start;
+    };
+    auto* keys_in = reinterpret_cast<unsigned long long*>(carve(items * sizeof(unsigned long long)));
+    auto* keys_out = reinterpret_cast<unsigned long long*>(carve(items * sizeof(unsigned long long)));
+    auto* ids_in = reinterpret_cast<int32_t*>(carve(items * sizeof(int32_t)));
+    auto* ids_out = reinterpret_cast<int32_t*>(carve(items * sizeof(int32_t)));
+    size_t cub_bytes = cub_scratch_bytes(args.rows, args.vocab);
+    void* cub_scratch = carve(cub_bytes);
+    const int64_t blocks = (static_cast<int64_t>(items) + 255) / 256;
+    sort_keys_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
+        args.logits, args.rows, args.vocab, keys_in, ids_in);
+    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+    if (cudaError_t status = cub::DeviceRadixSort::SortPairs(cub_scratch, cub_bytes, keys_in, keys_out, ids_in,
+                                                             ids_out, static_cast<int>(items), 0,
+                                                             32 + row_key_bits(args.rows), stream);
+        status != cudaSuccess)
+      return status;
+    sorted_ids = ids_out;
+  }
+  sample_kernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(args.logits, args.settings, args.vocab,
+                                                                          sorted_ids, args.tokens, args.logprobs, args.errors);
+  return cudaGetLastError();
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,83 @@
+// Decode steps as captured graphs, with tokens chosen on the device.
+//
+// A decode step (every sequence contributes exactly one token) runs the same kernels at every
+// step; only the token ids, positions, slots, span table and sampling settings change. On a
+// backend with GraphOps (CUDA) the whole step — model forward and token choice — is captured
+// once per batch-size bucket and replayed: per step the host packs those inputs into one buffer,
+// issues one host-to-device copy and one graph launch, and reads back only the token ids and
+// their logprobs ([2, rows] words). The graph's kernels read every per-step length and position
+// from device memory (the layout's device tensors), so a replay gives the same bits as running
+// the step directly (tests/cuda/decode_graph_test.cpp).
+//
+// Buckets are 1, 2, 4, 8 and then multiples of 8, not exact sizes: each captured size keeps its
+// own scratch, including the sort buffers of sampling (rows × vocab × 24 bytes), so exact sizes
+// up to a server's max batch of 64 would hold 64 graphs whose sort buffers alone sum to
+// ~2000 × vocab × 24 bytes; with buckets there are at most 3 + max/8 graphs, and padding costs at
+// most 7 rows of compute in a step that is bound by reading the weights once.
+//
+// Padded rows are inert: each takes its own slot that no live row holds (padding_slots), at
+// position 0 with token 0, greedy, and its results are dropped. It writes only position 0 of a
+// free slot, which that slot's next sequence overwrites before anything reads it (attention reads
+// rows 0..position, all written by the sequence itself; hybrid conv and recurrent states restart
+// at position 0). So the cache must have decode_bucket(rows) slots for `rows` live sequences.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "model/model.h"
+
+namespace kiln {
+
+// The captured batch size serving `rows` decode rows: 1, 2, 4, 8, then the next multiple of 8.
+int64_t decode_bucket(int64_t rows);
+
+// `count` distinct slots below `cache_slots` that no live row holds, lowest first; fails
+// (naming the counts) when the cache has too few free slots.
+std::vector<int32_t> padding_slots(std::span<const int32_t> live_slots, int64_t count, int64_t cache_slots);
+
+struct DecodeRow {
+  int32_t slot = 0;
+  int32_t position = 0;  // position of `token` in its sequence
+  int32_t token = 0;
+  Sampler* sampler = nullptr;  // the row's request sampler (null: greedy); a non-greedy one gives one draw
+};
+
+class DecodeGraphs {
+ public:
+  // Needs a backend with GraphOps; every step runs on `cache`, which must outlive this object.
+  DecodeGraphs(Model& model, ModelCache& cache);
+  ~DecodeGraphs();
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+
+  // Whether `model`'s backend can run decode steps through this class.
+  static bool supported(const Model& model);
+
+  // Runs one decode step over `rows` (distinct slots, at least one) and returns each row's token
+  // and its log-probability, in order.
+  std::vector<SampledToken> step(const std::vector<DecodeRow>& rows);
+
+  // The last step's logits on the device, [bucket, vocab]: row i belongs to rows[i] of that step
+  // (rows past its row count are padding). Valid until the next step.
+  const Tensor& last_logits() const;
+
+  // How many graphs exist (one per bucket and greedy/sampling kind used so far).
+  size_t graphs() const { return graphs_.size(); }
+
+ private:
+  struct Graph;
+  Graph& graph_for(int64_t bucket, bool sorting);
+
+  Model& model_;
+  ModelCache& cache_;
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> graphs_;
+  const Graph* last_ = nullptr;
+};
+
+}  // namespace kiln

@@ -1,0 +1,271 @@
+// Decode steps as captured CUDA graphs (engine/decode_graph.h) and token choice on the device
+// (GraphOps::sample_tokens): a replayed step gives the bits of the same step run directly, the
+// device sampler picks the host Sampler's tokens, and generate() on the graph path emits the
+// tokens of a direct decode loop with the host sampler.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "cuda_test_support.h"
+#include "engine/decode_graph.h"
+#include "engine/generation.h"
+#include "engine/scheduler.h"
+#include "model/loader.h"
+#include "model_test_support.h"
+#include "test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+TestModel open_cuda_model(const std::filesystem::path& dir, DType activations) {
+  TestModel loaded;
+  loaded.backend = make_cuda_backend(0, activations);
+  loaded.model = load_model(dir, *loaded.backend, LoadOptions{});
+  return loaded;
+}
+
+struct GraphCase {
+  std::string fixture;
+  std::string folder;  // "f32" | "bf16"
+  DType activations;
+  int batch;
+};
+
+class DecodeGraphReplay : public ::testing::TestWithParam<GraphCase> {};
+
+// Prompts of different lengths so that the batch's contexts grow across 64 (the f32 attention
+// tiles, the bf16 key tiles) and, for batch 3, across 256 (a bf16 key split). The cache holds 320
+// positions, so a captured step sizes attention for two key splits where the direct step, at
+// shorter contexts, uses one: the replay must still give the same bits.
+TEST_P(DecodeGraphReplay, ReplayIsBitIdenticalToTheDirectStep) {
+  KILN_REQUIRE_CUDA();
+  KILN_REQUIRE_SHARED(shared);
+  const GraphCase& param = GetParam();
+  const auto fixture = shared / "fixtures/tiny" / param.fixture;
+  TestModel loaded = open_cuda_model(fixture / param.folder, param.activations);
+  Model& model = *loaded.model;
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  const std::vector<int> lengths = param.batch == 1 ? std::vector<int>{40} : std::vector<int>{40, 230, 47};
+  constexpr int64_t kCapacity = 320;
+  constexpr int kSteps = 45;
+
+  auto graph_cache = model.make_cache(decode_bucket(param.batch), kCapacity);
+  auto direct_cache = model.make_cache(param.batch, kCapacity);
+  std::vector<SequenceStep> prefill;
+  for (int32_t slot = 0; slot < param.batch; ++slot)
+    prefill.push_back({slot, 0, std::vector<int32_t>(prompt.begin(), prompt.begin() + lengths[slot]), false});
+  const Tensor prefill_logits = run_step(model, *graph_cache, prefill);
+  ASSERT_TRUE(same_rows(prefill_logits, 0, run_step(model, *direct_cache, prefill), 0, param.batch));
+
+  DecodeGraphs graphs(model, *graph_cache);
+  std::vector<int32_t> next(param.batch);
+  for (int32_t slot = 0; slot < param.batch; ++slot)
+    next[slot] = argmax({prefill_logits.data<float>() + slot * prefill_logits.dim(1),
+                         static_cast<size_t>(prefill_logits.dim(1))});
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<DecodeRow> rows;
+    std::vector<SequenceStep> direct;
+    for (int32_t slot = 0; slot < param.batch; ++slot) {
+      const int32_t position = lengths[slot] + step;
+      rows.push_back({slot, position, next[slot], nullptr});
+      direct.push_back({slot, position, {next[slot]}, false});
+    }
+    const std::vector<SampledToken> sampled = graphs.step(rows);
+    const Tensor replayed = loaded.backend->download(graphs.last_logits());
+    const Tensor expected = run_step(model, *direct_cache, direct);
+    for (int32_t slot = 0; slot < param.batch; ++slot) {
+      ASSERT_TRUE(same_rows(replayed, slot, expected, slot, 1))
+          << param.folder << " batch " << param.batch << ": step " << step << " row " << slot << " (position "
+          << rows[slot].position << ") differs between the graph and the direct step";
+      const std::span<const float> row(expected.data<float>() + slot * expected.dim(1),
+                                       static_cast<size_t>(expected.dim(1)));
+      ASSERT_EQ(sampled[slot].token, argmax(row)) << "step " << step << " row " << slot;
+      ASSERT_NEAR(sampled[slot].logprob, log_probability(row, sampled[slot].token), 1e-5);
+      next[slot] = sampled[slot].token;
+    }
+  }
+  EXPECT_EQ(graphs.graphs(), 1u) << "one bucket, greedy: captured once, then replayed";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, DecodeGraphReplay,
+    ::testing::Values(GraphCase{"llama3-tiny", "f32", DType::F32, 1}, GraphCase{"llama3-tiny", "f32", DType::F32, 3},
+                      GraphCase{"llama3-tiny", "bf16", DType::BF16, 1}, GraphCase{"llama3-tiny", "bf16", DType::BF16, 3},
+                      GraphCase{"qwen3-tiny", "f32", DType::F32, 1}, GraphCase{"qwen3-tiny", "f32", DType::F32, 3},
+                      GraphCase{"qwen3-tiny", "bf16", DType::BF16, 1}, GraphCase{"qwen3-tiny", "bf16", DType::BF16, 3}),
+    [](const auto& info) {
+      std::string name = info.param.fixture + "_" + info.param.folder + "_batch" + std::to_string(info.param.batch);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
+
+struct SamplerCase {
+  std::string name;
+  SamplingParams params;
+};
+
+class DeviceSampler : public ::testing::TestWithParam<SamplerCase> {};
+
+// Logits on a coarse grid (multiples of 1/8) so that ties occur and the lower-id rule matters.
+Tensor random_logits(int64_t rows, int64_t vocab, std::mt19937& random) {
+  Tensor logits = Tensor::empty({rows, vocab}, DType::F32);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = std::round(normal(random) * 8.0f) / 8.0f;
+  return logits;
+}
+
+TEST_P(DeviceSampler, PicksTheHostSamplersTokens) {
+  KILN_REQUIRE_CUDA();
+  const SamplingParams& params = GetParam().params;
+  auto backend = make_cuda_backend(0, DType::F32);
+  GraphOps& ops = *backend->graph_ops();
+  constexpr int64_t kRows = 6, kDraws = 12;
+  std::mt19937 random(7);
+  std::vector<Sampler> host, device;
+  for (int64_t row = 0; row < kRows; ++row) {
+    SamplingParams seeded = params;
+    seeded.seed = 1000 + static_cast<uint64_t>(row);
+    host.emplace_back(seeded);
+    device.emplace_back(seeded);
+  }
+  for (int64_t vocab : {int64_t{1000}, int64_t{32000}}) {
+    for (int64_t draw = 0; draw < kDraws; ++draw) {
+      const Tensor logits = random_logits(kRows, vocab, random);
+      Tensor settings = Tensor::empty({kRows, kSamplingSettingsWords}, DType::I32);
+      for (int64_t row = 0; row < kRows; ++row) {
+        int32_t* words = settings.data<int32_t>() + row * kSamplingSettingsWords;
+        words[0] = std::bit_cast<int32_t>(params.temperature);
+        words[1] = params.top_k;
+        words[2] = std::bit_cast<int32_t>(params.top_p);
+        words[3] = std::bit_cast<int32_t>(params.min_p);
+        const uint64_t uniform = std::bit_cast<uint64_t>(params.temperature != 0.0f ? device[row].next_uniform() : 0.0);
+        words[4] = static_cast<int32_t>(static_cast<uint32_t>(uniform));
+        words[5] = static_cast<int32_t>(static_cast<uint32_t>(uniform >> 32));
+      }
+      Tensor tokens = backend->alloc({kRows}, DType::I32);
+      Tensor logprobs = backend->alloc({kRows}, DType::F32);
+      ops.sample_tokens(backend->upload(logits), backend->upload(settings), params.temperature != 0.0f, tokens,
+                        logprobs);
+      const Tensor device_tokens = backend->download(tokens);
+      const Tensor device_logprobs = backend->download(logprobs);
+      for (int64_t row = 0; row < kRows; ++row) {
+        const SampledToken expected =
+            host[row].sample({logits.data<float>() + row * vocab, static_cast<size_t>(vocab)});
+        ASSERT_EQ(device_tokens.data<int32_t>()[row], expected.token)
+            << GetParam().name << ": vocab " << vocab << " draw " << draw << " row " << row;
+        ASSERT_NEAR(device_logprobs.data<float>()[row], expected.logprob, 1e-5 * std::max(1.0f, std::abs(expected.logprob)));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DeviceSampler,
+                         ::testing::Values(SamplerCase{"greedy", {0.0f, 0, 1.0f, 0.0f, {}}},
+                                           SamplerCase{"temperature", {0.8f, 0, 1.0f, 0.0f, {}}},
+                                           SamplerCase{"top_k", {1.0f, 40, 1.0f, 0.0f, {}}},
+                                           SamplerCase{"top_p", {0.7f, 0, 0.9f, 0.0f, {}}},
+                                           SamplerCase{"min_p", {1.2f, 0, 1.0f, 0.05f, {}}},
+                                           SamplerCase{"all", {0.9f, 50, 0.95f, 0.02f, {}}}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(DeviceSamplerErrors, ASamplingRowWithoutSortingIsReported) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::F32);
+  std::mt19937 random(3);
+  Tensor settings = Tensor::zeros({1, kSamplingSettingsWords}, DType::I32);
+  settings.data<int32_t>()[0] = std::bit_cast<int32_t>(1.0f);
+  Tensor tokens = backend->alloc({1}, DType::I32);
+  Tensor logprobs = backend->alloc({1}, DType::F32);
+  backend->graph_ops()->sample_tokens(backend->upload(random_logits(1, 100, random)), backend->upload(settings),
+                                      false, tokens, logprobs);
+  EXPECT_THROW(backend->download(tokens), Error);
+}
+
+// generate() decodes through captured graphs on CUDA, sampling on the device; a direct loop with
+// the host sampler over the same backend must emit the same tokens (same random stream).
+TEST(DecodeGraphGenerate, MatchesADirectLoopWithTheHostSampler) {
+  KILN_REQUIRE_CUDA();
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
+  TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
+  Model& model = *loaded.model;
+  const std::vector<int32_t> full_prompt = fixture_prompt(fixture);
+  const std::vector<int32_t> prompt(full_prompt.begin(), full_prompt.begin() + 20);
+  GenerationOptions options;
+  options.max_tokens = 60;
+  options.sampling = {0.9f, 40, 0.95f, 0.0f, 42};
+  const GenerationResult result = generate(model, prompt, options);
+  ASSERT_EQ(result.tokens.size(), 60u);
+
+  Sampler sampler(options.sampling);
+  auto cache = model.make_cache(1, 100);
+  Tensor logits = run_step(model, *cache, {SequenceStep{0, 0, prompt, false}});
+  std::vector<int32_t> expected;
+  for (int64_t position = 20; expected.size() < 60; ++position) {
+    const SampledToken token = sampler.sample({logits.data<float>(), static_cast<size_t>(logits.dim(1))});
+    expected.push_back(token.token);
+    logits = run_step(model, *cache, {SequenceStep{0, static_cast<int32_t>(position), {token.token}, false}});
+  }
+  EXPECT_EQ(result.tokens, expected);
+}
+
+// The server's scheduler on CUDA: steps in which every sequence decodes run as captured graphs
+// (3 slots: bucket 4 with a padded row) sampling on the device, steps with prefill chunks run
+// directly with the host sampler; every request must still equal its solo generate() run.
+TEST(DecodeGraphScheduler, ConcurrentRequestsEqualTheirSoloRuns) {
+  KILN_REQUIRE_CUDA();
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
+  TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest request;
+    request.prompt.assign(prompt.begin() + i * 7, prompt.begin() + i * 7 + 20 + 30 * i);
+    request.max_tokens = 30 + i;
+    request.sampling = {i % 2 ? 0.8f : 0.0f, i == 3 ? 0 : 40, i == 5 ? 0.9f : 1.0f, i == 1 ? 0.05f : 0.0f,
+                        static_cast<uint64_t>(100 + i)};
+    request.top_logprobs = i == 2 ? 3 : 0;
+    requests.push_back(request);
+  }
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& request : requests) {
+    GenerationOptions options;
+    options.max_tokens = request.max_tokens;
+    options.sampling = request.sampling;
+    solo.push_back(generate(*loaded.model, request.prompt, options).tokens);
+  }
+  SchedulerOptions options;
+  options.max_batch = 3;
+  options.context_tokens = 512;
+  options.prefill_chunk = 64;
+  Scheduler scheduler(*loaded.model, options);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::vector<int32_t> tokens;
+    for (;;) {
+      auto event = streams[i]->next(std::chrono::seconds(60));
+      ASSERT_TRUE(event.has_value()) << "request " << i << ": no event within 60 s";
+      if (event->token >= 0) {
+        tokens.push_back(event->token);
+        if (requests[i].top_logprobs > 0) {
+          ASSERT_EQ(event->top_logprobs.size(), 3u);
+          EXPECT_EQ(event->top_logprobs.front().first, event->token) << "greedy: the token is the top alternative";
+          EXPECT_NEAR(event->top_logprobs.front().second, event->logprob, 1e-5);
+        }
+      }
+      if (event->finished) break;
+    }
+    EXPECT_EQ(tokens, solo[i]) << "request " << i;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
