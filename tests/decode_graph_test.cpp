@@ -1,19 +1,116 @@
 // Host logic of captured decode steps (engine/decode_graph.h): bucket choice, the slots padded
-// rows take, the CPU's plain path, and the sampler's shared random stream. The graphs themselves
-// run in tests/cuda/decode_graph_test.cpp.
+// rows take, the CPU's plain path, the sampler's shared random stream, and the engine's use of
+// GraphOps (generate, the scheduler) over a CPU backend whose "captures" re-run the work. The
+// CUDA graphs themselves run in tests/cuda/decode_graph_test.cpp.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <chrono>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/error.h"
 #include "engine/decode_graph.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "model/loader.h"
 #include "model_test_support.h"
 #include "test_support.h"
 
 namespace kiln::testing {
 namespace {
+
+// The CPU backend with GraphOps: capture() runs the work and replay() runs it again (reading the
+// buffers as they are then, as a graph does); sample_tokens applies choose_token to each row with
+// the draw from its settings. It lets the engine's graph path run, and be checked, on the CPU.
+class ReplayingCpuBackend final : public Backend, public GraphOps {
+ public:
+  GraphOps* graph_ops() override { return this; }
+  HybridOps* hybrid_ops() override { return cpu_->hybrid_ops(); }
+  std::string name() const override { return "cpu-replaying"; }
+  Device device() const override { return cpu_->device(); }
+  DType activation_dtype() const override { return cpu_->activation_dtype(); }
+  double measure_copy_bandwidth_gbps() override { return cpu_->measure_copy_bandwidth_gbps(); }
+  void synchronize() override { cpu_->synchronize(); }
+  Tensor alloc(const Shape& shape, DType dtype) override { return cpu_->alloc(shape, dtype); }
+  Tensor upload(const Tensor& host) override { return cpu_->upload(host); }
+  Tensor download(const Tensor& tensor) override { return cpu_->download(tensor); }
+  void zero(Tensor& tensor) override { cpu_->zero(tensor); }
+  BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override {
+    return cpu_->make_layout(spans, token_ids);
+  }
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override { cpu_->embedding(table, ids, out); }
+  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override { cpu_->matmul(x, w, bias, out); }
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override {
+    cpu_->rms_norm(x, weight, eps, style, out);
+  }
+  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
+                    Tensor& out) override {
+    cpu_->add_rms_norm(residual, delta, weight, eps, style, out);
+  }
+  void add(Tensor& a, const Tensor& b) override { cpu_->add(a, b); }
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override { cpu_->gather_rows(x, rows, out); }
+  void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override {
+    cpu_->rope(x, positions, inv_freq, rotary_dim);
+  }
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override { cpu_->swiglu(gate, up, out); }
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
+                Tensor& v_cache) override {
+    cpu_->kv_write(k, v, layout, k_cache, v_cache);
+  }
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+                 float scale, Tensor& out) override {
+    cpu_->attention(q, k_cache, v_cache, layout, scale, out);
+  }
+
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& work) override {
+    struct Rerun final : CapturedWork {
+      std::function<void()> work;
+      int* replays;
+      void replay() override {
+        ++*replays;
+        work();
+      }
+    };
+    ++captures;
+    work();
+    auto captured = std::make_unique<Rerun>();
+    captured->work = work;
+    captured->replays = &replays;
+    return captured;
+  }
+  void upload_into(const Tensor& host, Tensor& device) override {
+    ASSERT_EQ(host.nbytes(), device.nbytes());
+    std::memcpy(device.raw(), host.raw(), host.nbytes());
+  }
+  void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
+                     Tensor& logprobs) override {
+    const int64_t vocab = logits.dim(1);
+    for (int64_t row = 0; row < logits.dim(0); ++row) {
+      const int32_t* words = settings.data<int32_t>() + row * kSamplingSettingsWords;
+      SamplingParams params;
+      params.temperature = std::bit_cast<float>(words[0]);
+      params.top_k = words[1];
+      params.top_p = std::bit_cast<float>(words[2]);
+      params.min_p = std::bit_cast<float>(words[3]);
+      if (params.temperature != 0.0f) {
+        EXPECT_TRUE(sorting) << "row " << row << " samples in a greedy-only call";
+      }
+      const uint64_t draw = static_cast<uint32_t>(words[4]) | (uint64_t{static_cast<uint32_t>(words[5])} << 32);
+      const SampledToken token = choose_token(params, {logits.data<float>() + row * vocab, static_cast<size_t>(vocab)},
+                                              std::bit_cast<double>(draw));
+      tokens.data<int32_t>()[row] = token.token;
+      logprobs.data<float>()[row] = token.logprob;
+    }
+  }
+
+  int captures = 0;
+  int replays = 0;
+
+ private:
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
+};
 
 TEST(DecodeBucket, PowersOfTwoUpToEightThenMultiplesOfEight) {
   const std::vector<std::pair<int64_t, int64_t>> expected = {{1, 1},   {2, 2},   {3, 4},   {4, 4},   {5, 8},
@@ -81,6 +178,59 @@ TEST(SamplerStream, SampleTakesExactlyOneDrawPerSampledToken) {
   Sampler greedy(SamplingParams{0.0f, 0, 1.0f, 0.0f, 9}), fresh(SamplingParams{0.0f, 0, 1.0f, 0.0f, 9});
   greedy.sample(logits);
   EXPECT_EQ(greedy.next_uniform(), fresh.next_uniform());
+}
+
+// The scheduler runs a step through DecodeGraphs only when every sequence decodes one token (a
+// sequence whose last prompt chunk is in the step is not decoding yet); with padding (3 slots,
+// bucket 4), joins mid-flight, sampling and top logprobs, each request equals its solo run.
+TEST(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
+  ReplayingCpuBackend backend;
+  auto model = load_model(fixture / "f32", backend, LoadOptions{});
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest request;
+    request.prompt.assign(prompt.begin() + i * 7, prompt.begin() + i * 7 + 20 + 30 * i);
+    request.max_tokens = 10 + i;
+    request.sampling = {i % 2 ? 0.8f : 0.0f, i == 3 ? 0 : 40, i == 5 ? 0.9f : 1.0f, i == 1 ? 0.05f : 0.0f,
+                        static_cast<uint64_t>(100 + i)};
+    request.top_logprobs = i == 2 ? 3 : 0;
+    requests.push_back(request);
+  }
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& request : requests) {
+    GenerationOptions options;
+    options.max_tokens = request.max_tokens;
+    options.sampling = request.sampling;
+    solo.push_back(generate(*model, request.prompt, options).tokens);
+  }
+  const int solo_replays = backend.replays;
+  SchedulerOptions options;
+  options.max_batch = 3;
+  options.context_tokens = 512;
+  options.prefill_chunk = 64;
+  Scheduler scheduler(*model, options);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::vector<int32_t> tokens;
+    for (;;) {
+      auto event = streams[i]->next(std::chrono::seconds(60));
+      ASSERT_TRUE(event.has_value()) << "request " << i << ": no event within 60 s";
+      if (event->token >= 0) {
+        tokens.push_back(event->token);
+        if (requests[i].top_logprobs > 0) {
+          ASSERT_EQ(event->top_logprobs.size(), 3u);
+          EXPECT_EQ(event->top_logprobs.front().first, event->token) << "greedy: the token is the top alternative";
+        }
+      }
+      if (event->finished) break;
+    }
+    EXPECT_EQ(tokens, solo[i]) << "request " << i;
+  }
+  EXPECT_GT(backend.replays, solo_replays) << "the scheduler's decode steps replayed captured work";
 }
 
 }  // namespace

@@ -44,14 +44,18 @@ double Sampler::next_uniform() {
 }
 
 SampledToken Sampler::sample(std::span<const float> logits) {
-  if (params_.temperature == 0.0f) {
+  return choose_token(params_, logits, params_.temperature == 0.0f ? 0.0 : next_uniform());
+}
+
+SampledToken choose_token(const SamplingParams& params, std::span<const float> logits, double uniform) {
+  if (params.temperature == 0.0f) {
     const int32_t token = argmax(logits);
     return {token, log_probability(logits, token)};
   }
   // Candidates sorted by logit (descending, lower index first among equals).
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  const size_t keep_k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, order.size()) : order.size();
+  const size_t keep_k = params.top_k > 0 ? std::min<size_t>(params.top_k, order.size()) : order.size();
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   std::partial_sort(order.begin(), order.begin() + keep_k, order.end(), by_logit);
   order.resize(keep_k);
@@ -61,29 +65,29 @@ SampledToken Sampler::sample(std::span<const float> logits) {
   std::vector<double> probabilities(order.size());
   double total = 0.0;
   for (size_t i = 0; i < order.size(); ++i) {
-    probabilities[i] = std::exp((static_cast<double>(logits[order[i]]) - maximum) / params_.temperature);
+    probabilities[i] = std::exp((static_cast<double>(logits[order[i]]) - maximum) / params.temperature);
     total += probabilities[i];
   }
   size_t kept = order.size();
-  if (params_.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p
+  if (params.top_p < 1.0f) {  // the smallest prefix whose mass reaches top_p
     double mass = 0.0;
     for (size_t i = 0; i < order.size(); ++i) {
       mass += probabilities[i] / total;
-      if (mass >= params_.top_p) {
+      if (mass >= params.top_p) {
         kept = i + 1;
         break;
       }
     }
   }
-  if (params_.min_p > 0.0f) {  // drop candidates below min_p × the top probability
-    const double threshold = params_.min_p * probabilities.front();
+  if (params.min_p > 0.0f) {  // drop candidates below min_p × the top probability
+    const double threshold = params.min_p * probabilities.front();
     size_t above = 1;
     while (above < kept && probabilities[above] >= threshold) ++above;
     kept = above;
   }
   double kept_total = 0.0;
   for (size_t i = 0; i < kept; ++i) kept_total += probabilities[i];
-  const double target = next_uniform() * kept_total;
+  const double target = uniform * kept_total;
   double cumulative = 0.0;
   size_t chosen = kept - 1;
   for (size_t i = 0; i < kept; ++i) {

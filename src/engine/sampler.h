@@ -45,6 +45,10 @@ class Sampler {
   uint64_t state_;  // splitmix64: fully specified, identical on every platform
 };
 
+// The token `params` choose from one row of logits when the random stream's draw is `uniform`
+// (unused when the temperature is 0): Sampler::sample's rule, for callers that hold the draw.
+SampledToken choose_token(const SamplingParams& params, std::span<const float> logits, double uniform);
+
 // Index of the largest logit (the lowest index among equals).
 int32_t argmax(std::span<const float> logits);
 

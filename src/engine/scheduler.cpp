@@ -172,6 +172,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
 
   std::vector<SequenceStep> steps;
   std::vector<bool> samples;  // whether the step's logit row is used to sample a token
+  bool every_sequence_decodes = true;
   for (const auto& active : running) {
     const auto prompt_length = static_cast<int64_t>(active->request.prompt.size());
     if (active->prefilled < prompt_length) {
@@ -183,6 +184,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
                        false});
       samples.push_back(end == prompt_length);
       active->prefilled = end;
+      every_sequence_decodes = false;
     } else {
       steps.push_back({active->slot, static_cast<int32_t>(prompt_length + active->generated - 1), {active->next_input}, false});
       samples.push_back(true);
@@ -191,9 +193,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
 
   // A step in which every sequence decodes runs as a captured graph and samples on the device;
   // the logits come back only when a request asks for top logprobs.
-  const bool on_device = decode_graphs_ && std::all_of(running.begin(), running.end(), [](const auto& active) {
-    return active->prefilled >= static_cast<int64_t>(active->request.prompt.size());
-  });
+  // (A sequence whose last prompt chunk is in this step is not decoding yet.)
+  const bool on_device = decode_graphs_ && every_sequence_decodes;
   std::vector<SampledToken> device_tokens;
   Tensor logits;
   try {
