@@ -57,31 +57,40 @@ if [ $run_ops = 1 ]; then
   [ "$rc" = 0 ] || status=1
 fi
 
+bench_model() {  # bench_model DIR: `kiln bench --device cuda` on DIR, logged as bench-NAME.log
+  local name rc
+  name=$(basename "$1")
+  # shellcheck disable=SC2086  # extra bench flags are separate words
+  "$bin_dir/kiln" bench --model "$1" --device cuda ${KILN_BENCH_FLAGS:-} 2>&1 | tee "$log_dir/bench-$name.log"
+  rc=${PIPESTATUS[0]}
+  summary+=("model bench $name: exit $rc")
+  benched+=("$name")
+  [ "$rc" = 0 ] || status=1
+}
+
+benched=()
+for model in "${models[@]}"; do bench_model "$model"; done
+
+# One synthetic checkpoint at a time (written, benched, removed): the full-size shapes together
+# would not fit on the GPU machine's disk.
 for synth in "${synths[@]}"; do
   shape=${synth%%:*}
   layers=()
   [ "$shape" != "$synth" ] && layers=(--layers "${synth#*:}")
   out="${KILN_SYNTH_DIR:-/tmp/kiln-synth}/${synth/:/-}"
+  rm -rf "$out"
   if "$bin_dir/kiln" synth --shape "$shape" "${layers[@]}" --out "$out" > "$log_dir/synth-${synth/:/-}.log" 2>&1; then
-    models+=("$out")
+    bench_model "$out"
   else
     summary+=("synth $synth: failed (see $log_dir/synth-${synth/:/-}.log)")
     status=1
   fi
-done
-
-for model in "${models[@]}"; do
-  name=$(basename "$model")
-  # shellcheck disable=SC2086  # extra bench flags are separate words
-  "$bin_dir/kiln" bench --model "$model" --device cuda ${KILN_BENCH_FLAGS:-} 2>&1 | tee "$log_dir/bench-$name.log"
-  rc=${PIPESTATUS[0]}
-  summary+=("model bench $name: exit $rc")
-  [ "$rc" = 0 ] || status=1
+  rm -rf "$out"
 done
 
 echo
 echo "=== gpu-check summary ==="
 printf '%s\n' "${summary[@]}"
-for model in "${models[@]}"; do grep -E '^(model|prefill|decode)' "$log_dir/bench-$(basename "$model").log"; done
+for name in "${benched[@]}"; do grep -E '^(model|prefill|decode)' "$log_dir/bench-$name.log"; done
 [ $run_ops = 1 ] && grep -E '^(device-to-device|per-op|decode|prefill)' "$log_dir/ops-bench.log"
 exit $status

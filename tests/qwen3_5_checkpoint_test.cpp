@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "model/qwen3_5_checkpoint.h"
+#include "model/synth.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -50,39 +51,13 @@ void add(TensorMap& map, const std::string& name, Shape shape, DType dtype = DTy
 }
 
 // The names and shapes transformers writes for a Qwen3_5ForCausalLM (the text fixture's layout).
+// The text checkpoint transformers' Qwen3_5ForCausalLM saves for `c`'s shapes: kiln synth's
+// layout (Qwen3-Next tests regroup it into their own layout).
 TensorMap hf_text_tensors(const ModelConfig& c) {
-  const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
-  const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, K = c.linear_conv_kernel_dim;
-  const int64_t conv = 2 * Hk * dk + Hv * dv;
+  ModelConfig qwen3_5 = c;
+  qwen3_5.model_type = "qwen3_5_text";
   TensorMap map;
-  add(map, "model.embed_tokens.weight", {c.vocab_size, H});
-  add(map, "model.norm.weight", {H});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    add(map, p + "input_layernorm.weight", {H});
-    add(map, p + "post_attention_layernorm.weight", {H});
-    add(map, p + "mlp.gate_proj.weight", {c.intermediate_size, H});
-    add(map, p + "mlp.up_proj.weight", {c.intermediate_size, H});
-    add(map, p + "mlp.down_proj.weight", {H, c.intermediate_size});
-    if (c.layer_types[i] == LayerKind::LinearAttention) {
-      add(map, p + "linear_attn.A_log", {Hv});
-      add(map, p + "linear_attn.dt_bias", {Hv});
-      add(map, p + "linear_attn.conv1d.weight", {conv, 1, K});
-      add(map, p + "linear_attn.in_proj_qkv.weight", {conv, H});
-      add(map, p + "linear_attn.in_proj_z.weight", {Hv * dv, H});
-      add(map, p + "linear_attn.in_proj_b.weight", {Hv, H});
-      add(map, p + "linear_attn.in_proj_a.weight", {Hv, H});
-      add(map, p + "linear_attn.norm.weight", {dv});
-      add(map, p + "linear_attn.out_proj.weight", {H, Hv * dv});
-    } else {
-      add(map, p + "self_attn.q_proj.weight", {2 * c.num_attention_heads * c.head_dim, H});
-      add(map, p + "self_attn.k_proj.weight", {c.num_key_value_heads * c.head_dim, H});
-      add(map, p + "self_attn.v_proj.weight", {c.num_key_value_heads * c.head_dim, H});
-      add(map, p + "self_attn.o_proj.weight", {H, c.num_attention_heads * c.head_dim});
-      add(map, p + "self_attn.q_norm.weight", {c.head_dim});
-      add(map, p + "self_attn.k_norm.weight", {c.head_dim});
-    }
-  }
+  for (const SynthTensor& tensor : synth_tensor_layout(qwen3_5)) add(map, tensor.name, tensor.shape);
   return map;
 }
 
@@ -107,9 +82,13 @@ Shape channels_kernel(const Shape& s) { return {s[0], s[2]}; }
 // mlx-lm's Qwen3.5 conversion: language_model.* names, [C, K, 1] conv, no mtp, a vision tower.
 TensorMap mlx_tensors(const ModelConfig& config) {
   TensorMap map = transform(
-      hf_text_tensors(config), [](const std::string& n) { return replace_prefix(n, "model.", "language_model.model."); },
+      hf_text_tensors(config),
+      [](const std::string& n) {
+        return n == "lm_head.weight" ? "language_model.lm_head.weight" : replace_prefix(n, "model.", "language_model.model.");
+      },
       kernel_last);
-  add(map, "language_model.lm_head.weight", {config.vocab_size, config.hidden_size});
+  if (!map.count("language_model.lm_head.weight"))
+    add(map, "language_model.lm_head.weight", {config.vocab_size, config.hidden_size});
   add(map, "vision_tower.blocks.0.attn.qkv.weight", {96, 32});
   return map;
 }

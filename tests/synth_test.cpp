@@ -10,6 +10,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/load_plan.h"
+#include "model/qwen3_5_checkpoint.h"
 #include "model/synth.h"
 #include "test_support.h"
 
@@ -137,4 +138,50 @@ TEST(Synth, RefusesANonEmptyDirectory) {
                                            dir.path().string());
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(result.output.find("new or empty directory"), std::string::npos) << result.output;
+}
+
+TEST(Synth, Qwen35ShapesAreHybridAndTheSanitizerPlansEveryTensor) {
+  struct Expected {
+    const char* shape;
+    int64_t hidden, layers, value_heads;
+    bool tied;
+    double min_parameters, max_parameters;
+  };
+  const Expected table[] = {
+      {"qwen3.5-9b", 4096, 32, 32, false, 8.5e9, 9.5e9},
+      {"qwen3.5-2b-like", 2048, 24, 16, true, 1.5e9, 2.5e9},
+  };
+  for (const Expected& expected : table) {
+    SCOPED_TRACE(expected.shape);
+    const ModelConfig config = parse_config(find_synth_shape(expected.shape).config, "config.json");
+    EXPECT_EQ(config.model_type, "qwen3_5_text");
+    EXPECT_EQ(config.hidden_size, expected.hidden);
+    EXPECT_EQ(config.num_hidden_layers, expected.layers);
+    EXPECT_EQ(config.linear_num_value_heads, expected.value_heads);
+    EXPECT_EQ(config.vocab_size, 248320);
+    EXPECT_EQ(config.tie_word_embeddings, expected.tied);
+    ASSERT_EQ(config.layer_types.size(), static_cast<size_t>(expected.layers));
+    for (size_t layer = 0; layer < config.layer_types.size(); ++layer)
+      EXPECT_EQ(config.layer_types[layer], layer % 4 == 3 ? LayerKind::FullAttention : LayerKind::LinearAttention)
+          << layer;
+
+    std::map<std::string, TensorInfo> tensors;
+    double parameters = 0;
+    for (const SynthTensor& tensor : synth_tensor_layout(config)) {
+      tensors[tensor.name] = TensorInfo{tensor.name, DType::BF16, tensor.shape, {}, 0, 0};
+      double count = 1;
+      for (int64_t extent : tensor.shape) count *= static_cast<double>(extent);
+      parameters += count;
+      // Zero-centred gains are stored as w (applied as 1 + w) and start at 0, as transformers'.
+      if (tensor.name.ends_with("layernorm.weight") || tensor.name.ends_with("_norm.weight") ||
+          tensor.name == "model.norm.weight") {
+        EXPECT_EQ(tensor.init, SynthInit::Zeros) << tensor.name;
+      }
+    }
+    EXPECT_GT(parameters, expected.min_parameters);
+    EXPECT_LT(parameters, expected.max_parameters);
+    const LoadPlan plan = plan_qwen3_5_checkpoint(tensors, config);
+    EXPECT_TRUE(plan.dropped.empty());
+    EXPECT_EQ(plan.tensors.size(), tensors.size());
+  }
 }

@@ -1,8 +1,10 @@
 // kiln bench: prefill and decode throughput, and decode bandwidth against the measured roofline.
 //
-// Decode streams every weight once per step (plus the KV rows read by attention), so
+// Decode streams every weight once per step (plus the KV rows read by attention and, for hybrid
+// models, each sequence's recurrent state read and written), so
 // bytes-per-step / step-time is the bandwidth the engine reaches; divided by the device's
 // measured copy bandwidth it is the roofline ratio recorded in docs/perf.md.
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -77,6 +79,17 @@ RegisterCommand register_bench([](CLI::App& app) {
                                       dtype_size(backend.activation_dtype()) *
                                       static_cast<size_t>(std::count(config.layer_types.begin(), config.layer_types.end(),
                                                                      LayerKind::FullAttention));
+    // Hybrid models also read and write each sequence's recurrent state every step: the f32
+    // delta-rule state [Hv, dk, dv] and the f32 conv tail [K−1, C] of every linear-attention layer.
+    const auto linear_layers = static_cast<size_t>(
+        std::count(config.layer_types.begin(), config.layer_types.end(), LayerKind::LinearAttention));
+    const size_t conv_channels =
+        static_cast<size_t>(2 * config.linear_num_key_heads * config.linear_key_head_dim +
+                            config.linear_num_value_heads * config.linear_value_head_dim);
+    const size_t state_bytes_per_sequence =
+        2 * linear_layers * sizeof(float) *
+        (static_cast<size_t>(config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim) +
+         static_cast<size_t>(std::max<int64_t>(config.linear_conv_kernel_dim - 1, 0)) * conv_channels);
     // Decode as the engine runs it: captured graphs with greedy tokens chosen on the device where
     // the backend can (engine/decode_graph.h), otherwise one direct step with host-side tokens.
     const bool graphs = DecodeGraphs::supported(model) && !options->eager_decode;
@@ -111,7 +124,8 @@ RegisterCommand register_bench([](CLI::App& app) {
       const double seconds = seconds_since(start);
       const double steps_per_second = options->decode_tokens / seconds;
       const double mean_context = context + 1 + options->decode_tokens / 2.0;
-      const double bytes_per_step = model.decode_weight_bytes() + batch * mean_context * kv_bytes_per_token;
+      const double bytes_per_step = model.decode_weight_bytes() + batch * mean_context * kv_bytes_per_token +
+                                    static_cast<double>(batch * state_bytes_per_sequence);
       const double gbps = bytes_per_step * steps_per_second / 1e9;
       report["decode"].push_back({{"batch", batch},
                                   {"tokens_per_second", steps_per_second * batch},

@@ -29,6 +29,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
   fail("device '{}' is not available: this kiln was built without its backend", device);
 }
 
+#ifdef KILN_HAVE_CUDA
 namespace {
 
 // The dtype most of the planned weight bytes are stored in (the matrices').
@@ -46,6 +47,7 @@ DType stored_weight_dtype(const ModelPlan& plan) {
 }
 
 }  // namespace
+#endif
 
 OpenedModel open_model(const ModelOptions& options) {
   if (options.threads > 0) ThreadPool::set_global_threads(options.threads);

@@ -16,7 +16,17 @@ namespace {
 
 using nlohmann::json;
 
-// The config.json files as published on the Hugging Face Hub, field for field.
+// Qwen3.5's schedule: every 4th layer is full attention, the rest Gated DeltaNet
+// (Qwen3_5TextConfig's full_attention_interval = 4), as a JSON list body.
+std::string hybrid_layer_types(int layers) {
+  std::string list;
+  for (int layer = 0; layer < layers; ++layer)
+    list += fmt::format("{}\"{}\"", layer ? ", " : "", (layer + 1) % 4 == 0 ? "full_attention" : "linear_attention");
+  return list;
+}
+
+// The config.json files as published on the Hugging Face Hub, field for field (the Qwen3.5
+// entries say where theirs come from).
 const std::vector<SynthShape>& shape_table() {
   static const std::vector<SynthShape> table = {
       {"llama-3.2-1b", "meta-llama/Llama-3.2-1B", json::parse(R"({
@@ -130,6 +140,75 @@ const std::vector<SynthShape>& shape_table() {
         "use_sliding_window": false,
         "vocab_size": 151936
       })")},
+      // transformers' Qwen3_5TextConfig() defaults, which are the 9B model's text decoder
+      // (configuration_qwen3_5.py), written as save_pretrained writes a Qwen3_5ForCausalLM.
+      {"qwen3.5-9b", "transformers Qwen3_5TextConfig defaults", json::parse(R"({
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": null,
+        "eos_token_id": null,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 12288,
+        "layer_types": [)" + hybrid_layer_types(32) + R"(],
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_text",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 4,
+        "pad_token_id": null,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                            "partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"},
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "use_cache": true,
+        "vocab_size": 248320
+      })")},
+      // A ~1.9B-parameter hybrid for 2B-class benchmarks: the published Qwen3.5-2B's hidden size
+      // (2048), vocabulary and head geometry with the 3:1 linear/full schedule; the layer count
+      // and MLP width are ours (the published config was not reachable), hence "-like".
+      {"qwen3.5-2b-like", "kiln (Qwen3.5-2B-sized; not a published config)", json::parse(R"({
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": null,
+        "eos_token_id": null,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 6144,
+        "layer_types": [)" + hybrid_layer_types(24) + R"(],
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_text",
+        "num_attention_heads": 8,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
+        "pad_token_id": null,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                            "partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"},
+        "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16",
+        "use_cache": true,
+        "vocab_size": 248320
+      })")},
   };
   return table;
 }
@@ -171,7 +250,9 @@ TensorByteFill make_fill(const SynthTensor& tensor, DType dtype, uint64_t seed) 
     const uint64_t first = offset / element_size;
     const auto count = static_cast<int64_t>(out.size() / element_size);
     auto value_at = [&](uint64_t index) {
-      return init == SynthInit::Ones ? 1.0f : kInitStd * normal_like(mix64(stream + index));
+      if (init == SynthInit::Ones) return 1.0f;
+      if (init == SynthInit::Zeros) return 0.0f;
+      return kInitStd * normal_like(mix64(stream + index));
     };
     // Each element depends only on its index, so any split over threads gives the same bytes.
     ThreadPool::global().parallel_for(count, 1 << 14, [&](int64_t begin, int64_t end) {
@@ -256,12 +337,60 @@ std::vector<SynthTensor> dense_decoder_layout(const ModelConfig& config) {
   return tensors;
 }
 
+// Qwen3.5 text decoder as transformers' Qwen3_5ForCausalLM saves it (spec A): zero-centred
+// RMSNorm gains (stored w, applied as 1 + w), gated attention (q_proj carries query and gate per
+// head), Gated DeltaNet layers with the depthwise conv weight in torch's [C, 1, K] layout.
+std::vector<SynthTensor> qwen3_5_text_layout(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t head_dim = config.head_dim;
+  const int64_t key_width = config.linear_num_key_heads * config.linear_key_head_dim;
+  const int64_t value_width = config.linear_num_value_heads * config.linear_value_head_dim;
+  const int64_t conv_channels = 2 * key_width + value_width;
+  const int64_t value_heads = config.linear_num_value_heads;
+  const int64_t intermediate = config.intermediate_size;
+
+  std::vector<SynthTensor> tensors;
+  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const std::string prefix = fmt::format("model.layers.{}.", layer);
+    tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Zeros});
+    if (config.layer_types.at(static_cast<size_t>(layer)) == LayerKind::FullAttention) {
+      const std::string attention = prefix + "self_attn.";
+      tensors.push_back({attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}});
+      tensors.push_back({attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}});
+      tensors.push_back({attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}});
+      tensors.push_back({attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}});
+      tensors.push_back({attention + "q_norm.weight", {head_dim}, SynthInit::Zeros});
+      tensors.push_back({attention + "k_norm.weight", {head_dim}, SynthInit::Zeros});
+    } else {
+      const std::string linear = prefix + "linear_attn.";
+      tensors.push_back({linear + "in_proj_qkv.weight", {conv_channels, hidden}});
+      tensors.push_back({linear + "in_proj_z.weight", {value_width, hidden}});
+      tensors.push_back({linear + "in_proj_b.weight", {value_heads, hidden}});
+      tensors.push_back({linear + "in_proj_a.weight", {value_heads, hidden}});
+      tensors.push_back({linear + "conv1d.weight", {conv_channels, 1, config.linear_conv_kernel_dim}});
+      tensors.push_back({linear + "dt_bias", {value_heads}, SynthInit::Ones});
+      tensors.push_back({linear + "A_log", {value_heads}});
+      tensors.push_back({linear + "norm.weight", {config.linear_value_head_dim}, SynthInit::Ones});
+      tensors.push_back({linear + "out_proj.weight", {hidden, value_width}});
+    }
+    tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
+    tensors.push_back({prefix + "mlp.gate_proj.weight", {intermediate, hidden}});
+    tensors.push_back({prefix + "mlp.up_proj.weight", {intermediate, hidden}});
+    tensors.push_back({prefix + "mlp.down_proj.weight", {hidden, intermediate}});
+  }
+  tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Zeros});
+  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  return tensors;
+}
+
 using LayoutFunction = std::vector<SynthTensor> (*)(const ModelConfig&);
 
 // model_type → the checkpoint layout synth writes for it.
 const std::vector<std::pair<std::string, LayoutFunction>>& layouts() {
   static const std::vector<std::pair<std::string, LayoutFunction>> table = {
-      {"llama", dense_decoder_layout}, {"qwen2", dense_decoder_layout}, {"qwen3", dense_decoder_layout}};
+      {"llama", dense_decoder_layout}, {"qwen2", dense_decoder_layout}, {"qwen3", dense_decoder_layout},
+      {"qwen3_5_text", qwen3_5_text_layout}};
   return table;
 }
 

@@ -4,7 +4,8 @@
 // The weights come from a counter-based generator (each element is a hash of the seed, the
 // tensor name and the element index), so any chunk is produced independently and in parallel and
 // the same seed always gives the same bytes. Matrices are N(0, 0.02)-like, as transformers'
-// initializer_range; norm gains are 1 so activations stay in a sane range.
+// initializer_range; norm gains are 1 so activations stay in a sane range (zero-centred norms, whose
+// gain is 1 + w, store 0, as transformers initialises them).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,7 @@ const std::vector<SynthShape>& synth_shapes();
 // The shape called `name`; the error lists the known names.
 const SynthShape& find_synth_shape(const std::string& name);
 
-enum class SynthInit { Normal, Ones };
+enum class SynthInit { Normal, Ones, Zeros };
 
 struct SynthTensor {
   std::string name;
@@ -43,7 +44,7 @@ struct SynthTensor {
 };
 
 // The tensors a Hugging Face checkpoint of `config` holds, with their shapes. Fails for a
-// model_type whose layout synth does not know (it knows llama, qwen2 and qwen3).
+// model_type whose layout synth does not know (it knows llama, qwen2, qwen3 and qwen3_5_text).
 std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config);
 
 struct SynthOptions {
