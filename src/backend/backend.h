@@ -142,6 +142,9 @@ class GraphOps {
                              Tensor& logprobs) = 0;
 };
 
+// eps of the GDN q/k L2 norm (HF-Q35 `l2norm(x, dim=-1, eps=1e-6)`, spec A.6.3), for every backend.
+inline constexpr float kGatedDeltaL2NormEps = 1e-6f;
+
 // The ops only the hybrid Qwen3.5 / Qwen3-Next graph needs (spec A.5, A.6), on the same tensors
 // and device as the Backend that provides them.
 class HybridOps {

@@ -19,8 +19,8 @@ std::vector<ModelImplementation> builtin_implementations() {
                                  device,
                                  [](WeightMap& weights, const ModelConfig& config, const ResolvedProfile&,
                                     Backend& backend) { return make_llama_model(weights, config, backend); }});
-  // The hybrid graph (model/qwen3_5.cpp) needs the backend's HybridOps: only the CPU has them yet.
-  for (Device device : {Device::CPU})
+  // The hybrid graph (model/qwen3_5.cpp) needs the backend's HybridOps: the CPU and CUDA have them.
+  for (Device device : {Device::CPU, Device::CUDA})
     implementations.push_back({std::string(graph_name(Graph::Qwen3_5)), Graph::Qwen3_5, Loader::Safetensors,
                                Loop::HybridRecurrent, device,
                                [](WeightMap& weights, const ModelConfig& config, const ResolvedProfile&,

@@ -218,9 +218,11 @@ class Qwen35Model final : public Model {
 
     Tensor convolved = ops.alloc(qkv.shape(), act);
     hybrid_->causal_conv1d_silu(qkv, d.conv1d, layout, cache.conv_states[layer.state_index], convolved);
-    Tensor q = ops.alloc({tokens, key_heads, key_dim}, act);
-    Tensor k = ops.alloc({tokens, key_heads, key_dim}, act);
-    Tensor v = ops.alloc({tokens, value_heads, value_dim}, act);
+    // q, k and v stay f32 whatever the activations: HF-Q35 L2-normalises q and k in f32 and runs
+    // the recurrence on f32 inputs (architectures.md D.1).
+    Tensor q = ops.alloc({tokens, key_heads, key_dim}, DType::F32);
+    Tensor k = ops.alloc({tokens, key_heads, key_dim}, DType::F32);
+    Tensor v = ops.alloc({tokens, value_heads, value_dim}, DType::F32);
     hybrid_->gated_delta_prepare_qkv(convolved, q, k, v);
     Tensor beta = ops.alloc({tokens, value_heads}, DType::F32);
     Tensor g = ops.alloc({tokens, value_heads}, DType::F32);

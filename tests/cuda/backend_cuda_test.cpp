@@ -49,6 +49,7 @@ struct OpCase {
   OpRun run;
   std::vector<DType> f32_weight_dtypes{DType::F32};  // weight dtypes tried with F32 activations
   bool bf16 = true;  // whether the BF16 tensor-core path takes this case
+  double f32_tolerance = kF32Tolerance;
 };
 
 std::vector<Tensor> upload_inputs(Backend& backend, const std::vector<Input>& inputs, DType activations,
@@ -332,10 +333,143 @@ std::vector<OpCase> attention_cases(std::mt19937& random) {
   };
 }
 
+// The Qwen3.5 hybrid ops (HybridOps). Recurrent-state cases mix a fresh sequence (position 0),
+// continuations whose state is random (so the initial state matters) and spans crossing 64.
+Tensor unit_rows(Tensor values) {
+  const int64_t width = values.dim(-1);
+  for (int64_t row = 0; row < values.numel() / width; ++row) {
+    float* x = values.data<float>() + row * width;
+    double norm = 0;
+    for (int64_t i = 0; i < width; ++i) norm += static_cast<double>(x[i]) * x[i];
+    for (int64_t i = 0; i < width; ++i) x[i] = static_cast<float>(x[i] / std::sqrt(norm));
+  }
+  return values;
+}
+
+Tensor uniform_f32(const Shape& shape, std::mt19937& random, float low, float high) {
+  Tensor tensor = Tensor::empty(shape, DType::F32);
+  std::uniform_real_distribution<float> uniform(low, high);
+  for (int64_t i = 0; i < tensor.numel(); ++i) tensor.data<float>()[i] = uniform(random);
+  return tensor;
+}
+
+OpCase delta_rule_case(int64_t key_heads, int64_t value_heads, int64_t key_dim, int64_t value_dim,
+                       const std::vector<SequenceSpan>& spans, std::mt19937& random) {
+  const int64_t tokens = span_tokens(spans);
+  int64_t slots = 0;
+  for (const SequenceSpan& span : spans) slots = std::max<int64_t>(slots, span.slot + 1);
+  OpCase op;
+  op.name = "gated_delta_rule Hk=" + std::to_string(key_heads) + " Hv=" + std::to_string(value_heads) + " dk=" +
+            std::to_string(key_dim) + " dv=" + std::to_string(value_dim) + " spans=";
+  for (const SequenceSpan& span : spans)
+    op.name += "[slot " + std::to_string(span.slot) + " @" + std::to_string(span.first_position) + " ×" +
+               std::to_string(span.tokens) + "]";
+  op.inputs = {{unit_rows(random_f32({tokens, key_heads, key_dim}, random)), Role::Float32},
+               {unit_rows(random_f32({tokens, key_heads, key_dim}, random)), Role::Float32},
+               {random_f32({tokens, value_heads, value_dim}, random), Role::Float32},
+               {uniform_f32({tokens, value_heads}, random, -0.5f, -0.01f), Role::Float32},
+               {uniform_f32({tokens, value_heads}, random, 0.05f, 0.95f), Role::Float32},
+               {random_f32({slots, value_heads, key_dim, value_dim}, random, 0.1f), Role::Float32}};
+  op.run = [=](Backend& backend, std::vector<Tensor>& in) {
+    const BatchLayout layout = backend.make_layout(spans, std::vector<int32_t>(tokens, 0));
+    Tensor out = backend.alloc({tokens, value_heads, value_dim}, backend.activation_dtype());
+    backend.hybrid_ops()->gated_delta_rule(in[0], in[1], in[2], in[3], in[4], layout, in[5], out);
+    return std::vector<Tensor>{out, in[5]};
+  };
+  return op;
+}
+
+std::vector<OpCase> hybrid_cases(std::mt19937& random) {
+  std::vector<OpCase> cases;
+  OpCase split;
+  split.name = "split_query_gate 5×3×16";
+  split.inputs = {{random_f32({5, 3, 32}, random), Role::Activation}};
+  split.run = [](Backend& backend, std::vector<Tensor>& in) {
+    Tensor query = backend.alloc({5, 3, 16}, backend.activation_dtype());
+    Tensor gate = backend.alloc({5, 3, 16}, backend.activation_dtype());
+    backend.hybrid_ops()->split_query_gate(in[0], query, gate);
+    return std::vector<Tensor>{query, gate};
+  };
+  cases.push_back(std::move(split));
+
+  OpCase gate;
+  gate.name = "sigmoid_gate 7×40";
+  gate.inputs = {{random_f32({7, 40}, random), Role::Activation}, {random_f32({7, 40}, random), Role::Activation}};
+  gate.run = [](Backend& backend, std::vector<Tensor>& in) {
+    backend.hybrid_ops()->sigmoid_gate(in[0], in[1]);
+    return std::vector<Tensor>{in[0]};
+  };
+  cases.push_back(std::move(gate));
+
+  const std::vector<SequenceSpan> conv_spans = spans_of({{0, 0, 70}, {2, 130, 3}, {1, 63, 1}});
+  OpCase conv;
+  conv.name = "causal_conv1d_silu C=96 spans=[0 @0 ×70][2 @130 ×3][1 @63 ×1]";
+  conv.inputs = {{random_f32({74, 96}, random), Role::Activation},
+                 {random_f32({96, 4}, random, 0.5f), Role::Weight},
+                 {random_f32({3, 3, 96}, random), Role::Float32}};
+  conv.run = [conv_spans](Backend& backend, std::vector<Tensor>& in) {
+    const BatchLayout layout = backend.make_layout(conv_spans, std::vector<int32_t>(74, 0));
+    Tensor out = backend.alloc({74, 96}, backend.activation_dtype());
+    backend.hybrid_ops()->causal_conv1d_silu(in[0], in[1], layout, in[2], out);
+    return std::vector<Tensor>{out, in[2]};
+  };
+  conv.f32_weight_dtypes = {DType::F32, DType::BF16};
+  cases.push_back(std::move(conv));
+
+  OpCase prepare;
+  prepare.name = "gated_delta_prepare_qkv Hk=2 dk=32 Hv=4 dv=32";
+  prepare.inputs = {{random_f32({6, 2 * 2 * 32 + 4 * 32}, random), Role::Activation}};
+  prepare.run = [](Backend& backend, std::vector<Tensor>& in) {
+    Tensor q = backend.alloc({6, 2, 32}, DType::F32), k = backend.alloc({6, 2, 32}, DType::F32);
+    Tensor v = backend.alloc({6, 4, 32}, DType::F32);
+    backend.hybrid_ops()->gated_delta_prepare_qkv(in[0], q, k, v);
+    return std::vector<Tensor>{q, k, v};
+  };
+  cases.push_back(std::move(prepare));
+
+  OpCase gates;
+  gates.name = "gated_delta_gates 9×4";
+  gates.inputs = {{random_f32({9, 4}, random, 3.0f), Role::Activation},
+                  {random_f32({9, 4}, random, 3.0f), Role::Activation},
+                  {random_f32({4}, random), Role::Weight},
+                  {random_f32({4}, random), Role::Weight}};
+  gates.run = [](Backend& backend, std::vector<Tensor>& in) {
+    Tensor beta = backend.alloc({9, 4}, DType::F32), g = backend.alloc({9, 4}, DType::F32);
+    backend.hybrid_ops()->gated_delta_gates(in[0], in[1], in[2], in[3], beta, g);
+    return std::vector<Tensor>{beta, g};
+  };
+  gates.f32_weight_dtypes = {DType::F32, DType::BF16};
+  cases.push_back(std::move(gates));
+
+  OpCase norm;
+  norm.name = "rms_norm_gated 5×4×32";
+  norm.inputs = {{random_f32({5, 4, 32}, random), Role::Activation},
+                 {random_f32({5, 4, 32}, random), Role::Activation},
+                 {random_f32({32}, random), Role::Weight}};
+  norm.run = [](Backend& backend, std::vector<Tensor>& in) {
+    Tensor out = backend.alloc({5, 4, 32}, backend.activation_dtype());
+    backend.hybrid_ops()->rms_norm_gated(in[0], in[1], in[2], 1e-6f, out);
+    return std::vector<Tensor>{out};
+  };
+  norm.f32_weight_dtypes = {DType::F32, DType::BF16};
+  cases.push_back(std::move(norm));
+
+  // No whole aligned 64-token chunk: the CPU runs these recurrently too.
+  cases.push_back(delta_rule_case(2, 4, 32, 32, spans_of({{0, 0, 40}, {1, 60, 10}, {2, 200, 1}}), random));
+  cases.push_back(delta_rule_case(1, 2, 128, 128, spans_of({{1, 5, 3}, {0, 0, 1}}), random));
+  // Whole aligned chunks, which the CPU computes in the chunked form (equal to the recurrence to
+  // ~1e-5 relative, tests/gated_delta_test.cpp) and the GPU recurrently.
+  OpCase chunked = delta_rule_case(2, 4, 64, 32, spans_of({{0, 0, 130}, {1, 64, 64}}), random);
+  chunked.f32_tolerance = 1e-4;
+  cases.push_back(std::move(chunked));
+  return cases;
+}
+
 std::vector<OpCase> all_cases() {
   std::mt19937 random(20261202);
   std::vector<OpCase> cases;
-  for (auto group : {matmul_cases(random), norm_cases(random), elementwise_cases(random), attention_cases(random)})
+  for (auto group : {matmul_cases(random), norm_cases(random), elementwise_cases(random), attention_cases(random),
+                     hybrid_cases(random)})
     for (auto& op : group) cases.push_back(std::move(op));
   return cases;
 }
@@ -345,7 +479,7 @@ TEST(CudaBackendOps, F32ActivationsMatchTheCpuBackend) {
   for (const OpCase& op : all_cases())
     for (DType weights : op.f32_weight_dtypes) {
       const double error = cuda_vs_cpu(op, DType::F32, weights);
-      EXPECT_LE(error, kF32Tolerance) << op.name << " (weights " << dtype_name(weights) << ")";
+      EXPECT_LE(error, op.f32_tolerance) << op.name << " (weights " << dtype_name(weights) << ")";
     }
 }
 
@@ -507,6 +641,117 @@ TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) 
               << " differs from the one-call reference (request of " << spans.size() << " spans, first "
               << request.front()[1] << " ×" << request.front()[2] << ")";
     }
+  }
+}
+
+// The GDN conv and delta rule of three sequences run under different schedules — one shot, alone,
+// prefill chunks of 64, token by token, appends of up to 16 — give the same bits for every
+// position, and the same final states.
+TEST_P(CudaInvariance, GatedDeltaRowsAreBitIdenticalUnderEverySchedule) {
+  KILN_REQUIRE_CUDA();
+  const DType act = GetParam();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
+  HybridOps& hybrid = *cuda->hybrid_ops();
+  std::mt19937 random(17);
+  constexpr int64_t kKeyHeads = 2, kValueHeads = 4, kKeyDim = 64, kValueDim = 32;
+  constexpr int64_t kChannels = 2 * kKeyHeads * kKeyDim + kValueHeads * kValueDim;
+  const std::vector<int32_t> lengths = {150, 70, 40};
+  struct Sequence {
+    Tensor x, q, k, v, g, beta;  // host, [length, …]
+  };
+  std::vector<Sequence> sequences;
+  for (int32_t length : lengths)
+    sequences.push_back({f32_as(random_f32({length, kChannels}, random), act),
+                         unit_rows(random_f32({length, kKeyHeads, kKeyDim}, random)),
+                         unit_rows(random_f32({length, kKeyHeads, kKeyDim}, random)),
+                         random_f32({length, kValueHeads, kValueDim}, random),
+                         uniform_f32({length, kValueHeads}, random, -0.5f, -0.01f),
+                         uniform_f32({length, kValueHeads}, random, 0.05f, 0.95f)});
+  const Tensor weight = cuda->upload(f32_as(random_f32({kChannels, 4}, random, 0.5f), DType::BF16));
+
+  struct Outputs {
+    std::vector<Tensor> convolved, core;  // per sequence, host
+    Tensor conv_state, state;
+  };
+  // Each step lists (slot, first position, tokens); a schedule covers every position in order.
+  auto run = [&](const std::vector<std::vector<std::array<int32_t, 3>>>& steps) {
+    Outputs result;
+    for (size_t slot = 0; slot < lengths.size(); ++slot) {
+      result.convolved.push_back(Tensor::empty({lengths[slot], kChannels}, act));
+      result.core.push_back(Tensor::empty({lengths[slot], kValueHeads, kValueDim}, act));
+    }
+    Tensor conv_state = cuda->alloc({3, 3, kChannels}, DType::F32);
+    Tensor state = cuda->alloc({3, kValueHeads, kKeyDim, kValueDim}, DType::F32);
+    for (const auto& step : steps) {
+      const std::vector<SequenceSpan> spans = spans_of(step);
+      const int64_t tokens = span_tokens(spans);
+      // Gathers rows [first_position, +tokens) of each span's sequence into one batch tensor.
+      auto gather = [&](Tensor Sequence::*field) {
+        const Tensor& first = sequences[0].*field;
+        Shape shape = first.shape();
+        shape[0] = tokens;
+        Tensor batch = Tensor::empty(shape, first.dtype());
+        for (const SequenceSpan& span : spans) {
+          const Tensor& source = sequences[span.slot].*field;
+          const size_t row_bytes = source.nbytes() / source.dim(0);
+          std::memcpy(static_cast<char*>(batch.raw()) + span.first_token * row_bytes,
+                      static_cast<const char*>(source.raw()) + span.first_position * row_bytes, span.tokens * row_bytes);
+        }
+        return cuda->upload(batch);
+      };
+      const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(tokens, 0));
+      Tensor convolved = cuda->alloc({tokens, kChannels}, act);
+      hybrid.causal_conv1d_silu(gather(&Sequence::x), weight, layout, conv_state, convolved);
+      Tensor core = cuda->alloc({tokens, kValueHeads, kValueDim}, act);
+      hybrid.gated_delta_rule(gather(&Sequence::q), gather(&Sequence::k), gather(&Sequence::v), gather(&Sequence::g),
+                              gather(&Sequence::beta), layout, state, core);
+      const Tensor convolved_host = cuda->download(convolved), core_host = cuda->download(core);
+      for (const SequenceSpan& span : spans)
+        for (const auto& [from, to] : {std::pair{&convolved_host, &result.convolved[span.slot]},
+                                       std::pair{&core_host, &result.core[span.slot]}}) {
+          const size_t row_bytes = from->nbytes() / from->dim(0);
+          std::memcpy(static_cast<char*>(to->raw()) + span.first_position * row_bytes,
+                      static_cast<const char*>(from->raw()) + span.first_token * row_bytes, span.tokens * row_bytes);
+        }
+    }
+    result.conv_state = cuda->download(conv_state);
+    result.state = cuda->download(state);
+    return result;
+  };
+
+  const Outputs reference = run({{{0, 0, 150}, {1, 0, 70}, {2, 0, 40}}});
+  std::vector<std::vector<std::array<int32_t, 3>>> one_by_one, appends;
+  for (int32_t position = 0; position < 150; ++position) {
+    std::vector<std::array<int32_t, 3>> step;
+    for (int32_t slot = 0; slot < 3; ++slot)
+      if (position < lengths[slot]) step.push_back({slot, position, 1});
+    one_by_one.push_back(step);
+  }
+  for (int32_t position = 0, size = 1; position < 150; position += size, size = size % 16 + 1) {
+    std::vector<std::array<int32_t, 3>> step;
+    for (int32_t slot = 0; slot < 3; ++slot)
+      if (position < lengths[slot]) step.push_back({slot, position, std::min(size, lengths[slot] - position)});
+    appends.push_back(step);
+  }
+  const std::vector<std::pair<std::string, std::vector<std::vector<std::array<int32_t, 3>>>>> schedules = {
+      {"alone", {{{0, 0, 150}}, {{1, 0, 70}}, {{2, 0, 40}}}},
+      {"other order", {{{2, 0, 40}, {0, 0, 150}, {1, 0, 70}}}},
+      {"chunks of 64", {{{0, 0, 64}, {1, 0, 64}}, {{0, 64, 64}, {1, 64, 6}, {2, 0, 40}}, {{0, 128, 22}}}},
+      {"one by one", one_by_one},
+      {"appends of 1..16", appends},
+  };
+  for (const auto& [name, steps] : schedules) {
+    const Outputs outputs = run(steps);
+    for (size_t slot = 0; slot < lengths.size(); ++slot)
+      for (int32_t position = 0; position < lengths[slot]; ++position) {
+        ASSERT_TRUE(same_rows(outputs.convolved[slot], position, reference.convolved[slot], position, 1))
+            << name << ": conv output of sequence " << slot << " at position " << position;
+        ASSERT_TRUE(same_rows(outputs.core[slot], position, reference.core[slot], position, 1))
+            << name << ": delta-rule output of sequence " << slot << " at position " << position;
+      }
+    EXPECT_EQ(std::memcmp(outputs.conv_state.raw(), reference.conv_state.raw(), reference.conv_state.nbytes()), 0)
+        << name;
+    EXPECT_EQ(std::memcmp(outputs.state.raw(), reference.state.raw(), reference.state.nbytes()), 0) << name;
   }
 }
 

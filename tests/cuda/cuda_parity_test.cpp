@@ -1,4 +1,5 @@
-// The dense fixtures (Llama-3, Qwen3) on the CUDA backend, loaded through the same path as the CLI:
+// Every fixture (Llama-3, Qwen3, and the hybrid Qwen3.5 in both layouts) on the CUDA backend,
+// loaded through the same path as the CLI:
 // F32 activations against transformers' float64 logits, BF16 activations no further from them
 // than transformers' own bf16 run, and a prompt's logits bit-identical whether it is prefilled in
 // one call, in 64-token chunks, or decoded one token at a time.
@@ -26,9 +27,9 @@ TestModel open_cuda_model(const std::filesystem::path& dir, DType activations) {
   return loaded;
 }
 
-class CudaDenseParity : public ::testing::TestWithParam<std::string> {};
+class CudaFixtureParity : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(CudaDenseParity, F32MatchesFloat64ReferenceAtEveryPosition) {
+TEST_P(CudaFixtureParity, F32MatchesFloat64ReferenceAtEveryPosition) {
   KILN_REQUIRE_CUDA();
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
@@ -39,7 +40,7 @@ TEST_P(CudaDenseParity, F32MatchesFloat64ReferenceAtEveryPosition) {
   for (size_t row = 0; row < errors.size(); ++row) ASSERT_LE(errors[row], 1e-4) << "position " << row;
 }
 
-TEST_P(CudaDenseParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
+TEST_P(CudaFixtureParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   KILN_REQUIRE_CUDA();
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
@@ -57,7 +58,7 @@ TEST_P(CudaDenseParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
     ASSERT_LE(ours[row], 1.5 * theirs[row]) << "position " << row << " (transformers bf16 error " << theirs[row] << ")";
 }
 
-TEST_P(CudaDenseParity, GreedyContinuationMatchesFloat64Reference) {
+TEST_P(CudaFixtureParity, GreedyContinuationMatchesFloat64Reference) {
   KILN_REQUIRE_CUDA();
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
@@ -74,7 +75,7 @@ TEST_P(CudaDenseParity, GreedyContinuationMatchesFloat64Reference) {
 
 // Every position's logits, through the whole graph: one-shot prefill, 64-token chunks, and
 // token-by-token decode (which takes the decode matmul and split-KV attention kernels).
-TEST_P(CudaDenseParity, LogitsAreBitIdenticalOneShotChunkedAndDecoded) {
+TEST_P(CudaFixtureParity, LogitsAreBitIdenticalOneShotChunkedAndDecoded) {
   KILN_REQUIRE_CUDA();
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
@@ -91,7 +92,8 @@ TEST_P(CudaDenseParity, LogitsAreBitIdenticalOneShotChunkedAndDecoded) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDenseParity, ::testing::Values("llama3-tiny", "qwen3-tiny"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureParity,
+                         ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny", "qwen3_5-vl-tiny"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');

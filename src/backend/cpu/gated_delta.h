@@ -27,8 +27,6 @@ namespace kiln::cpu {
 
 // Chunk length of the chunked form; HF's torch fallback and FLA use 64 (spec A.6.5).
 inline constexpr int64_t kGatedDeltaChunk = 64;
-// eps of the q/k L2 norm (HF-Q35 `l2norm(x, dim=-1, eps=1e-6)`, spec A.6.3).
-inline constexpr float kGatedDeltaL2NormEps = 1e-6f;
 
 // Depthwise causal conv fused with SiLU and the conv-state update (spec A.6.2), per channel c:
 //   s[t, c] = Σ_{j=0}^{K-1} weight[c, j] · u[t - (K-1) + j, c]   (j ascending, f32)

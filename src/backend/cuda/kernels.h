@@ -132,4 +132,55 @@ struct SamplingArgs {
 size_t sampling_sort_scratch_bytes(int64_t rows, int64_t vocab);
 cudaError_t launch_sample_tokens(const SamplingArgs& args, cudaStream_t stream);
 
+// --- the Qwen3.5 hybrid ops (gated_delta.cu; the rounding of each is documented there) ---
+
+// query/gate [heads, head_dim] each from query_and_gate [heads, 2·head_dim] (heads over all tokens).
+cudaError_t launch_split_query_gate(const void* source, void* query, void* gate, int64_t heads, int64_t head_dim,
+                                    DType dtype, cudaStream_t stream);
+// x ← x · sigmoid(gate).
+cudaError_t launch_sigmoid_gate(void* x, const void* gate, int64_t count, DType dtype, cudaStream_t stream);
+
+// The GDN conv kernel size the kernels are built for (Qwen3.5 and Qwen3-Next: linear_conv_kernel_dim).
+constexpr int64_t kGatedDeltaConvKernel = 4;
+struct ConvArgs {
+  const void* x = nullptr;         // [tokens, channels] in dtype
+  const void* weight = nullptr;    // [channels, kernel] in weight_dtype
+  const int32_t* spans = nullptr;  // [span_count, 4] = {slot, first_token, tokens, first_position}
+  float* conv_state = nullptr;     // [slots, kernel − 1, channels]
+  void* out = nullptr;             // [tokens, channels] in dtype
+  int64_t span_count = 0, channels = 0, kernel = 0;
+  DType dtype = DType::F32, weight_dtype = DType::F32;
+};
+cudaError_t launch_causal_conv1d_silu(const ConvArgs& args, cudaStream_t stream);
+
+// q, k [tokens, key_heads, key_dim] and v [tokens, value_width] (f32) from the conv output.
+cudaError_t launch_gated_delta_prepare_qkv(const void* qkv, DType dtype, int64_t tokens, int64_t key_heads,
+                                           int64_t key_dim, int64_t value_width, float query_scale, float eps,
+                                           float* q, float* k, float* v, cudaStream_t stream);
+// beta, g [count] (f32) from b, a [count] (dtype) and the per-head A_log, dt_bias [heads].
+cudaError_t launch_gated_delta_gates(const void* b, const void* a, DType dtype, const void* a_log,
+                                     const void* dt_bias, DType weight_dtype, int64_t count, int64_t heads,
+                                     float* beta, float* g, cudaStream_t stream);
+
+// The largest value head dimension (threads per block) and the key dims (state registers per
+// thread: 32, 64 or 128) the delta-rule kernel is built for.
+constexpr int64_t kGatedDeltaMaxValueDim = 1024;
+struct DeltaRuleArgs {
+  const float* q = nullptr;        // [tokens, key_heads, key_dim]
+  const float* k = nullptr;
+  const float* v = nullptr;        // [tokens, value_heads, value_dim]
+  const float* g = nullptr;        // [tokens, value_heads]
+  const float* beta = nullptr;
+  const int32_t* spans = nullptr;  // [span_count, 4]
+  float* states = nullptr;         // [slots, value_heads, key_dim, value_dim]
+  void* out = nullptr;             // [tokens, value_heads, value_dim] in dtype
+  int64_t span_count = 0, key_heads = 0, value_heads = 0, key_dim = 0, value_dim = 0;
+  DType dtype = DType::F32;
+};
+cudaError_t launch_gated_delta_rule(const DeltaRuleArgs& args, cudaStream_t stream);
+
+// out = ⟦⟦rmsnorm(x)⟧·w⟧·silu(z) per row of `width` (x, z, out in dtype; out may alias x).
+cudaError_t launch_rms_norm_gated(const void* x, const void* z, DType dtype, const void* weight, DType weight_dtype,
+                                  int64_t rows, int64_t width, float eps, void* out, cudaStream_t stream);
+
 }  // namespace kiln::cuda
