@@ -69,6 +69,8 @@ struct SplitCase {
   int ranks;
 };
 
+void PrintTo(const SplitCase& split, std::ostream* out) { *out << split.fixture << " over " << split.ranks << " ranks"; }
+
 std::string case_name(const ::testing::TestParamInfo<SplitCase>& info) {
   std::string name = info.param.fixture + "_tp" + std::to_string(info.param.ranks);
   for (char& c : name)
