@@ -1,10 +1,13 @@
 #include "cli/model_options.h"
 
+#include <algorithm>
 #include <map>
+#include <thread>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/loader.h"
+#include "model/tensor_parallel.h"
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -18,6 +21,9 @@ void ModelOptions::add_to(CLI::App& command, bool with_dtype) {
     command.add_option("--dtype", dtype, "Weight dtype: auto (as stored), f32 or bf16")
         ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   command.add_option("--threads", threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
+  command.add_option("--tensor-parallel", tensor_parallel,
+                     "Split the model over N ranks (on the CPU: N simulated ranks sharing --threads)")
+      ->check(CLI::PositiveNumber);
   command.add_flag("--hash-artifact", hash_artifact, "Fingerprint a plain folder by hashing its weight files");
 }
 
@@ -49,13 +55,37 @@ DType stored_weight_dtype(const ModelPlan& plan) {
 }  // namespace
 #endif
 
+namespace {
+
+// The model split over options.tensor_parallel CPU ranks, each with an equal share of the threads.
+OpenedModel open_tensor_parallel_cpu_model(const ModelOptions& options, const LoadOptions& load) {
+  OpenedModel opened;
+  const ModelPlan plan = plan_model(options.model_dir, Device::CPU, /*backend_present=*/true, load);
+  opened.backend = make_cpu_backend();
+  std::vector<Backend*> ranks{opened.backend.get()};
+  for (int rank = 1; rank < options.tensor_parallel; ++rank) {
+    opened.rank_backends.push_back(make_cpu_backend());
+    ranks.push_back(opened.rank_backends.back().get());
+  }
+  const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+  opened.model = build_tensor_parallel_model(plan, ranks, load.dtype, std::max(1, threads / options.tensor_parallel));
+  return opened;
+}
+
+}  // namespace
+
 OpenedModel open_model(const ModelOptions& options) {
+  if (options.tensor_parallel < 1) fail("--tensor-parallel must be at least 1, got {}", options.tensor_parallel);
+  if (options.tensor_parallel > 1 && options.device != "cpu")
+    fail("--tensor-parallel {} on {}: NCCL tensor parallelism is not built yet (only --device cpu splits a model)",
+         options.tensor_parallel, options.device);
   if (options.threads > 0) ThreadPool::set_global_threads(options.threads);
   OpenedModel opened;
   LoadOptions load;
   if (options.dtype == "f32") load.dtype = DType::F32;
   if (options.dtype == "bf16") load.dtype = DType::BF16;
   load.hash_artifact = options.hash_artifact;
+  if (options.tensor_parallel > 1) return open_tensor_parallel_cpu_model(options, load);
 #ifdef KILN_HAVE_CUDA
   if (options.device == "cuda") {
     // The CUDA backend's activations follow the weights (f32 CUDA-core path for f32/f16

@@ -1,4 +1,5 @@
-// Options every model-running command shares (--model, --device, --dtype, --threads), and the
+// Options every model-running command shares (--model, --device, --dtype, --threads,
+// --tensor-parallel), and the
 // one way the CLI opens a model: through the profile resolver and the implementation registry.
 #pragma once
 
@@ -21,12 +22,14 @@ struct ModelOptions {
   std::string dtype = "auto";
   int threads = 0;  // 0: all hardware threads
   bool hash_artifact = false;
+  int tensor_parallel = 1;  // ranks the model is split over (model/tensor_parallel.h)
 
   void add_to(CLI::App& command, bool with_dtype = true);
 };
 
 struct OpenedModel {
-  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Backend> backend;  // rank 0's under --tensor-parallel
+  std::vector<std::unique_ptr<Backend>> rank_backends;  // ranks 1..N−1 (declared before the model: they outlive it)
   std::unique_ptr<Model> model;
 };
 

@@ -109,14 +109,18 @@ std::unique_ptr<ThreadPool>& global_pool() {
   static std::unique_ptr<ThreadPool> pool;
   return pool;
 }
+thread_local ThreadPool* this_thread_pool = nullptr;
 }  // namespace
 
 ThreadPool& ThreadPool::global() {
+  if (this_thread_pool) return *this_thread_pool;
   auto& pool = global_pool();
   if (!pool) pool = std::make_unique<ThreadPool>(std::max(1u, std::thread::hardware_concurrency()));
   return *pool;
 }
 
 void ThreadPool::set_global_threads(int threads) { global_pool() = std::make_unique<ThreadPool>(threads); }
+
+void ThreadPool::use_on_this_thread(ThreadPool* pool) { this_thread_pool = pool; }
 
 }  // namespace kiln

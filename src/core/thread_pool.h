@@ -34,9 +34,14 @@ class ThreadPool {
   // the calling thread works too. Blocks until every chunk is done. Not reentrant.
   void parallel_for(int64_t count, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
 
-  // The process-wide pool used by the CPU backend (hardware concurrency unless set).
+  // The pool the CPU backend runs on from the calling thread: the thread's own pool when one is
+  // installed (use_on_this_thread), else the process-wide pool (hardware concurrency unless set).
   static ThreadPool& global();
   static void set_global_threads(int threads);
+  // Installs `pool` (borrowed; nullptr: none) as the calling thread's pool. A pool is not
+  // reentrant, so threads that drive backends concurrently (the ranks of a tensor-parallel model)
+  // each need their own.
+  static void use_on_this_thread(ThreadPool* pool);
 
  private:
   void worker_loop();

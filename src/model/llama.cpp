@@ -9,6 +9,10 @@
 //     h = h + Attention(q, K, V)·Woᵀ                            (causal, GQA, scale dh^-½)
 //     h = h + (silu(b·Wgᵀ) ⊙ b·Wuᵀ)·Wdᵀ  with b = RMSNorm(h)
 //   logits = RMSNorm(h)·Wlmᵀ                                     (Wlm = E when tied and absent)
+//
+// Split over tensor-parallel ranks (model/tensor_parallel.h), a rank holds whole query heads with
+// their KV heads and a column block of the MLP; Attention·Woᵀ and the MLP's ·Wdᵀ are then partial
+// sums, all-reduced before they join the residual. With one rank the code below is unchanged.
 #include "model/llama.h"
 
 #include <cmath>
@@ -61,12 +65,18 @@ class KVCache final : public ModelCache {
 
 class LlamaModel final : public Model {
  public:
-  LlamaModel(WeightMap& weights, const ModelConfig& config, Backend& backend)
-      : config_(config), backend_(backend) {
+  LlamaModel(WeightMap& weights, const ModelConfig& config, Backend& backend, const TensorParallelRank& rank)
+      : config_(config), backend_(backend), collective_(rank.collective) {
+    const AttentionShard heads = attention_shard(config, rank);
+    heads_ = heads.heads;
+    kv_heads_ = heads.kv_heads;
+    ffn_ = config.intermediate_size / rank.ranks;
     const int64_t hidden = config.hidden_size;
-    const int64_t q_width = config.num_attention_heads * config.head_dim;
-    const int64_t kv_width = config.num_key_value_heads * config.head_dim;
-    const int64_t ffn = config.intermediate_size;
+    const int64_t q_width = heads_ * config.head_dim;
+    const int64_t kv_width = kv_heads_ * config.head_dim;
+    const int64_t ffn = ffn_;
+    // A row-parallel layer's bias joins its partial sum on rank 0 only (the others hold none).
+    const int64_t reduced_bias = rank.rank == 0 ? hidden : 0;
     const bool qkv_bias = config.attention_bias || config.model_type == "qwen2";
     const bool o_bias = config.attention_bias && config.model_type == "llama";
 
@@ -86,7 +96,7 @@ class LlamaModel final : public Model {
         layer.k_bias = take(prefix + "self_attn.k_proj.bias", {kv_width});
         layer.v_bias = take(prefix + "self_attn.v_proj.bias", {kv_width});
       }
-      if (o_bias) layer.o_bias = take(prefix + "self_attn.o_proj.bias", {hidden});
+      if (o_bias) layer.o_bias = take(prefix + "self_attn.o_proj.bias", {reduced_bias});
       if (config.qk_norm) {
         layer.q_norm = take(prefix + "self_attn.q_norm.weight", {config.head_dim});
         layer.k_norm = take(prefix + "self_attn.k_norm.weight", {config.head_dim});
@@ -97,7 +107,7 @@ class LlamaModel final : public Model {
       if (config.mlp_bias) {
         layer.gate_bias = take(prefix + "mlp.gate_proj.bias", {ffn});
         layer.up_bias = take(prefix + "mlp.up_proj.bias", {ffn});
-        layer.down_bias = take(prefix + "mlp.down_proj.bias", {hidden});
+        layer.down_bias = take(prefix + "mlp.down_proj.bias", {reduced_bias});
       }
       layers_.push_back(std::move(layer));
     }
@@ -131,8 +141,8 @@ class LlamaModel final : public Model {
   }
 
   std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
-    return std::make_unique<KVCache>(backend_, config_.num_hidden_layers, slots, capacity,
-                                     config_.num_key_value_heads, config_.head_dim);
+    return std::make_unique<KVCache>(backend_, config_.num_hidden_layers, slots, capacity, kv_heads_,
+                                     config_.head_dim);
   }
 
   void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache,
@@ -140,8 +150,8 @@ class LlamaModel final : public Model {
     auto& cache = dynamic_cast<KVCache&>(model_cache);
     const int64_t tokens = layout.total_tokens;
     const int64_t hidden = config_.hidden_size;
-    const int64_t heads = config_.num_attention_heads;
-    const int64_t kv_heads = config_.num_key_value_heads;
+    const int64_t heads = heads_;
+    const int64_t kv_heads = kv_heads_;
     const int64_t head_dim = config_.head_dim;
     const float eps = static_cast<float>(config_.rms_norm_eps);
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -155,8 +165,8 @@ class LlamaModel final : public Model {
     Tensor v = ops.alloc({tokens, kv_heads, head_dim}, act);
     Tensor attention = ops.alloc({tokens, heads, head_dim}, act);
     Tensor projected = ops.alloc({tokens, hidden}, act);
-    Tensor gate = ops.alloc({tokens, config_.intermediate_size}, act);
-    Tensor up = ops.alloc({tokens, config_.intermediate_size}, act);
+    Tensor gate = ops.alloc({tokens, ffn_}, act);
+    Tensor up = ops.alloc({tokens, ffn_}, act);
     auto flat = [](const Tensor& t) { return t.reshape({t.dim(0), t.numel() / t.dim(0)}); };
     auto optional = [](const Tensor& t) { return t.defined() && t.numel() ? &t : nullptr; };
 
@@ -177,12 +187,14 @@ class LlamaModel final : public Model {
       ops.kv_write(k, v, layout, cache.keys[index], cache.values[index]);
       ops.attention(q, cache.keys[index], cache.values[index], layout, scale, attention);
       ops.matmul(flat(attention), layer.o_proj, optional(layer.o_bias), projected);
+      if (collective_) collective_->all_reduce_sum(projected);
       ops.add_rms_norm(residual, projected, layer.post_attention_norm, eps, NormStyle::Plain, normed);
 
       ops.matmul(normed, layer.gate_proj, optional(layer.gate_bias), gate);
       ops.matmul(normed, layer.up_proj, optional(layer.up_bias), up);
       ops.swiglu(gate, up, gate);
       ops.matmul(gate, layer.down_proj, optional(layer.down_bias), projected);
+      if (collective_) collective_->all_reduce_sum(projected);
       const Tensor& next_norm = index + 1 < layers_.size() ? layers_[index + 1].input_norm : final_norm_;
       ops.add_rms_norm(residual, projected, next_norm, eps, NormStyle::Plain, normed);
     }
@@ -194,6 +206,8 @@ class LlamaModel final : public Model {
  private:
   ModelConfig config_;
   Backend& backend_;
+  Collective* collective_;  // null: one rank
+  int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0;  // this rank's query heads, KV heads, MLP width
   Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
   std::vector<LlamaLayer> layers_;
   int rotary_dim_ = 0;
@@ -201,8 +215,44 @@ class LlamaModel final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& config, Backend& backend) {
-  return std::make_unique<LlamaModel>(weights, config, backend);
+std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& config, Backend& backend,
+                                        const TensorParallelRank& rank) {
+  check_llama_tensor_parallel(config, rank.ranks);
+  return std::make_unique<LlamaModel>(weights, config, backend, rank);
+}
+
+void check_llama_tensor_parallel(const ModelConfig& config, int ranks) {
+  check_attention_split(config, ranks);
+  check_divisible("intermediate_size", config.intermediate_size, ranks);
+}
+
+TensorShard llama_tensor_shard(const ModelConfig& config, const TensorParallelRank& rank, const std::string& canonical,
+                               const Shape& shape) {
+  auto ends_with = [&](const char* suffix) {
+    const std::string tail(suffix);
+    return canonical.size() >= tail.size() && canonical.compare(canonical.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const AttentionShard heads = attention_shard(config, rank);
+  const int64_t head_dim = config.head_dim;
+  const int64_t ffn = config.intermediate_size / rank.ranks;
+  auto rows = [](int64_t first, int64_t count) {
+    return TensorShard{TensorShard::Axis::Rows, {RowBlock{first, count}}};
+  };
+  auto columns = [](int64_t first, int64_t count) {
+    return TensorShard{TensorShard::Axis::Columns, {}, first, count};
+  };
+  if (ends_with("self_attn.q_proj.weight") || ends_with("self_attn.q_proj.bias"))
+    return rows(heads.first_head * head_dim, heads.heads * head_dim);
+  for (const char* name : {"self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
+                           "self_attn.v_proj.bias"})
+    if (ends_with(name)) return rows(heads.first_kv_head * head_dim, heads.kv_heads * head_dim);
+  for (const char* name : {"mlp.gate_proj.weight", "mlp.gate_proj.bias", "mlp.up_proj.weight", "mlp.up_proj.bias"})
+    if (ends_with(name)) return rows(rank.rank * ffn, ffn);
+  if (ends_with("self_attn.o_proj.weight")) return columns(heads.first_head * head_dim, heads.heads * head_dim);
+  if (ends_with("mlp.down_proj.weight")) return columns(rank.rank * ffn, ffn);
+  if (ends_with("self_attn.o_proj.bias") || ends_with("mlp.down_proj.bias"))
+    return rows(0, rank.rank == 0 ? shape.at(0) : 0);
+  return {};  // embedding, norms, q/k norms, lm_head: replicated
 }
 
 }  // namespace kiln

@@ -8,11 +8,20 @@
 #include "io/config.h"
 #include "model/load_plan.h"
 #include "model/model.h"
+#include "model/tensor_parallel_rank.h"
 
 namespace kiln {
 
 // Builds the graph over `weights` (borrowed: the model keeps device copies or views of the
 // tensors it takes) on `backend`. Fails naming the tensor when a weight is missing or misshapen.
-std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& config, Backend& backend);
+// A tensor-parallel `rank` builds that rank's part over weights sharded by llama_tensor_shard.
+std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& config, Backend& backend,
+                                        const TensorParallelRank& rank = {});
+
+// The dense graph's split (Megatron): q/k/v and gate/up by output rows (whole heads), o_proj and
+// down_proj by input columns; their biases are added once, by rank 0.
+void check_llama_tensor_parallel(const ModelConfig& config, int ranks);
+TensorShard llama_tensor_shard(const ModelConfig& config, const TensorParallelRank& rank, const std::string& canonical,
+                               const Shape& shape);
 
 }  // namespace kiln

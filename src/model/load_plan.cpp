@@ -64,6 +64,22 @@ Tensor gather_rows(const Tensor& source, const std::vector<RowBlock>& blocks, co
   return gathered;
 }
 
+// Columns [first, first + count) of a matrix: a copy that reads only those bytes of each row.
+Tensor copy_columns(const Tensor& source, int64_t first, int64_t count, const std::string& file,
+                    const std::string& name) {
+  if (source.ndim() != 2) fail("{}: tensor '{}': only a matrix can be split by columns, not {}", file, name, shape_string(source.shape()));
+  if (first < 0 || count < 0 || first + count > source.dim(1))
+    fail("{}: tensor '{}': column range [{}, {}) is outside its {} columns", file, name, first, first + count,
+         source.dim(1));
+  const size_t element = dtype_size(source.dtype());
+  Tensor copied = Tensor::empty({source.dim(0), count}, source.dtype());
+  const char* in = static_cast<const char*>(source.raw());
+  char* out = static_cast<char*>(copied.raw());
+  for (int64_t row = 0; row < source.dim(0); ++row)
+    std::memcpy(out + row * count * element, in + (row * source.dim(1) + first) * element, count * element);
+  return copied;
+}
+
 }  // namespace
 
 const char* fixup_name(FixUp fixup) {
@@ -178,6 +194,32 @@ void WeightMap::require_all_used() const {
   if (!unplanned_.empty())
     fail("{}: {} checkpoint tensor(s) that the load plan neither maps nor drops: {}", checkpoint_name_,
          unplanned_.size(), listed(unplanned_));
+}
+
+void WeightMap::shard(const ShardRule& shard_of) {
+  for (auto& [canonical, tensor] : tensors_) {
+    const TensorShard shard = shard_of(canonical, tensor.shape());
+    const std::string file = source_files_.at(canonical).string();
+    const std::string& source = sources_.at(canonical);
+    switch (shard.axis) {
+      case TensorShard::Axis::Whole:
+        break;
+      case TensorShard::Axis::Rows:
+        if (shard.row_blocks.size() == 1) {
+          const RowBlock& block = shard.row_blocks.front();
+          if (tensor.ndim() < 1 || block.first_row < 0 || block.rows < 0 || block.first_row + block.rows > tensor.dim(0))
+            fail("{}: tensor '{}': row block [{}, {}) is outside its shape {}", file, source, block.first_row,
+                 block.first_row + block.rows, shape_string(tensor.shape()));
+          tensor = tensor.slice_rows(block.first_row, block.rows);
+        } else {
+          tensor = gather_rows(tensor, shard.row_blocks, file, source);
+        }
+        break;
+      case TensorShard::Axis::Columns:
+        tensor = copy_columns(tensor, shard.first_column, shard.columns, file, source);
+        break;
+    }
+  }
 }
 
 void WeightMap::convert_to(DType dtype) {

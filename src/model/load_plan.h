@@ -6,6 +6,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -55,6 +56,16 @@ struct LoadPlan {
   nlohmann::json to_json() const;
 };
 
+// The part of a tensor one tensor-parallel rank holds (model/tensor_parallel.h decides which).
+struct TensorShard {
+  enum class Axis { Whole, Rows, Columns };
+  Axis axis = Axis::Whole;
+  std::vector<RowBlock> row_blocks = {};  // Axis::Rows: blocks along axis 0, concatenated in order
+  int64_t first_column = 0;               // Axis::Columns: columns [first_column, first_column +
+  int64_t columns = 0;                    //   columns) of a matrix [rows, cols]
+};
+using ShardRule = std::function<TensorShard(const std::string& canonical, const Shape& shape)>;
+
 // The canonical weights of one model, with use tracking: the graph takes each tensor it needs
 // (shape-checked), and construction fails when the checkpoint holds tensors nobody took.
 class WeightMap {
@@ -64,6 +75,10 @@ class WeightMap {
   // any (`--dtype`): widening is exact, narrowing rounds to nearest even. Tensors already in it
   // stay views of the checkpoint.
   void convert_to(DType dtype);
+  // Keeps of every tensor only the part `shard_of` assigns to this rank (call it before
+  // convert_to, so that only the shard is converted): a single row block stays a zero-copy view of
+  // the mapped file; several row blocks or a column range are copied, reading only their bytes.
+  void shard(const ShardRule& shard_of);
 
   bool contains(const std::string& canonical) const { return tensors_.count(canonical) != 0; }
   // The tensor, checked against `shape`; marks it used. Errors name the checkpoint tensor.

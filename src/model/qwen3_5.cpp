@@ -16,6 +16,11 @@
 //       m = (Attention(q, K, V) ⊙ sigmoid(gate))·W_oᵀ
 //     h = h + m;  h = h + SwiGLU-MLP(RMSNorm_zc(h))
 //   logits = RMSNorm_zc(h)·W_lmᵀ
+//
+// Split over tensor-parallel ranks (model/tensor_parallel.h), a rank holds whole attention heads,
+// whole GDN key heads with their value heads and a column block of the MLP; the W_oᵀ, W_outᵀ and
+// MLP-down products are then partial sums, all-reduced before they join the residual. With one
+// rank the code below is unchanged.
 #include "model/qwen3_5.h"
 
 #include <cmath>
@@ -45,23 +50,43 @@ struct HybridLayer {
   int64_t state_index = 0;  // index among the layers of its kind (cache tensors)
 };
 
+// The heads one rank holds (all of them with one rank).
+struct HybridHeads {
+  int64_t heads = 0, kv_heads = 0;              // gated attention
+  int64_t key_heads = 0, value_heads = 0;       // Gated DeltaNet
+  int64_t first_key_head = 0, first_value_head = 0;
+  int64_t ffn = 0;                              // MLP width
+};
+
+HybridHeads hybrid_heads(const ModelConfig& config, const TensorParallelRank& rank) {
+  const AttentionShard attention = attention_shard(config, rank);
+  HybridHeads heads;
+  heads.heads = attention.heads;
+  heads.kv_heads = attention.kv_heads;
+  heads.key_heads = config.linear_num_key_heads / rank.ranks;
+  heads.value_heads = config.linear_num_value_heads / rank.ranks;
+  heads.first_key_head = rank.rank * heads.key_heads;
+  heads.first_value_head = rank.rank * heads.value_heads;
+  heads.ffn = config.intermediate_size / rank.ranks;
+  return heads;
+}
+
 // KV rows for the attention layers; the conv tail and the delta-rule state for the GDN layers.
 class HybridCache final : public ModelCache {
  public:
-  HybridCache(Backend& backend, const ModelConfig& config, int64_t attention_layers, int64_t delta_layers,
-              int64_t slots, int64_t capacity)
+  HybridCache(Backend& backend, const ModelConfig& config, const HybridHeads& heads, int64_t attention_layers,
+              int64_t delta_layers, int64_t slots, int64_t capacity)
       : slots_(slots), capacity_(capacity) {
-    const int64_t conv_channels = 2 * config.linear_num_key_heads * config.linear_key_head_dim +
-                                  config.linear_num_value_heads * config.linear_value_head_dim;
+    const int64_t conv_channels =
+        2 * heads.key_heads * config.linear_key_head_dim + heads.value_heads * config.linear_value_head_dim;
     for (int64_t i = 0; i < attention_layers; ++i) {
-      keys.push_back(backend.alloc({slots, capacity, config.num_key_value_heads, config.head_dim}, backend.activation_dtype()));
-      values.push_back(backend.alloc({slots, capacity, config.num_key_value_heads, config.head_dim}, backend.activation_dtype()));
+      keys.push_back(backend.alloc({slots, capacity, heads.kv_heads, config.head_dim}, backend.activation_dtype()));
+      values.push_back(backend.alloc({slots, capacity, heads.kv_heads, config.head_dim}, backend.activation_dtype()));
     }
     for (int64_t i = 0; i < delta_layers; ++i) {
       conv_states.push_back(backend.alloc({slots, config.linear_conv_kernel_dim - 1, conv_channels}, DType::F32));
-      delta_states.push_back(backend.alloc({slots, config.linear_num_value_heads, config.linear_key_head_dim,
-                                            config.linear_value_head_dim},
-                                           DType::F32));
+      delta_states.push_back(backend.alloc(
+          {slots, heads.value_heads, config.linear_key_head_dim, config.linear_value_head_dim}, DType::F32));
     }
   }
   int64_t slots() const override { return slots_; }
@@ -86,16 +111,20 @@ class HybridCache final : public ModelCache {
 
 class Qwen35Model final : public Model {
  public:
-  Qwen35Model(WeightMap& weights, const ModelConfig& config, Backend& backend)
-      : config_(config), backend_(backend), hybrid_(backend.hybrid_ops()) {
+  Qwen35Model(WeightMap& weights, const ModelConfig& config, Backend& backend, const TensorParallelRank& rank)
+      : config_(config),
+        backend_(backend),
+        hybrid_(backend.hybrid_ops()),
+        collective_(rank.collective),
+        heads_(hybrid_heads(config, rank)) {
     if (!hybrid_) fail("the {} backend has no Gated DeltaNet kernels: the qwen3_5 graph cannot run on it", backend.name());
     const int64_t hidden = config.hidden_size;
-    const int64_t ffn = config.intermediate_size;
-    const int64_t key_heads = config.linear_num_key_heads, key_dim = config.linear_key_head_dim;
-    const int64_t value_heads = config.linear_num_value_heads, value_dim = config.linear_value_head_dim;
+    const int64_t ffn = heads_.ffn;
+    const int64_t key_heads = heads_.key_heads, key_dim = config.linear_key_head_dim;
+    const int64_t value_heads = heads_.value_heads, value_dim = config.linear_value_head_dim;
     const int64_t conv_channels = 2 * key_heads * key_dim + value_heads * value_dim;
-    const int64_t q_width = config.num_attention_heads * config.head_dim;
-    const int64_t kv_width = config.num_key_value_heads * config.head_dim;
+    const int64_t q_width = heads_.heads * config.head_dim;
+    const int64_t kv_width = heads_.kv_heads * config.head_dim;
 
     auto take = [&](const std::string& name, const Shape& shape) { return backend.upload(weights.take(name, shape)); };
     embed_tokens_ = take("model.embed_tokens.weight", {config.vocab_size, hidden});
@@ -167,7 +196,7 @@ class Qwen35Model final : public Model {
   }
 
   std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
-    return std::make_unique<HybridCache>(backend_, config_, attention_layers_, delta_layers_, slots, capacity);
+    return std::make_unique<HybridCache>(backend_, config_, heads_, attention_layers_, delta_layers_, slots, capacity);
   }
 
   void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache, Tensor& logits) override {
@@ -203,8 +232,8 @@ class Qwen35Model final : public Model {
     Backend& ops = backend_;
     const GatedDeltaNetWeights& d = layer.delta;
     const int64_t tokens = x.dim(0);
-    const int64_t key_heads = config_.linear_num_key_heads, key_dim = config_.linear_key_head_dim;
-    const int64_t value_heads = config_.linear_num_value_heads, value_dim = config_.linear_value_head_dim;
+    const int64_t key_heads = heads_.key_heads, key_dim = config_.linear_key_head_dim;
+    const int64_t value_heads = heads_.value_heads, value_dim = config_.linear_value_head_dim;
     const DType act = ops.activation_dtype();
     Tensor qkv = ops.alloc({tokens, d.in_proj_qkv.dim(0)}, act);
     Tensor z = ops.alloc({tokens, value_heads, value_dim}, act);
@@ -232,6 +261,7 @@ class Qwen35Model final : public Model {
     hybrid_->gated_delta_rule(q, k, v, g, beta, layout, cache.delta_states[layer.state_index], core);
     hybrid_->rms_norm_gated(core, z, d.norm, static_cast<float>(config_.rms_norm_eps), core);
     ops.matmul(core.reshape({tokens, value_heads * value_dim}), d.out_proj, nullptr, out);
+    if (collective_) collective_->all_reduce_sum(out);
   }
 
   void gated_attention(const HybridLayer& layer, const Tensor& x, const BatchLayout& layout, HybridCache& cache,
@@ -239,7 +269,7 @@ class Qwen35Model final : public Model {
     Backend& ops = backend_;
     const GatedAttentionWeights& w = layer.attention;
     const int64_t tokens = x.dim(0);
-    const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
+    const int64_t heads = heads_.heads, kv_heads = heads_.kv_heads;
     const int64_t head_dim = config_.head_dim;
     const float eps = static_cast<float>(config_.rms_norm_eps);
     const DType act = ops.activation_dtype();
@@ -264,21 +294,25 @@ class Qwen35Model final : public Model {
                   1.0f / std::sqrt(static_cast<float>(head_dim)), attended);
     hybrid_->sigmoid_gate(attended, gate);
     ops.matmul(attended.reshape({tokens, heads * head_dim}), w.o_proj, nullptr, out);
+    if (collective_) collective_->all_reduce_sum(out);
   }
 
   void mlp(const HybridLayer& layer, const Tensor& x, Tensor& out) {
     Backend& ops = backend_;
-    Tensor gate = ops.alloc({x.dim(0), config_.intermediate_size}, ops.activation_dtype());
-    Tensor up = ops.alloc({x.dim(0), config_.intermediate_size}, ops.activation_dtype());
+    Tensor gate = ops.alloc({x.dim(0), heads_.ffn}, ops.activation_dtype());
+    Tensor up = ops.alloc({x.dim(0), heads_.ffn}, ops.activation_dtype());
     ops.matmul(x, layer.gate_proj, nullptr, gate);
     ops.matmul(x, layer.up_proj, nullptr, up);
     ops.swiglu(gate, up, gate);
     ops.matmul(gate, layer.down_proj, nullptr, out);
+    if (collective_) collective_->all_reduce_sum(out);
   }
 
   ModelConfig config_;
   Backend& backend_;
   HybridOps* hybrid_;
+  Collective* collective_;  // null: one rank
+  HybridHeads heads_;
   Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
   std::vector<HybridLayer> layers_;
   int64_t attention_layers_ = 0, delta_layers_ = 0;
@@ -287,8 +321,54 @@ class Qwen35Model final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig& config, Backend& backend) {
-  return std::make_unique<Qwen35Model>(weights, config, backend);
+std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig& config, Backend& backend,
+                                          const TensorParallelRank& rank) {
+  check_qwen3_5_tensor_parallel(config, rank.ranks);
+  return std::make_unique<Qwen35Model>(weights, config, backend, rank);
+}
+
+void check_qwen3_5_tensor_parallel(const ModelConfig& config, int ranks) {
+  check_attention_split(config, ranks);
+  check_divisible("intermediate_size", config.intermediate_size, ranks);
+  check_divisible("linear_num_key_heads", config.linear_num_key_heads, ranks);
+}
+
+TensorShard qwen3_5_tensor_shard(const ModelConfig& config, const TensorParallelRank& rank,
+                                 const std::string& canonical, const Shape&) {
+  auto ends_with = [&](const char* suffix) {
+    const std::string tail(suffix);
+    return canonical.size() >= tail.size() && canonical.compare(canonical.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const AttentionShard attention = attention_shard(config, rank);
+  const HybridHeads heads = hybrid_heads(config, rank);
+  const int64_t head_dim = config.head_dim;
+  const int64_t key_dim = config.linear_key_head_dim, value_dim = config.linear_value_head_dim;
+  const int64_t key_width = config.linear_num_key_heads * key_dim;
+  auto rows = [](std::vector<RowBlock> blocks) { return TensorShard{TensorShard::Axis::Rows, std::move(blocks)}; };
+  auto columns = [](int64_t first, int64_t count) { return TensorShard{TensorShard::Axis::Columns, {}, first, count}; };
+  // Gated attention: a head's q_proj rows are its query then its gate (2·head_dim).
+  if (ends_with("self_attn.q_proj.weight"))
+    return rows({{attention.first_head * 2 * head_dim, attention.heads * 2 * head_dim}});
+  if (ends_with("self_attn.k_proj.weight") || ends_with("self_attn.v_proj.weight"))
+    return rows({{attention.first_kv_head * head_dim, attention.kv_heads * head_dim}});
+  if (ends_with("self_attn.o_proj.weight"))
+    return columns(attention.first_head * head_dim, attention.heads * head_dim);
+  // Gated DeltaNet: in_proj_qkv and conv1d channels are [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)].
+  if (ends_with("linear_attn.in_proj_qkv.weight") || ends_with("linear_attn.conv1d.weight"))
+    return rows({{heads.first_key_head * key_dim, heads.key_heads * key_dim},
+                 {key_width + heads.first_key_head * key_dim, heads.key_heads * key_dim},
+                 {2 * key_width + heads.first_value_head * value_dim, heads.value_heads * value_dim}});
+  if (ends_with("linear_attn.in_proj_z.weight"))
+    return rows({{heads.first_value_head * value_dim, heads.value_heads * value_dim}});
+  for (const char* name : {"linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight", "linear_attn.dt_bias",
+                           "linear_attn.A_log"})
+    if (ends_with(name)) return rows({{heads.first_value_head, heads.value_heads}});
+  if (ends_with("linear_attn.out_proj.weight"))
+    return columns(heads.first_value_head * value_dim, heads.value_heads * value_dim);
+  if (ends_with("mlp.gate_proj.weight") || ends_with("mlp.up_proj.weight"))
+    return rows({{rank.rank * heads.ffn, heads.ffn}});
+  if (ends_with("mlp.down_proj.weight")) return columns(rank.rank * heads.ffn, heads.ffn);
+  return {};  // embedding, norms (layer, q/k, GDN gated), lm_head: replicated
 }
 
 }  // namespace kiln

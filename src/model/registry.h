@@ -21,6 +21,7 @@
 #include "io/config.h"
 #include "model/model.h"
 #include "model/profile.h"
+#include "model/tensor_parallel_rank.h"
 
 namespace kiln {
 
@@ -39,6 +40,8 @@ struct ModelImplementation {
   Loop loop = Loop::Autoregressive;
   Device backend = Device::CPU;
   Factory create;
+  // How the graph splits over tensor-parallel ranks; unsupported (empty) for graphs that cannot.
+  TensorParallelSupport tensor_parallel = {};
 };
 
 class ImplementationRegistry {
