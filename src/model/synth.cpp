@@ -16,13 +16,51 @@ namespace {
 
 using nlohmann::json;
 
-// Qwen3.5's schedule: every 4th layer is full attention, the rest Gated DeltaNet
-// (Qwen3_5TextConfig's full_attention_interval = 4), as a JSON list body.
-std::string hybrid_layer_types(int layers) {
-  std::string list;
-  for (int layer = 0; layer < layers; ++layer)
-    list += fmt::format("{}\"{}\"", layer ? ", " : "", (layer + 1) % 4 == 0 ? "full_attention" : "linear_attention");
-  return list;
+// The sizes that differ between the Qwen3.5 text shapes; every other field is Qwen3_5TextConfig's
+// default: head_dim 256, linear heads of 128 (16 key heads), conv kernel 4, partial rotary 0.25,
+// rope_theta 1e7, vocabulary 248320, every 4th layer full attention (full_attention_interval 4).
+struct Qwen35Sizes {
+  int hidden, intermediate, layers, heads, kv_heads, linear_value_heads;
+  bool tied;
+};
+
+json qwen3_5_text_config(const Qwen35Sizes& sizes) {
+  json layer_types = json::array();
+  for (int layer = 0; layer < sizes.layers; ++layer)
+    layer_types.push_back((layer + 1) % 4 == 0 ? "full_attention" : "linear_attention");
+  json config = json::parse(R"({
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "attention_bias": false,
+    "attention_dropout": 0.0,
+    "bos_token_id": null,
+    "eos_token_id": null,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "model_type": "qwen3_5_text",
+    "pad_token_id": null,
+    "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                        "partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"},
+    "torch_dtype": "bfloat16",
+    "use_cache": true,
+    "vocab_size": 248320
+  })");
+  config["hidden_size"] = sizes.hidden;
+  config["intermediate_size"] = sizes.intermediate;
+  config["num_hidden_layers"] = sizes.layers;
+  config["layer_types"] = layer_types;
+  config["num_attention_heads"] = sizes.heads;
+  config["num_key_value_heads"] = sizes.kv_heads;
+  config["linear_num_value_heads"] = sizes.linear_value_heads;
+  config["tie_word_embeddings"] = sizes.tied;
+  return config;
 }
 
 // The config.json files as published on the Hugging Face Hub, field for field (the Qwen3.5
@@ -142,73 +180,15 @@ const std::vector<SynthShape>& shape_table() {
       })")},
       // transformers' Qwen3_5TextConfig() defaults, which are the 9B model's text decoder
       // (configuration_qwen3_5.py), written as save_pretrained writes a Qwen3_5ForCausalLM.
-      {"qwen3.5-9b", "transformers Qwen3_5TextConfig defaults", json::parse(R"({
-        "architectures": ["Qwen3_5ForCausalLM"],
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": null,
-        "eos_token_id": null,
-        "head_dim": 256,
-        "hidden_act": "silu",
-        "hidden_size": 4096,
-        "initializer_range": 0.02,
-        "intermediate_size": 12288,
-        "layer_types": [)" + hybrid_layer_types(32) + R"(],
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
-        "linear_value_head_dim": 128,
-        "max_position_embeddings": 262144,
-        "model_type": "qwen3_5_text",
-        "num_attention_heads": 16,
-        "num_hidden_layers": 32,
-        "num_key_value_heads": 4,
-        "pad_token_id": null,
-        "partial_rotary_factor": 0.25,
-        "rms_norm_eps": 1e-06,
-        "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
-                            "partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"},
-        "tie_word_embeddings": false,
-        "torch_dtype": "bfloat16",
-        "use_cache": true,
-        "vocab_size": 248320
-      })")},
+      {"qwen3.5-9b", "transformers Qwen3_5TextConfig defaults",
+       qwen3_5_text_config({.hidden = 4096, .intermediate = 12288, .layers = 32, .heads = 16, .kv_heads = 4,
+                            .linear_value_heads = 32, .tied = false})},
       // A ~1.9B-parameter hybrid for 2B-class benchmarks: the published Qwen3.5-2B's hidden size
       // (2048), vocabulary and head geometry with the 3:1 linear/full schedule; the layer count
       // and MLP width are ours (the published config was not reachable), hence "-like".
-      {"qwen3.5-2b-like", "kiln (Qwen3.5-2B-sized; not a published config)", json::parse(R"({
-        "architectures": ["Qwen3_5ForCausalLM"],
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": null,
-        "eos_token_id": null,
-        "head_dim": 256,
-        "hidden_act": "silu",
-        "hidden_size": 2048,
-        "initializer_range": 0.02,
-        "intermediate_size": 6144,
-        "layer_types": [)" + hybrid_layer_types(24) + R"(],
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 16,
-        "linear_value_head_dim": 128,
-        "max_position_embeddings": 262144,
-        "model_type": "qwen3_5_text",
-        "num_attention_heads": 8,
-        "num_hidden_layers": 24,
-        "num_key_value_heads": 2,
-        "pad_token_id": null,
-        "partial_rotary_factor": 0.25,
-        "rms_norm_eps": 1e-06,
-        "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
-                            "partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"},
-        "tie_word_embeddings": true,
-        "torch_dtype": "bfloat16",
-        "use_cache": true,
-        "vocab_size": 248320
-      })")},
+      {"qwen3.5-2b-like", "kiln (Qwen3.5-2B-sized; not a published config)",
+       qwen3_5_text_config({.hidden = 2048, .intermediate = 6144, .layers = 24, .heads = 8, .kv_heads = 2,
+                            .linear_value_heads = 16, .tied = true})},
   };
   return table;
 }

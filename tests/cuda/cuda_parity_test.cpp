@@ -20,13 +20,6 @@
 namespace kiln::testing {
 namespace {
 
-TestModel open_cuda_model(const std::filesystem::path& dir, DType activations) {
-  TestModel loaded;
-  loaded.backend = make_cuda_backend(0, activations);
-  loaded.model = load_model(dir, *loaded.backend, LoadOptions{});
-  return loaded;
-}
-
 class CudaFixtureParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaFixtureParity, F32MatchesFloat64ReferenceAtEveryPosition) {

@@ -1,5 +1,5 @@
-// Helpers shared by the GPU tests (tests/cuda): skipping without a device, host tensors in any
-// dtype, and comparisons.
+// Helpers shared by the GPU tests (tests/cuda): skipping without a device, loading a fixture on the
+// GPU, host tensors in any dtype, and comparisons.
 #pragma once
 
 #include <cmath>
@@ -12,6 +12,8 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "model/loader.h"
+#include "model_test_support.h"
 
 // Skips the test, saying why, when this process sees no CUDA device (CI builds the GPU tests
 // with nvcc but runs them without a GPU).
@@ -20,6 +22,14 @@
   GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount reports none): GPU test skipped"
 
 namespace kiln::testing {
+
+// A fixture checkpoint loaded through the CLI's path onto a CUDA backend with `activations`.
+inline TestModel open_cuda_model(const std::filesystem::path& dir, DType activations) {
+  TestModel loaded;
+  loaded.backend = make_cuda_backend(0, activations);
+  loaded.model = load_model(dir, *loaded.backend, LoadOptions{});
+  return loaded;
+}
 
 // F32 values drawn from N(0, scale²).
 inline Tensor random_f32(const Shape& shape, std::mt19937& random, float scale = 1.0f) {

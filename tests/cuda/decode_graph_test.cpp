@@ -23,13 +23,6 @@
 namespace kiln::testing {
 namespace {
 
-TestModel open_cuda_model(const std::filesystem::path& dir, DType activations) {
-  TestModel loaded;
-  loaded.backend = make_cuda_backend(0, activations);
-  loaded.model = load_model(dir, *loaded.backend, LoadOptions{});
-  return loaded;
-}
-
 struct GraphCase {
   std::string fixture;
   std::string folder;  // "f32" | "bf16"
