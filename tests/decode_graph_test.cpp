@@ -189,23 +189,8 @@ TEST(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
   ReplayingCpuBackend backend;
   auto model = load_model(fixture / "f32", backend, LoadOptions{});
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
-  std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 6; ++i) {
-    GenerationRequest request;
-    request.prompt.assign(prompt.begin() + i * 7, prompt.begin() + i * 7 + 20 + 30 * i);
-    request.max_tokens = 10 + i;
-    request.sampling = {i % 2 ? 0.8f : 0.0f, i == 3 ? 0 : 40, i == 5 ? 0.9f : 1.0f, i == 1 ? 0.05f : 0.0f,
-                        static_cast<uint64_t>(100 + i)};
-    request.top_logprobs = i == 2 ? 3 : 0;
-    requests.push_back(request);
-  }
-  std::vector<std::vector<int32_t>> solo;
-  for (const auto& request : requests) {
-    GenerationOptions options;
-    options.max_tokens = request.max_tokens;
-    options.sampling = request.sampling;
-    solo.push_back(generate(*model, request.prompt, options).tokens);
-  }
+  const std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, 10);
+  const std::vector<std::vector<int32_t>> solo = solo_tokens(*model, requests);
   const int solo_replays = backend.replays;
   SchedulerOptions options;
   options.max_batch = 3;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/generation.h"
 #include "model/loader.h"
 
 namespace kiln::testing {
@@ -45,6 +46,31 @@ std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir) {
   std::ifstream in(fixture_dir / "ref.json");
   if (!in) fail("{}: cannot open ref.json", fixture_dir.string());
   return nlohmann::json::parse(in)["prompt_ids"].get<std::vector<int32_t>>();
+}
+
+std::vector<GenerationRequest> mixed_scheduler_requests(const std::vector<int32_t>& prompt, int64_t base_max_tokens) {
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest request;
+    request.prompt.assign(prompt.begin() + i * 7, prompt.begin() + i * 7 + 20 + 30 * i);
+    request.max_tokens = base_max_tokens + i;
+    request.sampling = {i % 2 ? 0.8f : 0.0f, i == 3 ? 0 : 40, i == 5 ? 0.9f : 1.0f, i == 1 ? 0.05f : 0.0f,
+                        static_cast<uint64_t>(100 + i)};
+    request.top_logprobs = i == 2 ? 3 : 0;
+    requests.push_back(request);
+  }
+  return requests;
+}
+
+std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<GenerationRequest>& requests) {
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& request : requests) {
+    GenerationOptions options;
+    options.max_tokens = request.max_tokens;
+    options.sampling = request.sampling;
+    solo.push_back(generate(model, request.prompt, options).tokens);
+  }
+  return solo;
 }
 
 }  // namespace kiln::testing

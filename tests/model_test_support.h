@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/scheduler.h"
 #include "core/tensor.h"
 #include "io/npy.h"
 #include "model/model.h"
@@ -26,5 +27,13 @@ std::vector<double> row_relative_errors(const Tensor& ours, const NpyArray& refe
 
 // The fixture's prompt ids (ref.json "prompt_ids").
 std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir);
+
+// Six requests over windows of `prompt` (lengths 20..170) mixing greedy and sampled decoding,
+// top-k / top-p / min-p, and top logprobs on request 2: each must equal its solo generate() run
+// however the scheduler batches it. max_tokens is base_max_tokens + i.
+std::vector<GenerationRequest> mixed_scheduler_requests(const std::vector<int32_t>& prompt, int64_t base_max_tokens);
+
+// Each request's tokens from generate() on its own (the reference a scheduled run must equal).
+std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<GenerationRequest>& requests);
 
 }  // namespace kiln::testing

@@ -49,13 +49,7 @@ TEST(Scheduler, ConcurrentRequestsEqualTheirSoloRuns) {
     requests.push_back(make_request(std::vector<int32_t>(prompt.begin() + i * 7, prompt.begin() + i * 7 + 20 + 30 * i),
                                     12 + i, i % 2 ? 0.8f : 0.0f, 100 + i));
 
-  std::vector<std::vector<int32_t>> solo;
-  for (const auto& request : requests) {
-    GenerationOptions options;
-    options.max_tokens = request.max_tokens;
-    options.sampling = request.sampling;
-    solo.push_back(generate(*loaded.model, request.prompt, options).tokens);
-  }
+  const std::vector<std::vector<int32_t>> solo = solo_tokens(*loaded.model, requests);
 
   SchedulerOptions options;
   options.max_batch = 4;  // fewer slots than requests: some wait and join mid-flight

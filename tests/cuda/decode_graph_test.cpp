@@ -217,23 +217,8 @@ TEST(DecodeGraphScheduler, ConcurrentRequestsEqualTheirSoloRuns) {
   const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
   TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
-  std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 6; ++i) {
-    GenerationRequest request;
-    request.prompt.assign(prompt.begin() + i * 7, prompt.begin() + i * 7 + 20 + 30 * i);
-    request.max_tokens = 30 + i;
-    request.sampling = {i % 2 ? 0.8f : 0.0f, i == 3 ? 0 : 40, i == 5 ? 0.9f : 1.0f, i == 1 ? 0.05f : 0.0f,
-                        static_cast<uint64_t>(100 + i)};
-    request.top_logprobs = i == 2 ? 3 : 0;
-    requests.push_back(request);
-  }
-  std::vector<std::vector<int32_t>> solo;
-  for (const auto& request : requests) {
-    GenerationOptions options;
-    options.max_tokens = request.max_tokens;
-    options.sampling = request.sampling;
-    solo.push_back(generate(*loaded.model, request.prompt, options).tokens);
-  }
+  const std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, 30);
+  const std::vector<std::vector<int32_t>> solo = solo_tokens(*loaded.model, requests);
   SchedulerOptions options;
   options.max_batch = 3;
   options.context_tokens = 512;
