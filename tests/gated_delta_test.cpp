@@ -337,6 +337,28 @@ TEST(GatedDeltaConv, RejectsBadShapesAndSpans) {
 
 // --- q/k normalisation and gates -----------------------------------------------------------------
 
+// The span checks every recurrent-state op shares (check_recurrent_spans, backend.h), through the
+// CPU conv: each failure names the op and the offending span.
+TEST(GatedDeltaConv, SpanErrorsNameTheOpAndTheSpan) {
+  const Tensor x = Tensor::zeros({4, 8}, DType::F32);
+  const Tensor weight = Tensor::zeros({8, 4}, DType::F32);
+  Tensor state = Tensor::zeros({2, 3, 8}, DType::F32);
+  Tensor out = Tensor::zeros({4, 8}, DType::F32);
+  auto message_of = [&](const std::vector<SequenceSpan>& spans) -> std::string {
+    try {
+      causal_conv1d_silu(x, weight, spans, state, out);
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(message_of({{0, 2, 3, 0}}),
+            "causal_conv1d_silu: span (slot 0, first_token 2, tokens 3, first_position 0) lies outside the 4 tokens "
+            "of the batch");
+  EXPECT_EQ(message_of({{2, 0, 4, 0}}), "causal_conv1d_silu: span slot 2 is outside the 2 slots of the state");
+  EXPECT_EQ(message_of({{1, 0, 2, 0}, {1, 2, 2, 0}}), "causal_conv1d_silu: two spans of one batch use slot 1");
+}
+
 TEST(GatedDeltaPrepare, NormalisesAndScalesPerHead) {
   const int64_t tokens = 5, key_heads = 2, key_dim = 12, value_heads = 4, value_dim = 6;
   const int64_t width = 2 * key_heads * key_dim + value_heads * value_dim;

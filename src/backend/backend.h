@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,12 @@ class GraphOps {
   virtual void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
                              Tensor& logprobs) = 0;
 };
+
+// For ops over per-sequence recurrent state (the hybrid ops): every span lies inside the batch's
+// `total_tokens` and owns a distinct slot below `slots` (each span's work writes its slot's state).
+// Fails naming `op` and the offending span.
+void check_recurrent_spans(std::span<const SequenceSpan> spans, int64_t total_tokens, int64_t slots,
+                           const std::string& op);
 
 // eps of the GDN q/k L2 norm (HF-Q35 `l2norm(x, dim=-1, eps=1e-6)`, spec A.6.3), for every backend.
 inline constexpr float kGatedDeltaL2NormEps = 1e-6f;

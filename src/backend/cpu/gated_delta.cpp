@@ -42,21 +42,6 @@ std::vector<float> widen_weight(const Tensor& weight, const char* op, const char
   return values;
 }
 
-// Spans must lie inside the batch and own distinct slots (each task writes its slot's state).
-void check_spans(std::span<const SequenceSpan> spans, int64_t total_tokens, int64_t slots, const char* op) {
-  std::vector<bool> slot_taken(static_cast<size_t>(slots), false);
-  for (const SequenceSpan& span : spans) {
-    if (span.tokens < 0 || span.first_token < 0 || span.first_position < 0 ||
-        int64_t{span.first_token} + span.tokens > total_tokens)
-      fail("{}: span (slot {}, first_token {}, tokens {}, first_position {}) lies outside the {} tokens "
-           "of the batch", op, span.slot, span.first_token, span.tokens, span.first_position, total_tokens);
-    if (span.slot < 0 || span.slot >= slots)
-      fail("{}: span slot {} is outside the {} slots of the state", op, span.slot, slots);
-    if (slot_taken[static_cast<size_t>(span.slot)]) fail("{}: two spans of one batch use slot {}", op, span.slot);
-    slot_taken[static_cast<size_t>(span.slot)] = true;
-  }
-}
-
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 // torch.nn.functional.softplus with beta 1 and threshold 20.
@@ -135,7 +120,7 @@ DeltaRuleShape check_delta_rule(const Tensor& q, const Tensor& k, const Tensor& 
   require_shape(beta, {shape.total_tokens, shape.value_heads}, op, "beta");
   require_shape(state, {shape.slots, shape.value_heads, shape.key_dim, shape.value_dim}, op, "state");
   require_shape(out, v.shape(), op, "out");
-  check_spans(spans, shape.total_tokens, shape.slots, op);
+  check_recurrent_spans(spans, shape.total_tokens, shape.slots, op);
   return shape;
 }
 
@@ -360,7 +345,7 @@ void causal_conv1d_silu(const Tensor& x, const Tensor& weight, std::span<const S
   require_shape(conv_state, {conv_state.dim(0), kernel - 1, channels}, op, "conv_state");
   require_shape(out, x.shape(), op, "out");
   if (out.raw() == x.raw() && x.numel() > 0) fail("{}: out must not alias x (earlier inputs are re-read)", op);
-  check_spans(spans, x.dim(0), conv_state.dim(0), op);
+  check_recurrent_spans(spans, x.dim(0), conv_state.dim(0), op);
   const std::vector<float> weight_f32 = widen_weight(weight, op, "weight");
   std::vector<float> taps(weight_f32.size());
   for (int64_t c = 0; c < channels; ++c)

@@ -838,21 +838,14 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     }
   }
 
-  // A recurrent-state op's layout: made by this backend, one distinct slot per span, slots inside
-  // the state (each span's kernel block owns its slot's state).
+  // A recurrent-state op's layout: made by this backend, spans inside the batch with one distinct
+  // slot each, inside the state.
   static void check_state_layout(const BatchLayout& layout, int64_t tokens, int64_t slots, const char* op) {
     if (layout.total_tokens != tokens)
       fail("CUDA {}: the layout has {} tokens but the inputs have {}", op, layout.total_tokens, tokens);
     if (layout.spans_device.device() != Device::CUDA)
       fail("CUDA {}: the batch layout was not made by this backend (make_layout)", op);
-    std::vector<bool> taken(static_cast<size_t>(slots), false);
-    for (size_t index = 0; index < layout.spans.size(); ++index) {
-      const SequenceSpan& span = layout.spans[index];
-      if (span.slot < 0 || span.slot >= slots)
-        fail("CUDA {}: span {} uses slot {} but the state has {} slots", op, index, span.slot, slots);
-      if (taken[static_cast<size_t>(span.slot)]) fail("CUDA {}: two spans of one batch use slot {}", op, span.slot);
-      taken[static_cast<size_t>(span.slot)] = true;
-    }
+    check_recurrent_spans(layout.spans, tokens, slots, std::string("CUDA ") + op);
   }
 
   int device_;

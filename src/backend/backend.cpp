@@ -1,0 +1,22 @@
+#include "backend/backend.h"
+
+#include "core/error.h"
+
+namespace kiln {
+
+void check_recurrent_spans(std::span<const SequenceSpan> spans, int64_t total_tokens, int64_t slots,
+                           const std::string& op) {
+  std::vector<bool> slot_taken(static_cast<size_t>(slots), false);
+  for (const SequenceSpan& span : spans) {
+    if (span.tokens < 0 || span.first_token < 0 || span.first_position < 0 ||
+        int64_t{span.first_token} + span.tokens > total_tokens)
+      fail("{}: span (slot {}, first_token {}, tokens {}, first_position {}) lies outside the {} tokens "
+           "of the batch", op, span.slot, span.first_token, span.tokens, span.first_position, total_tokens);
+    if (span.slot < 0 || span.slot >= slots)
+      fail("{}: span slot {} is outside the {} slots of the state", op, span.slot, slots);
+    if (slot_taken[static_cast<size_t>(span.slot)]) fail("{}: two spans of one batch use slot {}", op, span.slot);
+    slot_taken[static_cast<size_t>(span.slot)] = true;
+  }
+}
+
+}  // namespace kiln
