@@ -1,12 +1,13 @@
 // kiln_cuda_bench: the CUDA backend's performance-critical ops against the device's ceilings.
 //
-//   decode matmul (bf16 and f32 weights, m = 1/8/16): weight bytes per second over the measured
-//     device-to-device copy bandwidth (the decode roofline). Each shape cycles through enough
-//     weight copies to exceed the 60 MB L2, so the figure is HBM bandwidth, not cache.
+//   decode matmul (bf16 and f32 weights, m = 1/8/16, and the q/k/v and gate/up groups): weight
+//     bytes per second over the measured device-to-device copy bandwidth (the decode roofline),
+//     timed inside a captured CUDA graph as decode steps run them. Each shape cycles through
+//     enough weight copies to exceed the 60 MB L2, so the figure is HBM bandwidth, not cache.
 //   prefill matmul (bf16, m = 512/4096): TFLOP/s.
 //   attention: decode (1 token per sequence, split-KV) in KV bytes per second; prefill TFLOP/s.
 //
-// Times are host wall clock over many back-to-back launches between two synchronize() calls
+// Other times are host wall clock over many back-to-back launches between two synchronize() calls
 // (launches are queued asynchronously, so the device never waits on the host for these sizes).
 // Prints one table; figures go to docs/perf.md with the date, device and commit.
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 
 namespace kiln {
@@ -59,6 +61,18 @@ double seconds_per_call(Backend& backend, int calls, Body&& body) {
   return samples[samples.size() / 2];
 }
 
+// Seconds per call of `body` inside a captured CUDA graph (how decode steps run them): `calls`
+// calls are recorded once, then the graph is replayed; the median of five timed replays.
+template <typename Body>
+double seconds_per_captured_call(Backend& backend, int calls, Body&& body) {
+  GraphOps* graphs = backend.graph_ops();
+  if (!graphs) fail("kiln_cuda_bench: the backend cannot capture graphs");
+  std::unique_ptr<CapturedWork> work = graphs->capture([&] {
+    for (int i = 0; i < calls; ++i) body(i);
+  });
+  return seconds_per_call(backend, 1, [&](int) { work->replay(); }) / calls;
+}
+
 struct MatmulShape {
   const char* what;
   int64_t m, n, k;
@@ -82,10 +96,38 @@ void bench_decode_matmul(DType act, double copy_gbps) {
       weights.push_back(cuda->upload(random_host({shape.n, shape.k}, act, random, 0.02f)));
     Tensor x = cuda->upload(random_host({shape.m, shape.k}, act, random, 1.0f));
     Tensor out = cuda->alloc({shape.m, shape.n}, act);
-    const double seconds = seconds_per_call(*cuda, 200, [&](int i) { cuda->matmul(x, weights[i % copies], nullptr, out); });
+    const double seconds =
+        seconds_per_captured_call(*cuda, 100, [&](int i) { cuda->matmul(x, weights[i % copies], nullptr, out); });
     const double gbps = weight_bytes / seconds / 1e9;
-    std::printf("decode matmul %-5s %-16s m=%-3lld %9.1f us %8.1f GB/s %6.1f %% of copy\n", std::string(dtype_name(act)).c_str(),
-                shape.what, static_cast<long long>(shape.m), seconds * 1e6, gbps, 100 * gbps / copy_gbps);
+    std::printf("decode matmul %-5s %-16s m=%-3lld %9.1f us %8.1f GB/s %6.1f %% of copy (in a graph)\n",
+                std::string(dtype_name(act)).c_str(), shape.what, static_cast<long long>(shape.m), seconds * 1e6, gbps,
+                100 * gbps / copy_gbps);
+  }
+  if (act != DType::BF16) return;
+  // Groups: the products a layer takes from one input (Llama-3-8B q/k/v and gate/up).
+  struct Group {
+    const char* what;
+    std::vector<int64_t> widths;
+  };
+  for (const Group& group : {Group{"q/k/v group", {4096, 1024, 1024}}, Group{"gate/up group", {14336, 14336}}}) {
+    const int64_t k = 4096;
+    size_t group_bytes = 0;
+    for (int64_t n : group.widths) group_bytes += static_cast<size_t>(n * k) * dtype_size(act);
+    const int copies = static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / group_bytes + 1));
+    std::vector<std::vector<Tensor>> weights(copies);
+    std::vector<Tensor> outs;
+    for (int i = 0; i < copies; ++i)
+      for (int64_t n : group.widths) weights[i].push_back(cuda->upload(random_host({n, k}, act, random, 0.02f)));
+    for (int64_t n : group.widths) outs.push_back(cuda->alloc({1, n}, act));
+    Tensor x = cuda->upload(random_host({1, k}, act, random, 1.0f));
+    const double seconds = seconds_per_captured_call(*cuda, 100, [&](int i) {
+      std::vector<MatmulTarget> targets;
+      for (size_t t = 0; t < outs.size(); ++t) targets.push_back({&weights[i % copies][t], nullptr, &outs[t]});
+      cuda->matmul_group(x, targets);
+    });
+    const double gbps = group_bytes / seconds / 1e9;
+    std::printf("decode matmul BF16  %-16s m=1   %9.1f us %8.1f GB/s %6.1f %% of copy (in a graph)\n", group.what,
+                seconds * 1e6, gbps, 100 * gbps / copy_gbps);
   }
 }
 
@@ -155,6 +197,107 @@ void bench_attention(DType act, double copy_gbps) {
   }
 }
 
+// Every decode launch shape (kernels.h) on the products of a Llama-3-8B and a Llama-3.2-1B layer at
+// m = 1, each timed in a captured graph: the data behind launch_matmul_bf16's choice of shape.
+void bench_decode_shapes(double copy_gbps) {
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(5);
+  struct Products {
+    const char* what;
+    int64_t k;
+    std::vector<int64_t> widths;
+  };
+  const std::vector<Products> all = {
+      {"8B q/k/v", 4096, {4096, 1024, 1024}}, {"8B o", 4096, {4096}},     {"8B gate/up", 4096, {14336, 14336}},
+      {"8B down", 14336, {4096}},             {"1B q/k/v", 2048, {2048, 512, 512}}, {"1B o", 2048, {2048}},
+      {"1B gate/up", 2048, {8192, 8192}},     {"1B down", 8192, {2048}}};
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) fail("cudaStreamCreate failed");
+  for (const Products& products : all) {
+    size_t bytes = 0;
+    for (int64_t n : products.widths) bytes += static_cast<size_t>(n * products.k) * 2;
+    const int copies = static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / bytes + 1));
+    std::vector<Tensor> keep;
+    Tensor x = cuda->upload(random_host({1, products.k}, DType::BF16, random, 1.0f));
+    std::vector<std::vector<cuda::MatmulArgs>> calls(copies);
+    for (int i = 0; i < copies; ++i)
+      for (int64_t n : products.widths) {
+        keep.push_back(cuda->upload(random_host({n, products.k}, DType::BF16, random, 0.02f)));
+        keep.push_back(cuda->alloc({1, n}, DType::BF16));
+        cuda::MatmulArgs args;
+        args.x = x.raw();
+        args.w = keep[keep.size() - 2].raw();
+        args.out = keep.back().raw();
+        args.m = 1, args.n = n, args.k = products.k;
+        args.x_dtype = args.w_dtype = args.out_dtype = DType::BF16;
+        calls[i].push_back(args);
+      }
+    cuda->synchronize();
+    std::printf("decode shapes %-11s", products.what);
+    for (int shape = 0; shape < cuda::decode_launch_shape_count(1); ++shape) {
+      constexpr int kCalls = 60, kReplays = 20;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      for (int i = 0; i < kCalls; ++i)
+        cuda::launch_matmul_bf16_decode(calls[i % copies].data(), static_cast<int>(products.widths.size()), shape,
+                                        stream);
+      if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
+          cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+        fail("capturing decode shape {} failed", shape);
+      cudaGraphLaunch(exec, stream);
+      cudaStreamSynchronize(stream);
+      const auto start = std::chrono::steady_clock::now();
+      for (int replay = 0; replay < kReplays; ++replay) cudaGraphLaunch(exec, stream);
+      if (cudaStreamSynchronize(stream) != cudaSuccess) fail("decode shape {} failed", shape);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / (kCalls * kReplays);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      const cuda::DecodeLaunchShape launch = cuda::decode_launch_shape(1, shape);
+      std::printf("  %dx%dx%d %5.1fus %4.1f%%", launch.columns, launch.warps, launch.stages, seconds * 1e6,
+                  100 * bytes / seconds / 1e9 / copy_gbps);
+    }
+    std::printf("\n");
+  }
+  cudaStreamDestroy(stream);
+}
+
+// The small ops of a Llama-3-8B decode step at batch 1 (and a context of 512 for attention), each
+// timed in a captured graph: what a layer spends between its matmuls.
+void bench_decode_ops() {
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(6);
+  const int64_t hidden = 4096, ffn = 14336, heads = 32, kv_heads = 8, head_dim = 128, context = 512;
+  Tensor residual = cuda->upload(random_host({1, hidden}, DType::F32, random, 1.0f));
+  Tensor delta = cuda->upload(random_host({1, hidden}, DType::F32, random, 1.0f));
+  Tensor gain = cuda->upload(random_host({hidden}, DType::BF16, random, 1.0f));
+  Tensor normed = cuda->alloc({1, hidden}, DType::BF16);
+  Tensor gate = cuda->upload(random_host({1, ffn}, DType::BF16, random, 1.0f));
+  Tensor up = cuda->upload(random_host({1, ffn}, DType::BF16, random, 1.0f));
+  Tensor q = cuda->upload(random_host({1, heads, head_dim}, DType::BF16, random, 1.0f));
+  Tensor k = cuda->upload(random_host({1, kv_heads, head_dim}, DType::BF16, random, 1.0f));
+  Tensor v = cuda->upload(random_host({1, kv_heads, head_dim}, DType::BF16, random, 1.0f));
+  Tensor k_cache = cuda->alloc({1, context, kv_heads, head_dim}, DType::BF16);
+  Tensor v_cache = cuda->alloc({1, context, kv_heads, head_dim}, DType::BF16);
+  cuda->zero(k_cache);
+  cuda->zero(v_cache);
+  Tensor inv_freq = cuda->upload(random_host({head_dim / 2}, DType::F32, random, 0.5f));
+  const BatchLayout layout = cuda->make_layout({{0, 0, 1, static_cast<int32_t>(context - 1)}}, {0});
+  Tensor attended = cuda->alloc({1, heads, head_dim}, DType::BF16);
+  auto report = [](const char* what, double seconds) { std::printf("decode op %-28s %7.2f us (in a graph)\n", what, seconds * 1e6); };
+  report("add_rms_norm 4096 (f32 stream)", seconds_per_captured_call(*cuda, 100, [&](int) {
+           cuda->add_rms_norm(residual, delta, gain, 1e-5f, NormStyle::Plain, normed);
+         }));
+  report("swiglu 14336", seconds_per_captured_call(*cuda, 100, [&](int) { cuda->swiglu(gate, up, gate); }));
+  report("rope_kv_write 32/8 heads x 128", seconds_per_captured_call(*cuda, 100, [&](int) {
+           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), k_cache, v_cache);
+         }));
+  report("attention ctx 512", seconds_per_captured_call(*cuda, 100, [&](int) {
+           cuda->attention(q, k_cache, v_cache, layout, 0.088f, attended);
+         }));
+}
+
 // Host-side cost per op: ops too small for the device to matter, back to back. Decode steps of
 // small models are bounded by this unless the launches are captured (CUDA graphs).
 void bench_launch() {
@@ -173,7 +316,7 @@ void bench_launch() {
 }  // namespace
 }  // namespace kiln
 
-// Sections to run: any of launch, decode, prefill, attention (default: all).
+// Sections to run: any of launch, decode, decode-shapes, decode-ops, prefill, attention (default: all).
 int main(int argc, char** argv) {
   using namespace kiln;
   try {
@@ -194,6 +337,8 @@ int main(int argc, char** argv) {
       bench_decode_matmul(DType::BF16, copy_gbps);
       bench_decode_matmul(DType::F32, copy_gbps);
     }
+    if (wanted("decode-shapes")) bench_decode_shapes(copy_gbps);
+    if (wanted("decode-ops")) bench_decode_ops();
     if (wanted("prefill")) bench_prefill_matmul();
     if (wanted("attention")) {
       bench_attention(DType::BF16, copy_gbps);

@@ -4,6 +4,19 @@
 
 namespace kiln {
 
+void Backend::matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) {
+  if (targets.size() > kMaxMatmulGroup)
+    fail("{} matmul_group: {} products, at most {} are taken", name(), targets.size(), kMaxMatmulGroup);
+  for (const MatmulTarget& target : targets) matmul(x, *target.w, target.bias, *target.out);
+}
+
+void Backend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
+                            int rotary_dim, Tensor& k_cache, Tensor& v_cache) {
+  rope(q, layout.positions, inv_freq, rotary_dim);
+  rope(k, layout.positions, inv_freq, rotary_dim);
+  kv_write(k, v, layout, k_cache, v_cache);
+}
+
 void check_recurrent_spans(std::span<const SequenceSpan> spans, int64_t total_tokens, int64_t slots,
                            const std::string& op) {
   std::vector<bool> slot_taken(static_cast<size_t>(slots), false);

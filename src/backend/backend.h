@@ -37,6 +37,15 @@ struct BatchLayout {
   Tensor spans_device;  // [S, 4] = {slot, first_token, tokens, first_position}
 };
 
+// One product of a matmul group: out = x·wᵀ (+ bias), w [N, K] in its stored dtype.
+struct MatmulTarget {
+  const Tensor* w = nullptr;
+  const Tensor* bias = nullptr;  // or null
+  Tensor* out = nullptr;
+};
+// The most products one matmul_group takes (a GDN layer's qkv, z, b and a projections).
+inline constexpr size_t kMaxMatmulGroup = 4;
+
 enum class NormStyle {
   Plain,        // Llama: y = w · x̂
   ZeroCentred,  // Qwen3.5: y = (1 + w) · x̂, with 1 + w in f32
@@ -70,6 +79,10 @@ class Backend {
   virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
   // out[t, n] = Σ_k x[t, k] · w[n, k] (+ bias[n]); w is [N, K] in its stored dtype.
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) = 0;
+  // The products of one x with up to kMaxMatmulGroup weights (q/k/v, gate/up): every output
+  // element bit-identical to its own matmul call, in one launch on backends where that is faster
+  // (the default is one matmul per target).
+  virtual void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets);
   // Row-wise RMSNorm over the last axis of x viewed as [R, D].
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) = 0;
   // residual += delta; out = rms_norm(residual). One pass (fused on backends that can).
@@ -87,6 +100,10 @@ class Backend {
   // k_cache/v_cache are [slots, capacity, kv_heads, head_dim]; writes row (slot[t], position[t]).
   virtual void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
                         Tensor& v_cache) = 0;
+  // rope(q); rope(k); kv_write(k, v), with k rotated in place too: the attention inputs of a step
+  // in one op (one kernel on CUDA), every element bit-identical to the three ops.
+  virtual void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
+                             int rotary_dim, Tensor& k_cache, Tensor& v_cache);
   // Causal GQA attention of q [T, heads, head_dim] over the cache rows 0..positions[t] of its
   // slot; query head h reads kv head h / (heads / kv_heads). out is [T, heads, head_dim].
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

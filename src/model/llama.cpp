@@ -158,13 +158,14 @@ class LlamaModel final : public Model {
     const DType act = backend_.activation_dtype();
     Backend& ops = backend_;
 
-    Tensor residual = ops.alloc({tokens, hidden}, act);
+    // The residual stream and the products that join it stay f32 (see model.h).
+    Tensor residual = ops.alloc({tokens, hidden}, DType::F32);
     Tensor normed = ops.alloc({tokens, hidden}, act);
     Tensor q = ops.alloc({tokens, heads, head_dim}, act);
     Tensor k = ops.alloc({tokens, kv_heads, head_dim}, act);
     Tensor v = ops.alloc({tokens, kv_heads, head_dim}, act);
     Tensor attention = ops.alloc({tokens, heads, head_dim}, act);
-    Tensor projected = ops.alloc({tokens, hidden}, act);
+    Tensor projected = ops.alloc({tokens, hidden}, DType::F32);
     Tensor gate = ops.alloc({tokens, ffn_}, act);
     Tensor up = ops.alloc({tokens, ffn_}, act);
     auto flat = [](const Tensor& t) { return t.reshape({t.dim(0), t.numel() / t.dim(0)}); };
@@ -175,23 +176,23 @@ class LlamaModel final : public Model {
     for (size_t index = 0; index < layers_.size(); ++index) {
       const LlamaLayer& layer = layers_[index];
       Tensor q_flat = flat(q), k_flat = flat(k), v_flat = flat(v);
-      ops.matmul(normed, layer.q_proj, optional(layer.q_bias), q_flat);
-      ops.matmul(normed, layer.k_proj, optional(layer.k_bias), k_flat);
-      ops.matmul(normed, layer.v_proj, optional(layer.v_bias), v_flat);
+      const MatmulTarget qkv[] = {{&layer.q_proj, optional(layer.q_bias), &q_flat},
+                                  {&layer.k_proj, optional(layer.k_bias), &k_flat},
+                                  {&layer.v_proj, optional(layer.v_bias), &v_flat}};
+      ops.matmul_group(normed, qkv);
       if (config_.qk_norm) {
         ops.rms_norm(q, layer.q_norm, eps, NormStyle::Plain, q);
         ops.rms_norm(k, layer.k_norm, eps, NormStyle::Plain, k);
       }
-      ops.rope(q, layout.positions, inv_freq_, rotary_dim_);
-      ops.rope(k, layout.positions, inv_freq_, rotary_dim_);
-      ops.kv_write(k, v, layout, cache.keys[index], cache.values[index]);
+      ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, cache.keys[index], cache.values[index]);
       ops.attention(q, cache.keys[index], cache.values[index], layout, scale, attention);
       ops.matmul(flat(attention), layer.o_proj, optional(layer.o_bias), projected);
       if (collective_) collective_->all_reduce_sum(projected);
       ops.add_rms_norm(residual, projected, layer.post_attention_norm, eps, NormStyle::Plain, normed);
 
-      ops.matmul(normed, layer.gate_proj, optional(layer.gate_bias), gate);
-      ops.matmul(normed, layer.up_proj, optional(layer.up_bias), up);
+      const MatmulTarget gate_up[] = {{&layer.gate_proj, optional(layer.gate_bias), &gate},
+                                      {&layer.up_proj, optional(layer.up_bias), &up}};
+      ops.matmul_group(normed, gate_up);
       ops.swiglu(gate, up, gate);
       ops.matmul(gate, layer.down_proj, optional(layer.down_bias), projected);
       if (collective_) collective_->all_reduce_sum(projected);

@@ -204,9 +204,10 @@ class Qwen35Model final : public Model {
     const int64_t tokens = layout.total_tokens;
     const float eps = static_cast<float>(config_.rms_norm_eps);
     Backend& ops = backend_;
-    Tensor residual = ops.alloc({tokens, config_.hidden_size}, ops.activation_dtype());
+    // The residual stream and the products that join it stay f32 (see model.h).
+    Tensor residual = ops.alloc({tokens, config_.hidden_size}, DType::F32);
     Tensor normed = ops.alloc({tokens, config_.hidden_size}, ops.activation_dtype());
-    Tensor mixed = ops.alloc({tokens, config_.hidden_size}, ops.activation_dtype());
+    Tensor mixed = ops.alloc({tokens, config_.hidden_size}, DType::F32);
 
     ops.embedding(embed_tokens_, layout.token_ids, residual);
     ops.rms_norm(residual, layers_.front().input_norm, eps, NormStyle::ZeroCentred, normed);
@@ -239,11 +240,11 @@ class Qwen35Model final : public Model {
     Tensor z = ops.alloc({tokens, value_heads, value_dim}, act);
     Tensor b = ops.alloc({tokens, value_heads}, act);
     Tensor a = ops.alloc({tokens, value_heads}, act);
-    ops.matmul(x, d.in_proj_qkv, nullptr, qkv);
     Tensor z_flat = z.reshape({tokens, value_heads * value_dim});
-    ops.matmul(x, d.in_proj_z, nullptr, z_flat);
-    ops.matmul(x, d.in_proj_b, nullptr, b);
-    ops.matmul(x, d.in_proj_a, nullptr, a);
+    const MatmulTarget projections[] = {
+        {&d.in_proj_qkv, nullptr, &qkv}, {&d.in_proj_z, nullptr, &z_flat}, {&d.in_proj_b, nullptr, &b},
+        {&d.in_proj_a, nullptr, &a}};
+    ops.matmul_group(x, projections);
 
     Tensor convolved = ops.alloc(qkv.shape(), act);
     hybrid_->causal_conv1d_silu(qkv, d.conv1d, layout, cache.conv_states[layer.state_index], convolved);
@@ -275,20 +276,19 @@ class Qwen35Model final : public Model {
     const DType act = ops.activation_dtype();
     Tensor query_and_gate = ops.alloc({tokens, heads, 2 * head_dim}, act);
     Tensor query_and_gate_flat = query_and_gate.reshape({tokens, 2 * heads * head_dim});
-    ops.matmul(x, w.q_proj, nullptr, query_and_gate_flat);
-    Tensor q = ops.alloc({tokens, heads, head_dim}, act);
-    Tensor gate = ops.alloc({tokens, heads, head_dim}, act);
-    hybrid_->split_query_gate(query_and_gate, q, gate);
     Tensor k = ops.alloc({tokens, kv_heads, head_dim}, act);
     Tensor v = ops.alloc({tokens, kv_heads, head_dim}, act);
     Tensor k_flat = k.reshape({tokens, kv_heads * head_dim}), v_flat = v.reshape({tokens, kv_heads * head_dim});
-    ops.matmul(x, w.k_proj, nullptr, k_flat);
-    ops.matmul(x, w.v_proj, nullptr, v_flat);
+    const MatmulTarget projections[] = {
+        {&w.q_proj, nullptr, &query_and_gate_flat}, {&w.k_proj, nullptr, &k_flat}, {&w.v_proj, nullptr, &v_flat}};
+    ops.matmul_group(x, projections);
+    Tensor q = ops.alloc({tokens, heads, head_dim}, act);
+    Tensor gate = ops.alloc({tokens, heads, head_dim}, act);
+    hybrid_->split_query_gate(query_and_gate, q, gate);
     ops.rms_norm(q, w.q_norm, eps, NormStyle::ZeroCentred, q);
     ops.rms_norm(k, w.k_norm, eps, NormStyle::ZeroCentred, k);
-    ops.rope(q, layout.positions, inv_freq_, rotary_dim_);
-    ops.rope(k, layout.positions, inv_freq_, rotary_dim_);
-    ops.kv_write(k, v, layout, cache.keys[layer.state_index], cache.values[layer.state_index]);
+    ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, cache.keys[layer.state_index],
+                      cache.values[layer.state_index]);
     Tensor attended = ops.alloc({tokens, heads, head_dim}, act);
     ops.attention(q, cache.keys[layer.state_index], cache.values[layer.state_index], layout,
                   1.0f / std::sqrt(static_cast<float>(head_dim)), attended);
@@ -301,8 +301,8 @@ class Qwen35Model final : public Model {
     Backend& ops = backend_;
     Tensor gate = ops.alloc({x.dim(0), heads_.ffn}, ops.activation_dtype());
     Tensor up = ops.alloc({x.dim(0), heads_.ffn}, ops.activation_dtype());
-    ops.matmul(x, layer.gate_proj, nullptr, gate);
-    ops.matmul(x, layer.up_proj, nullptr, up);
+    const MatmulTarget gate_up[] = {{&layer.gate_proj, nullptr, &gate}, {&layer.up_proj, nullptr, &up}};
+    ops.matmul_group(x, gate_up);
     ops.swiglu(gate, up, gate);
     ops.matmul(gate, layer.down_proj, nullptr, out);
     if (collective_) collective_->all_reduce_sum(out);

@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "cuda_test_support.h"
 
@@ -138,6 +139,24 @@ std::vector<OpCase> matmul_cases(std::mt19937& random) {
     op.f32_weight_dtypes = {DType::F32, DType::BF16, DType::F16};
     cases.push_back(std::move(op));
   }
+  // Groups (q/k/v-like and gate/up-like widths): decode rows and tiled rows, with and without bias.
+  for (int64_t m : {1, 12, 40}) {
+    OpCase group;
+    group.name = "matmul_group m=" + std::to_string(m) + " n=640,128,136 k=256";
+    const std::vector<int64_t> widths = {640, 128, 136};
+    group.inputs = {{random_f32({m, 256}, random), Role::Activation}};
+    for (int64_t n : widths) group.inputs.push_back({random_f32({n, 256}, random, 0.0625f), Role::Weight});
+    group.inputs.push_back({random_f32({136}, random), Role::Weight});  // the third product's bias
+    group.run = [m, widths](Backend& backend, std::vector<Tensor>& in) {
+      std::vector<Tensor> outs;
+      for (int64_t n : widths) outs.push_back(backend.alloc({m, n}, n == 128 ? DType::F32 : backend.activation_dtype()));
+      const MatmulTarget targets[] = {{&in[1], nullptr, &outs[0]}, {&in[2], nullptr, &outs[1]}, {&in[3], &in[4], &outs[2]}};
+      backend.matmul_group(in[0], targets);
+      return outs;
+    };
+    group.f32_weight_dtypes = {DType::F32, DType::BF16};
+    cases.push_back(std::move(group));
+  }
   // K not a multiple of 8 (stories260K's down_proj has K = 172): the f32 path only.
   OpCase odd;
   odd.name = "matmul m=5 n=64 k=172";
@@ -192,7 +211,19 @@ std::vector<OpCase> norm_cases(std::mt19937& random) {
           return std::vector<Tensor>{in[0], out};
         };
         fused.f32_weight_dtypes = {DType::F32, DType::BF16};
-        cases.push_back(std::move(fused));
+        cases.push_back(fused);
+
+        // The models' residual stream is f32 whatever the activations (model/model.h): the norm
+        // reads it and writes the activation dtype.
+        OpCase stream_norm = norm;
+        stream_norm.name = "rms_norm f32 stream" + suffix;
+        stream_norm.inputs[0].role = Role::Float32;
+        cases.push_back(std::move(stream_norm));
+        OpCase stream_fused = fused;
+        stream_fused.name = "add_rms_norm f32 stream" + suffix;
+        stream_fused.inputs[0].role = Role::Float32;
+        stream_fused.inputs[1].role = Role::Float32;
+        cases.push_back(std::move(stream_fused));
       }
   return cases;
 }
@@ -239,6 +270,13 @@ std::vector<OpCase> elementwise_cases(std::mt19937& random) {
       return std::vector<Tensor>{out};
     };
     embedding.f32_weight_dtypes = {DType::F32, DType::BF16, DType::F16};
+    cases.push_back(embedding);
+    embedding.name = "embedding into the f32 stream width=" + std::to_string(width);
+    embedding.run = [width](Backend& backend, std::vector<Tensor>& in) {
+      Tensor out = backend.alloc({in[1].numel(), width}, DType::F32);
+      backend.embedding(in[0], in[1], out);
+      return std::vector<Tensor>{out};
+    };
     cases.push_back(std::move(embedding));
   }
 
@@ -275,6 +313,33 @@ std::vector<OpCase> elementwise_cases(std::mt19937& random) {
       return std::vector<Tensor>{in[0]};
     };
     cases.push_back(std::move(rope));
+  }
+
+  // The fused attention inputs: two sequences (one prefill chunk, one decode token), GQA 2, full
+  // and partial rotary dims.
+  for (int64_t rotary_dim : {64, 32}) {
+    constexpr int64_t kHeads = 4, kKvHeads = 2, kHeadDim = 64;
+    const std::vector<SequenceSpan> spans = spans_of({{1, 64, 70}, {0, 300, 1}});
+    const int64_t tokens = span_tokens(spans);
+    OpCase fused;
+    fused.name = "rope_kv_write rotary=" + std::to_string(rotary_dim);
+    Tensor inv_freq = Tensor::empty({rotary_dim / 2}, DType::F32);
+    for (int64_t j = 0; j < rotary_dim / 2; ++j)
+      inv_freq.data<float>()[j] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * j / static_cast<double>(rotary_dim)));
+    fused.inputs = {{random_f32({tokens, kHeads, kHeadDim}, random), Role::Activation},
+                    {random_f32({tokens, kKvHeads, kHeadDim}, random), Role::Activation},
+                    {random_f32({tokens, kKvHeads, kHeadDim}, random), Role::Activation},
+                    {inv_freq, Role::Float32}};
+    fused.run = [spans, tokens, rotary_dim](Backend& backend, std::vector<Tensor>& in) {
+      Tensor k_cache = backend.alloc({2, 400, kKvHeads, kHeadDim}, backend.activation_dtype());
+      Tensor v_cache = backend.alloc({2, 400, kKvHeads, kHeadDim}, backend.activation_dtype());
+      backend.zero(k_cache);
+      backend.zero(v_cache);
+      const BatchLayout layout = backend.make_layout(spans, std::vector<int32_t>(tokens, 0));
+      backend.rope_kv_write(in[0], in[1], in[2], layout, in[3], static_cast<int>(rotary_dim), k_cache, v_cache);
+      return std::vector<Tensor>{in[0], in[1], k_cache, v_cache};
+    };
+    cases.push_back(std::move(fused));
   }
   return cases;
 }
@@ -601,6 +666,115 @@ TEST_P(CudaInvariance, MatmulRowIsBitIdenticalAloneAndInAnyBatch) {
           << "n=" << n << " rows [" << first << ", " << first + count << ") differ from the same rows in m=" << rows;
     }
   }
+}
+
+// A matmul group's products are the separate matmuls' bits, on the decode and the tiled paths.
+TEST_P(CudaInvariance, MatmulGroupEqualsOneMatmulPerProductBitForBit) {
+  KILN_REQUIRE_CUDA();
+  const DType act = GetParam();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
+  std::mt19937 random(13);
+  const int64_t k = 1032;  // two segments, the second partial
+  const std::vector<int64_t> widths = {4096, 1024, 1024, 40};
+  std::vector<Tensor> weights;
+  for (int64_t n : widths) weights.push_back(cuda->upload(f32_as(random_f32({n, k}, random, 0.03f), act)));
+  const Tensor bias = cuda->upload(f32_as(random_f32({widths[1]}, random), act));
+  for (int64_t m : {1, 8, 16, 17, 200}) {
+    const Tensor x = cuda->upload(f32_as(random_f32({m, k}, random), act));
+    std::vector<Tensor> grouped, separate;
+    for (int64_t n : widths) {
+      grouped.push_back(cuda->alloc({m, n}, act));
+      separate.push_back(cuda->alloc({m, n}, act));
+    }
+    std::vector<MatmulTarget> targets;
+    for (size_t t = 0; t < widths.size(); ++t) {
+      targets.push_back({&weights[t], t == 1 ? &bias : nullptr, &grouped[t]});
+      cuda->matmul(x, weights[t], t == 1 ? &bias : nullptr, separate[t]);
+    }
+    cuda->matmul_group(x, targets);
+    for (size_t t = 0; t < widths.size(); ++t) {
+      const Tensor a = cuda->download(grouped[t]), b = cuda->download(separate[t]);
+      EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "m=" << m << " product " << t;
+    }
+  }
+}
+
+// Every decode launch shape (the grid layout launch_matmul_bf16 picks by size) gives the bits of
+// the backend's matmul, for one and two row tiles and a group of two products.
+TEST(CudaDecodeShapes, EveryLaunchShapeGivesTheSameBits) {
+  KILN_REQUIRE_CUDA();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(15);
+  const int64_t k = 2056;  // three segments, the last partial
+  const std::vector<int64_t> widths = {300, 40};
+  std::vector<Tensor> weights;
+  for (int64_t n : widths) weights.push_back(cuda->upload(f32_as(random_f32({n, k}, random, 0.03f), DType::BF16)));
+  for (int64_t m : {1, 5, 12}) {
+    const Tensor x = cuda->upload(f32_as(random_f32({m, k}, random), DType::BF16));
+    std::vector<Tensor> expected;
+    for (size_t t = 0; t < widths.size(); ++t) {
+      expected.push_back(cuda->alloc({m, widths[t]}, DType::BF16));
+      cuda->matmul(x, weights[t], nullptr, expected[t]);
+      expected[t] = cuda->download(expected[t]);
+    }
+    for (int shape = 0; shape < cuda::decode_launch_shape_count(m); ++shape) {
+      std::vector<Tensor> outs;
+      std::vector<cuda::MatmulArgs> products;
+      for (size_t t = 0; t < widths.size(); ++t) {
+        outs.push_back(cuda->alloc({m, widths[t]}, DType::BF16));
+        cuda::MatmulArgs args;
+        args.x = x.raw();
+        args.w = weights[t].raw();
+        args.out = outs[t].raw();
+        args.m = m, args.n = widths[t], args.k = k;
+        args.x_dtype = args.w_dtype = args.out_dtype = DType::BF16;
+        products.push_back(args);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cuda::launch_matmul_bf16_decode(products.data(), 2, shape, nullptr), cudaSuccess) << "shape " << shape;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      for (size_t t = 0; t < widths.size(); ++t) {
+        const Tensor actual = cuda->download(outs[t]);
+        EXPECT_EQ(std::memcmp(actual.raw(), expected[t].raw(), actual.nbytes()), 0)
+            << "m=" << m << " shape " << shape << " product " << t;
+      }
+    }
+  }
+}
+
+// rope_kv_write gives the bits of rope(q), rope(k), kv_write(k, v).
+TEST_P(CudaInvariance, RopeKvWriteEqualsRopeThenKvWriteBitForBit) {
+  KILN_REQUIRE_CUDA();
+  const DType act = GetParam();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
+  std::mt19937 random(14);
+  const std::vector<SequenceSpan> spans = spans_of({{2, 0, 130}, {0, 17, 1}, {1, 255, 3}});
+  const int64_t tokens = span_tokens(spans), heads = 8, kv_heads = 2, head_dim = 128, rotary_dim = 128;
+  Tensor inv_freq_host = Tensor::empty({rotary_dim / 2}, DType::F32);
+  for (int64_t j = 0; j < rotary_dim / 2; ++j)
+    inv_freq_host.data<float>()[j] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * j / static_cast<double>(rotary_dim)));
+  const Tensor inv_freq = cuda->upload(inv_freq_host);
+  const Tensor q_host = f32_as(random_f32({tokens, heads, head_dim}, random), act);
+  const Tensor k_host = f32_as(random_f32({tokens, kv_heads, head_dim}, random), act);
+  const Tensor v = cuda->upload(f32_as(random_f32({tokens, kv_heads, head_dim}, random), act));
+  const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(tokens, 0));
+  auto run = [&](bool fused) {
+    Tensor q = cuda->upload(q_host), k = cuda->upload(k_host);
+    Tensor k_cache = cuda->alloc({3, 260, kv_heads, head_dim}, act), v_cache = cuda->alloc({3, 260, kv_heads, head_dim}, act);
+    cuda->zero(k_cache);
+    cuda->zero(v_cache);
+    if (fused) {
+      cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(rotary_dim), k_cache, v_cache);
+    } else {
+      cuda->rope(q, layout.positions, inv_freq, static_cast<int>(rotary_dim));
+      cuda->rope(k, layout.positions, inv_freq, static_cast<int>(rotary_dim));
+      cuda->kv_write(k, v, layout, k_cache, v_cache);
+    }
+    return std::vector<Tensor>{cuda->download(q), cuda->download(k), cuda->download(k_cache), cuda->download(v_cache)};
+  };
+  const std::vector<Tensor> fused = run(true), separate = run(false);
+  for (size_t i = 0; i < fused.size(); ++i)
+    EXPECT_EQ(std::memcmp(fused[i].raw(), separate[i].raw(), fused[i].nbytes()), 0) << "output " << i;
 }
 
 TEST_P(CudaInvariance, NormRowIsBitIdenticalAloneAndInAnyBatch) {

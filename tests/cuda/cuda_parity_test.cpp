@@ -47,8 +47,18 @@ TEST_P(CudaFixtureParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   const std::vector<double> ours = row_relative_errors(logits, truth);
   const std::vector<double> theirs = row_relative_errors(torch_logits, truth);
   ASSERT_EQ(ours.size(), theirs.size());
-  for (size_t row = 0; row < ours.size(); ++row)
-    ASSERT_LE(ours[row], 1.5 * theirs[row]) << "position " << row << " (transformers bf16 error " << theirs[row] << ")";
+  double our_sum = 0, their_sum = 0, worst_ratio = 0;
+  size_t worst_row = 0, over = 0;
+  for (size_t row = 0; row < ours.size(); ++row) {
+    our_sum += ours[row];
+    their_sum += theirs[row];
+    const double ratio = ours[row] / theirs[row];
+    if (ratio > worst_ratio) worst_ratio = ratio, worst_row = row;
+    if (ours[row] > 1.5 * theirs[row]) ++over;
+  }
+  EXPECT_EQ(over, 0u) << over << " of " << ours.size() << " positions are over 1.5 × transformers' bf16 error; mean "
+                      << our_sum / ours.size() << " vs " << their_sum / ours.size() << ", worst " << worst_ratio
+                      << " × at position " << worst_row;
 }
 
 TEST_P(CudaFixtureParity, GreedyContinuationMatchesFloat64Reference) {

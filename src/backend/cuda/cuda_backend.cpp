@@ -325,7 +325,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
       fail("CUDA embedding: table must be a 2-d float tensor, got {} {}", dtype_name(table.dtype()),
            shape_string(table.shape()));
     require_dtype(ids, DType::I32, "embedding", "ids");
-    require_activation(out, "embedding", "out");
+    require_stream(out, "embedding", "out");
     const int64_t width = table.dim(1);
     if (out.numel() != ids.numel() * width)
       fail("CUDA embedding: out {} does not hold {} rows of width {}", shape_string(out.shape()), ids.numel(), width);
@@ -336,58 +336,28 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   }
 
   void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
-    require_device(x, "matmul", "x");
-    require_device(w, "matmul", "w");
-    require_device(out, "matmul", "out");
-    if (w.ndim() != 2 || !is_float(w.dtype()))
-      fail("CUDA matmul: w must be a 2-d float tensor, got {} {}", dtype_name(w.dtype()), shape_string(w.shape()));
-    require_activation(x, "matmul", "x");
-    const int64_t n = w.dim(0), k = w.dim(1);
-    if (k == 0 || x.numel() % k != 0)
-      fail("CUDA matmul: x {} is not a whole number of rows of w's width {}", shape_string(x.shape()), k);
-    const int64_t m = x.numel() / k;
-    if (out.numel() != m * n)
-      fail("CUDA matmul: out {} does not hold [{}, {}] (x {}, w {})", shape_string(out.shape()), m, n,
-           shape_string(x.shape()), shape_string(w.shape()));
-    if (out.dtype() != DType::F32 && out.dtype() != activations_)
-      fail("CUDA matmul: out dtype {} is neither F32 nor the activation dtype {}", dtype_name(out.dtype()),
-           dtype_name(activations_));
-    if (bias) {
-      require_device(*bias, "matmul", "bias");
-      if (!is_float(bias->dtype()) || bias->numel() != n)
-        fail("CUDA matmul: bias {} {} is not {} floats", dtype_name(bias->dtype()), shape_string(bias->shape()), n);
-    }
-    cuda::MatmulArgs args;
-    args.x = x.raw();
-    args.w = w.raw();
-    args.bias = bias ? bias->raw() : nullptr;
-    args.out = out.raw();
-    args.m = m;
-    args.n = n;
-    args.k = k;
-    args.x_dtype = x.dtype();
-    args.w_dtype = w.dtype();
-    args.bias_dtype = bias ? bias->dtype() : DType::F32;
-    args.out_dtype = out.dtype();
-    args.multiprocessors = multiprocessors_;
+    const cuda::MatmulArgs args = matmul_args(x, w, bias, out);
+    activate();
+    if (activations_ == DType::F32)
+      launched(cuda::launch_matmul_f32(args, stream_), "matmul (f32)");
+    else
+      launched(cuda::launch_matmul_bf16(args, stream_), "matmul (bf16)");
+  }
+
+  void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override {
+    static_assert(cuda::kMatmulGroupMax == kMaxMatmulGroup);
+    if (targets.empty() || targets.size() > kMaxMatmulGroup)
+      fail("CUDA matmul_group: {} products, it takes 1 to {}", targets.size(), kMaxMatmulGroup);
+    cuda::MatmulArgs products[kMaxMatmulGroup];
+    for (size_t t = 0; t < targets.size(); ++t)
+      products[t] = matmul_args(x, *targets[t].w, targets[t].bias, *targets[t].out);
     activate();
     if (activations_ == DType::F32) {
-      launched(cuda::launch_matmul_f32(args, stream_), "matmul (f32)");
+      for (size_t t = 0; t < targets.size(); ++t) launched(cuda::launch_matmul_f32(products[t], stream_), "matmul (f32)");
       return;
     }
-    if (w.dtype() != DType::BF16)
-      fail("CUDA matmul: BF16 activations need BF16 weights, got {} w {} (construct the backend with F32 "
-           "activations for {} checkpoints)", dtype_name(w.dtype()), shape_string(w.shape()), dtype_name(w.dtype()));
-    if (k % 8 != 0)
-      fail("CUDA matmul: the BF16 tensor-core path needs K to be a multiple of 8 (16-byte rows), got w {}",
-           shape_string(w.shape()));
-    if (k > cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments)
-      fail("CUDA matmul: the BF16 path takes K up to {}, got w {}", cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments,
-           shape_string(w.shape()));
-    if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(w.raw()) % 16)
-      fail("CUDA matmul: x and w must be 16-byte aligned for the BF16 path (x {}, w {})", shape_string(x.shape()),
-           shape_string(w.shape()));
-    launched(cuda::launch_matmul_bf16(args, stream_), "matmul (bf16)");
+    launched(cuda::launch_matmul_bf16_group(products, static_cast<int>(targets.size()), stream_),
+             "matmul_group (bf16)");
   }
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override {
@@ -441,24 +411,45 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   }
 
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override {
-    require_device(x, "rope", "x");
-    require_device(positions, "rope", "positions");
-    require_device(inv_freq, "rope", "inv_freq");
-    require_activation(x, "rope", "x");
-    require_dtype(positions, DType::I32, "rope", "positions");
-    require_dtype(inv_freq, DType::F32, "rope", "inv_freq");
-    if (x.ndim() != 3) fail("CUDA rope: x must be [tokens, heads, head_dim], got {}", shape_string(x.shape()));
-    const int64_t head_dim = x.dim(2);
-    if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
-      fail("CUDA rope: rotary_dim {} must be even and within head_dim {}", rotary_dim, head_dim);
-    if (positions.numel() != x.dim(0))
-      fail("CUDA rope: {} positions for {} tokens", positions.numel(), x.dim(0));
-    if (inv_freq.numel() != rotary_dim / 2)
-      fail("CUDA rope: inv_freq has {} entries, rotary_dim {} needs {}", inv_freq.numel(), rotary_dim, rotary_dim / 2);
+    check_rope(x, positions, inv_freq, rotary_dim, "rope", "x");
     activate();
-    launched(cuda::launch_rope(x.raw(), x.dtype(), x.dim(0), x.dim(1), head_dim, rotary_dim,
+    launched(cuda::launch_rope(x.raw(), x.dtype(), x.dim(0), x.dim(1), x.dim(2), rotary_dim,
                                positions.data<int32_t>(), inv_freq.data<float>(), stream_),
              "rope");
+  }
+
+  void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
+                     int rotary_dim, Tensor& k_cache, Tensor& v_cache) override {
+    constexpr const char* op = "rope_kv_write";
+    check_rope(q, layout.positions, inv_freq, rotary_dim, op, "q");
+    check_rope(k, layout.positions, inv_freq, rotary_dim, op, "k");
+    require_device(v, op, "v");
+    const CacheShape cache = cache_shape(k_cache, v_cache, op);
+    if (k.dim(1) != cache.kv_heads || k.dim(2) != cache.head_dim || v.shape() != k.shape() ||
+        k.dtype() != cache.dtype || v.dtype() != cache.dtype || q.dtype() != cache.dtype || q.dim(0) != k.dim(0) ||
+        q.dim(2) != k.dim(2))
+      fail("CUDA {}: q {} {}, k {} {} and v {} {} must be [tokens, heads, {}] in the cache dtype {} ({} kv heads)",
+           op, dtype_name(q.dtype()), shape_string(q.shape()), dtype_name(k.dtype()), shape_string(k.shape()),
+           dtype_name(v.dtype()), shape_string(v.shape()), cache.head_dim, dtype_name(cache.dtype), cache.kv_heads);
+    check_layout(layout, k.dim(0), cache, op);
+    cuda::RopeKvWriteArgs args;
+    args.q = q.raw();
+    args.k = k.raw();
+    args.v = v.raw();
+    args.k_cache = k_cache.raw();
+    args.v_cache = v_cache.raw();
+    args.positions = layout.positions.data<int32_t>();
+    args.slots = layout.slots.data<int32_t>();
+    args.inv_freq = inv_freq.data<float>();
+    args.tokens = k.dim(0);
+    args.q_heads = q.dim(1);
+    args.kv_heads = cache.kv_heads;
+    args.head_dim = cache.head_dim;
+    args.rotary_dim = rotary_dim;
+    args.capacity = cache.capacity;
+    args.dtype = cache.dtype;
+    activate();
+    launched(cuda::launch_rope_kv_write(args, stream_), op);
   }
 
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override {
@@ -786,22 +777,101 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
       fail("CUDA {}: {} is {} {} but this backend's activations are {}", op, name, dtype_name(tensor.dtype()),
            shape_string(tensor.shape()), dtype_name(activations_));
   }
+  // The residual stream (embedding output, norm input, matmul output) may be f32 or activations.
+  void require_stream(const Tensor& tensor, const char* op, const char* name) const {
+    if (tensor.dtype() != activations_ && tensor.dtype() != DType::F32)
+      fail("CUDA {}: {} is {} {} but must be f32 or this backend's activations ({})", op, name,
+           dtype_name(tensor.dtype()), shape_string(tensor.shape()), dtype_name(activations_));
+  }
+
+  // x [tokens, heads, head_dim] in the activation dtype, one I32 position per token, f32 inv_freq
+  // of rotary_dim / 2 entries, rotary_dim even and within head_dim.
+  void check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim, const char* op,
+                  const char* name) const {
+    require_device(x, op, name);
+    require_device(positions, op, "positions");
+    require_device(inv_freq, op, "inv_freq");
+    require_activation(x, op, name);
+    require_dtype(positions, DType::I32, op, "positions");
+    require_dtype(inv_freq, DType::F32, op, "inv_freq");
+    if (x.ndim() != 3) fail("CUDA {}: {} must be [tokens, heads, head_dim], got {}", op, name, shape_string(x.shape()));
+    const int64_t head_dim = x.dim(2);
+    if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
+      fail("CUDA {}: rotary_dim {} must be even and within head_dim {}", op, rotary_dim, head_dim);
+    if (positions.numel() != x.dim(0)) fail("CUDA {}: {} positions for {} tokens", op, positions.numel(), x.dim(0));
+    if (inv_freq.numel() != rotary_dim / 2)
+      fail("CUDA {}: inv_freq has {} entries, rotary_dim {} needs {}", op, inv_freq.numel(), rotary_dim,
+           rotary_dim / 2);
+  }
+
+  // Validates one product and describes it for the kernels (both matmul paths).
+  cuda::MatmulArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) const {
+    require_device(x, "matmul", "x");
+    require_device(w, "matmul", "w");
+    require_device(out, "matmul", "out");
+    if (w.ndim() != 2 || !is_float(w.dtype()))
+      fail("CUDA matmul: w must be a 2-d float tensor, got {} {}", dtype_name(w.dtype()), shape_string(w.shape()));
+    require_activation(x, "matmul", "x");
+    const int64_t n = w.dim(0), k = w.dim(1);
+    if (k == 0 || x.numel() % k != 0)
+      fail("CUDA matmul: x {} is not a whole number of rows of w's width {}", shape_string(x.shape()), k);
+    const int64_t m = x.numel() / k;
+    if (out.numel() != m * n)
+      fail("CUDA matmul: out {} does not hold [{}, {}] (x {}, w {})", shape_string(out.shape()), m, n,
+           shape_string(x.shape()), shape_string(w.shape()));
+    if (out.dtype() != DType::F32 && out.dtype() != activations_)
+      fail("CUDA matmul: out dtype {} is neither F32 nor the activation dtype {}", dtype_name(out.dtype()),
+           dtype_name(activations_));
+    if (bias) {
+      require_device(*bias, "matmul", "bias");
+      if (!is_float(bias->dtype()) || bias->numel() != n)
+        fail("CUDA matmul: bias {} {} is not {} floats", dtype_name(bias->dtype()), shape_string(bias->shape()), n);
+    }
+    cuda::MatmulArgs args;
+    args.x = x.raw();
+    args.w = w.raw();
+    args.bias = bias ? bias->raw() : nullptr;
+    args.out = out.raw();
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.x_dtype = x.dtype();
+    args.w_dtype = w.dtype();
+    args.bias_dtype = bias ? bias->dtype() : DType::F32;
+    args.out_dtype = out.dtype();
+    args.multiprocessors = multiprocessors_;
+    if (activations_ == DType::F32) return args;
+    if (w.dtype() != DType::BF16)
+      fail("CUDA matmul: BF16 activations need BF16 weights, got {} w {} (construct the backend with F32 "
+           "activations for {} checkpoints)", dtype_name(w.dtype()), shape_string(w.shape()), dtype_name(w.dtype()));
+    if (k % 8 != 0)
+      fail("CUDA matmul: the BF16 tensor-core path needs K to be a multiple of 8 (16-byte rows), got w {}",
+           shape_string(w.shape()));
+    if (k > cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments)
+      fail("CUDA matmul: the BF16 path takes K up to {}, got w {}", cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments,
+           shape_string(w.shape()));
+    if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(w.raw()) % 16)
+      fail("CUDA matmul: x and w must be 16-byte aligned for the BF16 path (x {}, w {})", shape_string(x.shape()),
+           shape_string(w.shape()));
+    return args;
+  }
 
   cuda::NormArgs norm_args(const Tensor& x, const Tensor& weight, float eps, NormStyle style, const Tensor& out,
                            const char* op) const {
     require_device(x, op, "x");
     require_device(weight, op, "weight");
     require_device(out, op, "out");
-    require_activation(x, op, "x");
+    require_stream(x, op, "x");
+    require_activation(out, op, "out");
     if (weight.ndim() != 1 || !is_float(weight.dtype()))
       fail("CUDA {}: weight must be a 1-d float tensor, got {} {}", op, dtype_name(weight.dtype()),
            shape_string(weight.shape()));
     const int64_t width = weight.dim(0);
     if (width == 0 || x.numel() % width != 0)
       fail("CUDA {}: x {} is not a whole number of rows of width {}", op, shape_string(x.shape()), width);
-    if (out.numel() != x.numel() || out.dtype() != x.dtype())
-      fail("CUDA {}: out {} {} must match x {} {}", op, dtype_name(out.dtype()), shape_string(out.shape()),
-           dtype_name(x.dtype()), shape_string(x.shape()));
+    if (out.numel() != x.numel() || (out.raw() == x.raw() && out.dtype() != x.dtype()))
+      fail("CUDA {}: out {} {} must hold x {} {} (in place only in one dtype)", op, dtype_name(out.dtype()),
+           shape_string(out.shape()), dtype_name(x.dtype()), shape_string(x.shape()));
     cuda::NormArgs args;
     args.weight = weight.raw();
     args.out = out.raw();
@@ -809,7 +879,8 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     args.width = width;
     args.eps = eps;
     args.zero_centred = style == NormStyle::ZeroCentred;
-    args.act_dtype = x.dtype();
+    args.act_dtype = out.dtype();
+    args.stream_dtype = x.dtype();
     args.weight_dtype = weight.dtype();
     return args;
   }

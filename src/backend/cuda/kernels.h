@@ -51,16 +51,17 @@ cudaError_t launch_kv_write(const void* k, const void* v, int64_t tokens, int64_
                             void* v_cache, cudaStream_t stream);
 
 struct NormArgs {
-  const void* x = nullptr;        // [rows, width] in act_dtype (rms_norm; may alias out)
-  void* residual = nullptr;       // add_rms_norm: [rows, width] in act_dtype, updated in place
-  const void* delta = nullptr;    // add_rms_norm: [rows, width] in act_dtype
+  const void* x = nullptr;        // [rows, width] in stream_dtype (rms_norm; may alias out)
+  void* residual = nullptr;       // add_rms_norm: [rows, width] in stream_dtype, updated in place
+  const void* delta = nullptr;    // add_rms_norm: [rows, width] in stream_dtype
   const void* weight = nullptr;   // [width] in weight_dtype
   void* out = nullptr;            // [rows, width] in act_dtype
   int64_t rows = 0;
   int64_t width = 0;
   float eps = 0;
   bool zero_centred = false;      // y = x̂ · (1 + w) instead of w · x̂
-  DType act_dtype = DType::F32;
+  DType act_dtype = DType::F32;     // out
+  DType stream_dtype = DType::F32;  // x, residual and delta: F32 or act_dtype
   DType weight_dtype = DType::F32;
 };
 cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream);
@@ -69,6 +70,22 @@ cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream);
 // Rotate-half RoPE in place on x [tokens, heads, head_dim] over the first rotary_dim dims.
 cudaError_t launch_rope(void* x, DType dtype, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rotary_dim,
                         const int32_t* positions, const float* inv_freq, cudaStream_t stream);
+
+// RoPE on q and k in place, k's rotated rows and v written to the caches at (slot, position): the
+// rope and kv_write kernels' arithmetic in one launch.
+struct RopeKvWriteArgs {
+  void* q = nullptr;        // [tokens, q_heads, head_dim]
+  void* k = nullptr;        // [tokens, kv_heads, head_dim]
+  const void* v = nullptr;  // [tokens, kv_heads, head_dim]
+  void* k_cache = nullptr;  // [slots, capacity, kv_heads, head_dim]
+  void* v_cache = nullptr;
+  const int32_t* positions = nullptr;  // [tokens]
+  const int32_t* slots = nullptr;      // [tokens]
+  const float* inv_freq = nullptr;     // [rotary_dim / 2]
+  int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0, capacity = 0;
+  DType dtype = DType::F32;
+};
+cudaError_t launch_rope_kv_write(const RopeKvWriteArgs& args, cudaStream_t stream);
 
 struct MatmulArgs {
   const void* x = nullptr;     // [m, k] in x_dtype
@@ -84,6 +101,19 @@ cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream);
 // BF16 activations and weights: tensor-core mma (k must be a multiple of 8, at most
 // kMatmulSegmentK · kMatmulMaxSegments).
 cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream);
+constexpr int kMatmulGroupMax = 4;  // = kiln::kMaxMatmulGroup (backend.h, which this layer does not include)
+// Several BF16 products sharing x, m and k (up to kMatmulGroupMax): one decode launch for m ≤
+// kMatmulDecodeMaxRows, else one tiled GEMM each; every element as launch_matmul_bf16 computes it.
+cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cudaStream_t stream);
+// The decode kernel's launch shapes, for the kernel bench's sweep and the tests (launch_matmul_bf16
+// picks one itself): shape i < decode_launch_shape_count(m) of a group of products with m ≤
+// kMatmulDecodeMaxRows. Every shape gives the same bits.
+struct DecodeLaunchShape {
+  int columns, warps, stages;  // weight rows per block, warps per block, ring stages per warp
+};
+int decode_launch_shape_count(int64_t m);
+DecodeLaunchShape decode_launch_shape(int64_t m, int shape);
+cudaError_t launch_matmul_bf16_decode(const MatmulArgs* products, int count, int shape, cudaStream_t stream);
 // The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the tiled GEMM.
 // Both give bit-identical elements (same per-element accumulation order).
 constexpr int64_t kMatmulDecodeMaxRows = 16;

@@ -17,9 +17,10 @@
 // in ascending order to a total that starts at 0; then + bias, then one rounding to the output
 // dtype. Segment boundaries depend on K alone, so this is no M-dependent split-K: it is what lets
 // decode spread one output's K over several warps.
-//   m ≤ kMatmulDecodeMaxRows: the decode kernel, a block of four warps per 8 or 16 weight rows,
-//     the warps taking the segments in turn through their own cp.async rings (the weights are
-//     read exactly once), warp 0 adding the segment results in order.
+//   m ≤ kMatmulDecodeMaxRows: the decode kernel, a block of four to eight warps per 8 or 16 weight
+//     rows (the launch shape, chosen by size), the warps taking the segments in turn through their
+//     own cp.async rings (the weights are read exactly once), warp 0 adding the segment results in
+//     order. A matmul group's products share one launch.
 //   larger m: the tiled GEMM (128×128 or 64×64 tiles of weight rows × x rows).
 #include <algorithm>
 
@@ -262,25 +263,23 @@ __global__ void __launch_bounds__(Config::kThreads)
 constexpr int kDecodeChunksPerStage = 4;
 constexpr int kDecodeStageK = kChunk * kDecodeChunksPerStage;
 constexpr int kDecodeStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kDecodeStageK;
-constexpr int kDecodeWarps = 4;
 
-// Shared memory: four per-warp rings of kStages stages, each stage the weights [chunk][column][32 k]
+// Shared memory: kWarps per-warp rings of kStages stages, each stage the weights [chunk][column][32 k]
 // then the m rows of x [chunk][row][32 k] (only as many rows as there are: m is small), then each
 // segment's partial sums [segment][row tile][element][lane].
-template <int kColumns, int kRowTiles, int kStages>
+template <int kColumns, int kRowTiles, int kStages, int kWarps>
 struct DecodeConfig {
   static constexpr int kWeightStageBytes = kDecodeChunksPerStage * kColumns * kChunkBytes;
   static constexpr int kSegmentBytes = kRowTiles * 4 * 32 * 4;
   __host__ __device__ static int stage_bytes(int64_t m) {
     return kWeightStageBytes + kDecodeChunksPerStage * static_cast<int>(m) * kChunkBytes;
   }
-  __host__ __device__ static int rings_bytes(int64_t m) { return kDecodeWarps * kStages * stage_bytes(m); }
+  __host__ __device__ static int rings_bytes(int64_t m) { return kWarps * kStages * stage_bytes(m); }
 };
 
-template <int kColumns, int kRowTiles, int kStages>
+template <typename Config, int kColumns>
 __device__ __forceinline__ void load_decode_stage(uint8_t* stage, const bf16* x, const bf16* w, int64_t m, int64_t n,
                                                   int64_t k, int64_t column0, int64_t k_base) {
-  using Config = DecodeConfig<kColumns, kRowTiles, kStages>;
   constexpr int kPiecesPerLine = kDecodeChunksPerStage * 4;
   const int lane = threadIdx.x % 32;
   for (int piece = lane; piece < kColumns * kPiecesPerLine; piece += 32) {
@@ -306,37 +305,57 @@ __device__ __forceinline__ void load_decode_stage(uint8_t* stage, const bf16* x,
   }
 }
 
-// Warp w computes segments w, w + kDecodeWarps, … of the block's rows: each segment is an mma
+// The products one decode launch computes (a matmul group, or one matmul): blocks
+// [first_block[t], first_block[t + 1]) take product t's weight rows.
+struct DecodeTargets {
+  const bf16* w[kMatmulGroupMax];
+  const void* bias[kMatmulGroupMax];
+  void* out[kMatmulGroupMax];
+  int64_t n[kMatmulGroupMax];
+  DType bias_dtype[kMatmulGroupMax];
+  DType out_dtype[kMatmulGroupMax];
+  int first_block[kMatmulGroupMax + 1];
+  int count;
+};
+
+// Warp w computes segments w, w + kWarps, … of the block's rows: each segment is an mma
 // chain from zero over its 1024 k, streamed through the warp's own cp.async ring (the pipeline runs
 // across the warp's segments without draining). Warp 0 then adds the segments in order.
-template <int kColumns, int kRowTiles, int kStages>
-__global__ void __launch_bounds__(kDecodeWarps * 32)
-    matmul_bf16_decode_kernel(const bf16* x, const bf16* w, const void* bias, DType bias_dtype, void* out,
-                              DType out_dtype, int64_t m, int64_t n, int64_t k) {
-  using Config = DecodeConfig<kColumns, kRowTiles, kStages>;
+template <int kColumns, int kRowTiles, int kStages, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
+    matmul_bf16_decode_kernel(const bf16* x, DecodeTargets targets, int64_t m, int64_t k) {
+  using Config = DecodeConfig<kColumns, kRowTiles, kStages, kWarps>;
   extern __shared__ uint4 shared_words[];
+  int target = 0;
+  while (target + 1 < targets.count && static_cast<int>(blockIdx.x) >= targets.first_block[target + 1]) ++target;
+  const bf16* w = targets.w[target];
+  const void* bias = targets.bias[target];
+  const DType bias_dtype = targets.bias_dtype[target];
+  void* out = targets.out[target];
+  const DType out_dtype = targets.out_dtype[target];
+  const int64_t n = targets.n[target];
   const int stage_bytes = Config::stage_bytes(m);
   float* segment_sums = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(shared_words) + Config::rings_bytes(m));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* ring = reinterpret_cast<uint8_t*>(shared_words) + warp * kStages * stage_bytes;
-  const int64_t column0 = static_cast<int64_t>(blockIdx.x) * kColumns;
+  const int64_t column0 = static_cast<int64_t>(static_cast<int>(blockIdx.x) - targets.first_block[target]) * kColumns;
   const int g = lane / 4, q = lane % 4;
   const int64_t total_stages = (k + kDecodeStageK - 1) / kDecodeStageK;
   const int segments = static_cast<int>((total_stages + kDecodeStagesPerSegment - 1) / kDecodeStagesPerSegment);
   // The warp's stages, flattened over its segments: the i-th is stage stage_of(i) of K.
-  const int my_segments = segments > warp ? (segments - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
-  auto segment_of = [&](int64_t i) { return warp + static_cast<int>(i / kDecodeStagesPerSegment) * kDecodeWarps; };
+  const int my_segments = segments > warp ? (segments - warp + kWarps - 1) / kWarps : 0;
+  auto segment_of = [&](int64_t i) { return warp + static_cast<int>(i / kDecodeStagesPerSegment) * kWarps; };
   auto stage_of = [&](int64_t i) {
     return static_cast<int64_t>(segment_of(i)) * kDecodeStagesPerSegment + i % kDecodeStagesPerSegment;
   };
   int64_t my_stages = 0;
   for (int i = 0; i < my_segments; ++i) {
-    const int64_t first = static_cast<int64_t>(warp + i * kDecodeWarps) * kDecodeStagesPerSegment;
+    const int64_t first = static_cast<int64_t>(warp + i * kWarps) * kDecodeStagesPerSegment;
     my_stages += (total_stages - first < kDecodeStagesPerSegment ? total_stages - first : kDecodeStagesPerSegment);
   }
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < my_stages)
-      load_decode_stage<kColumns, kRowTiles, kStages>(ring + s * stage_bytes, x, w, m, n, k, column0,
+      load_decode_stage<Config, kColumns>(ring + s * stage_bytes, x, w, m, n, k, column0,
                                                       stage_of(s) * kDecodeStageK);
     cp_async_commit();
   }
@@ -347,7 +366,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     __syncwarp();
     const int64_t prefetch = i + kStages - 1;
     if (prefetch < my_stages)
-      load_decode_stage<kColumns, kRowTiles, kStages>(ring + (prefetch % kStages) * stage_bytes, x, w, m, n, k,
+      load_decode_stage<Config, kColumns>(ring + (prefetch % kStages) * stage_bytes, x, w, m, n, k,
                                                       column0, stage_of(prefetch) * kDecodeStageK);
     cp_async_commit();
     const int64_t stage_index = stage_of(i);
@@ -405,24 +424,56 @@ cudaError_t launch_tiled(const MatmulArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kColumns, int kRowTiles>
-cudaError_t launch_decode(const MatmulArgs& args, cudaStream_t stream) {
-  // Six stages per warp (four with 16 rows of x, whose stages are twice as large) keep far more
-  // than the ~32 KB per multiprocessor in flight that 4.3 TB/s at ~1 µs latency needs, with the
-  // whole grid resident for the common shapes (one wave), and the largest case within 227 KB.
-  constexpr int kStages = kRowTiles == 1 ? 6 : 4;
-  using Config = DecodeConfig<kColumns, kRowTiles, kStages>;
-  auto* kernel = &matmul_bf16_decode_kernel<kColumns, kRowTiles, kStages>;
+template <int kColumns, int kRowTiles, int kStages, int kWarps>
+cudaError_t launch_decode(const MatmulArgs* products, int count, cudaStream_t stream) {
+  const MatmulArgs& args = products[0];  // x, m and k are shared
+  using Config = DecodeConfig<kColumns, kRowTiles, kStages, kWarps>;
+  auto* kernel = &matmul_bf16_decode_kernel<kColumns, kRowTiles, kStages, kWarps>;
   static std::atomic<uint64_t> opted_in{0};
   const int max_shared =
       Config::rings_bytes(kRowTiles * 8) + static_cast<int>(kMatmulMaxSegments) * Config::kSegmentBytes;
   if (cudaError_t status = allow_dynamic_shared(kernel, max_shared, opted_in); status != cudaSuccess) return status;
   const int segments = static_cast<int>((args.k + kMatmulSegmentK - 1) / kMatmulSegmentK);
   const int shared = Config::rings_bytes(args.m) + segments * Config::kSegmentBytes;
-  kernel<<<blocks_for(args.n, kColumns), kDecodeWarps * 32, shared, stream>>>(
-      static_cast<const bf16*>(args.x), static_cast<const bf16*>(args.w), args.bias, args.bias_dtype, args.out,
-      args.out_dtype, args.m, args.n, args.k);
+  DecodeTargets targets{};
+  targets.count = count;
+  for (int t = 0; t < count; ++t) {
+    targets.w[t] = static_cast<const bf16*>(products[t].w);
+    targets.bias[t] = products[t].bias;
+    targets.bias_dtype[t] = products[t].bias_dtype;
+    targets.out[t] = products[t].out;
+    targets.out_dtype[t] = products[t].out_dtype;
+    targets.n[t] = products[t].n;
+    targets.first_block[t + 1] = targets.first_block[t] + static_cast<int>(blocks_for(products[t].n, kColumns));
+  }
+  kernel<<<targets.first_block[count], kWarps * 32, shared, stream>>>(static_cast<const bf16*>(args.x), targets,
+                                                                     args.m, args.k);
   return cudaGetLastError();
+}
+
+// The decode launch shapes (weight rows per block, warps per block, ring stages per warp) for m ≤ 8;
+// m = 9..16 use the first two with 4 stages (their x rows double a stage's size). Every shape
+// gives the same bits; they differ in how the grid fills the multiprocessors.
+constexpr DecodeLaunchShape kDecodeShapes[] = {{16, 4, 6}, {8, 4, 6}, {16, 4, 3}, {8, 4, 3},
+                                               {16, 8, 3}, {8, 8, 4}, {16, 7, 3}, {8, 7, 4}};
+
+cudaError_t launch_decode_shape(const MatmulArgs* products, int count, int shape, cudaStream_t stream) {
+  if (products[0].m > 8) {
+    if (shape == 0) return launch_decode<16, 2, 4, 4>(products, count, stream);
+    if (shape == 1) return launch_decode<8, 2, 4, 4>(products, count, stream);
+    return cudaErrorInvalidValue;
+  }
+  switch (shape) {
+    case 0: return launch_decode<16, 1, 6, 4>(products, count, stream);
+    case 1: return launch_decode<8, 1, 6, 4>(products, count, stream);
+    case 2: return launch_decode<16, 1, 3, 4>(products, count, stream);
+    case 3: return launch_decode<8, 1, 3, 4>(products, count, stream);
+    case 4: return launch_decode<16, 1, 3, 8>(products, count, stream);
+    case 5: return launch_decode<8, 1, 4, 8>(products, count, stream);
+    case 6: return launch_decode<16, 1, 3, 7>(products, count, stream);
+    case 7: return launch_decode<8, 1, 4, 7>(products, count, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 using LargeTiles = TiledConfig<128, 128, 2, 4, 4>;
@@ -443,16 +494,56 @@ cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream) {
-  if (args.m == 0 || args.n == 0) return cudaSuccess;
-  if (args.m <= kMatmulDecodeMaxRows) {
-    // Halve the rows per block when 16-row blocks would leave multiprocessors without one.
-    const bool narrow = (args.n + 15) / 16 < static_cast<int64_t>(args.multiprocessors);
-    if (args.m <= 8) return narrow ? launch_decode<8, 1>(args, stream) : launch_decode<16, 1>(args, stream);
-    return narrow ? launch_decode<8, 2>(args, stream) : launch_decode<16, 2>(args, stream);
+  return launch_matmul_bf16_group(&args, 1, stream);
+}
+
+int decode_launch_shape_count(int64_t m) { return m > 8 ? 2 : static_cast<int>(std::size(kDecodeShapes)); }
+DecodeLaunchShape decode_launch_shape(int64_t m, int shape) {
+  DecodeLaunchShape result = kDecodeShapes[shape];
+  if (m > 8) result.stages = 4;
+  return result;
+}
+
+cudaError_t launch_matmul_bf16_decode(const MatmulArgs* products, int count, int shape, cudaStream_t stream) {
+  if (count < 1 || count > kMatmulGroupMax || products[0].m < 1 || products[0].m > kMatmulDecodeMaxRows ||
+      shape < 0 || shape >= decode_launch_shape_count(products[0].m))
+    return cudaErrorInvalidValue;
+  return launch_decode_shape(products, count, shape, stream);
+}
+
+cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cudaStream_t stream) {
+  if (count < 1 || count > kMatmulGroupMax) return cudaErrorInvalidValue;
+  const MatmulArgs& first = products[0];
+  int64_t total_n = 0;
+  for (int t = 0; t < count; ++t) {
+    if (products[t].x != first.x || products[t].m != first.m || products[t].k != first.k)
+      return cudaErrorInvalidValue;
+    total_n += products[t].n;
   }
-  const int64_t large_blocks = ((args.n + 127) / 128) * ((args.m + 127) / 128);
-  if (large_blocks >= args.multiprocessors) return launch_tiled<LargeTiles>(args, stream);
-  return launch_tiled<SmallTiles>(args, stream);
+  if (first.m == 0 || total_n == 0) return cudaSuccess;
+  if (first.m <= kMatmulDecodeMaxRows) {
+    const int64_t sms = first.multiprocessors;
+    const int64_t wide_blocks = (total_n + 15) / 16;
+    if (first.m > 8) return launch_decode_shape(products, count, wide_blocks < sms ? 1 : 0, stream);
+    // From the launch-shape sweep on the H200 (kiln_cuda_bench decode-shapes, docs/perf.md): K of
+    // eight or more segments wants eight warps per block (16 rows when 16-row blocks are fewer
+    // than the multiprocessors, else 8); shorter K wants four warps with three stages, in 8-row
+    // blocks when 16-row ones would be few (under 1.5 per multiprocessor) or very many (over 8
+    // per multiprocessor, where narrower blocks balance the last wave better).
+    const int64_t segments = (first.k + kMatmulSegmentK - 1) / kMatmulSegmentK;
+    if (segments >= 8) return launch_decode_shape(products, count, wide_blocks < sms ? 4 : 5, stream);
+    const bool narrow = 2 * wide_blocks < 3 * sms || wide_blocks > 8 * sms;
+    return launch_decode_shape(products, count, narrow ? 3 : 2, stream);
+  }
+  for (int t = 0; t < count; ++t) {
+    const MatmulArgs& args = products[t];
+    if (args.n == 0) continue;
+    const int64_t large_blocks = ((args.n + 127) / 128) * ((args.m + 127) / 128);
+    const cudaError_t status = large_blocks >= args.multiprocessors ? launch_tiled<LargeTiles>(args, stream)
+                                                                    : launch_tiled<SmallTiles>(args, stream);
+    if (status != cudaSuccess) return status;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace kiln::cuda

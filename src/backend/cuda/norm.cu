@@ -7,9 +7,11 @@
 // result never depends on how many rows the call has.
 //
 // Rounding points (architectures.md A.4, D.1), all vanishing for f32 activations:
-//   add:   residual ← ⟦residual + delta⟧, and the norm reads the rounded residual
+//   add:   residual ← ⟦residual + delta⟧ₛ, and the norm reads the stored residual
 //   Plain: y = ⟦w · ⟦x · inv⟧⟧            ZeroCentred: y = ⟦x · inv · (1 + w)⟧ (1 + w in f32)
-// with inv = 1 / sqrt(Σx² / D + eps) in f32.
+// with inv = 1 / sqrt(Σx² / D + eps) in f32, ⟦·⟧ rounding to the output's dtype T and ⟦·⟧ₛ to the
+// residual stream's dtype S (the input x / residual / delta): S is f32 or T (models keep the
+// stream in f32, so ⟦·⟧ₛ is the identity there).
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -28,8 +30,8 @@ __device__ __forceinline__ float normalise(float x, float inv, const W* weight, 
 }
 
 // Sum of squares of this thread's elements (x_i for i = first, first + stride, …).
-template <typename T>
-__device__ __forceinline__ float thread_squares(const T* row, int64_t width, int first, int stride) {
+template <typename S>
+__device__ __forceinline__ float thread_squares(const S* row, int64_t width, int first, int stride) {
   float sum = 0.0f;
   for (int64_t column = first; column < width; column += stride) {
     const float value = to_float(row[column]);
@@ -59,14 +61,14 @@ __device__ __forceinline__ float row_total(float partial) {
 }
 
 // One row per warp (kWholeBlock false) or per block (true).
-template <typename T, typename W, bool kWholeBlock>
-__global__ void rms_norm_kernel(const T* x, const W* weight, T* out, int64_t rows, int64_t width, float eps,
+template <typename S, typename T, typename W, bool kWholeBlock>
+__global__ void rms_norm_kernel(const S* x, const W* weight, T* out, int64_t rows, int64_t width, float eps,
                                 bool zero_centred) {
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
   if (!kWholeBlock && row >= rows) return;
-  const T* source = x + row * width;
+  const S* source = x + row * width;
   T* destination = out + row * width;
   const float total = row_total<kWholeBlock>(thread_squares(source, width, lane, stride));
   const float inv = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
@@ -75,19 +77,19 @@ __global__ void rms_norm_kernel(const T* x, const W* weight, T* out, int64_t row
     destination[column] = from_float<T>(normalise<T>(to_float(source[column]), inv, weight, column, zero_centred));
 }
 
-template <typename T, typename W, bool kWholeBlock>
-__global__ void add_rms_norm_kernel(T* residual, const T* delta, const W* weight, T* out, int64_t rows,
+template <typename S, typename T, typename W, bool kWholeBlock>
+__global__ void add_rms_norm_kernel(S* residual, const S* delta, const W* weight, T* out, int64_t rows,
                                     int64_t width, float eps, bool zero_centred) {
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
   if (!kWholeBlock && row >= rows) return;
-  T* stream = residual + row * width;
-  const T* added = delta + row * width;
+  S* stream = residual + row * width;
+  const S* added = delta + row * width;
   T* destination = out + row * width;
   float partial = 0.0f;
   for (int64_t column = lane; column < width; column += stride) {
-    const T sum = from_float<T>(to_float(stream[column]) + to_float(added[column]));
+    const S sum = from_float<S>(to_float(stream[column]) + to_float(added[column]));
     stream[column] = sum;
     const float value = to_float(sum);
     partial = fmaf(value, value, partial);
@@ -101,11 +103,12 @@ __global__ void add_rms_norm_kernel(T* residual, const T* delta, const W* weight
 template <typename Launch>
 cudaError_t dispatch_norm(const NormArgs& args, Launch&& launch) {
   bool dispatched = false;
-  dispatch_activation(args.act_dtype, [&](auto act_tag) {
-    dispatched = dispatch_float(args.weight_dtype, [&](auto weight_tag) {
-      using T = decltype(act_tag);
-      using W = decltype(weight_tag);
-      launch(T{}, W{});
+  if (args.stream_dtype != DType::F32 && args.stream_dtype != args.act_dtype) return cudaErrorInvalidValue;
+  dispatch_activation(args.stream_dtype, [&](auto stream_tag) {
+    dispatch_activation(args.act_dtype, [&](auto act_tag) {
+      dispatched = dispatch_float(args.weight_dtype, [&](auto weight_tag) {
+        launch(decltype(stream_tag){}, decltype(act_tag){}, decltype(weight_tag){});
+      });
     });
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
@@ -121,17 +124,18 @@ dim3 norm_grid(const NormArgs& args, bool whole_block) {
 cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
   const bool whole_block = args.width > kWarpRowMaxWidth;
-  return dispatch_norm(args, [&](auto act_tag, auto weight_tag) {
+  return dispatch_norm(args, [&](auto stream_tag, auto act_tag, auto weight_tag) {
+    using S = decltype(stream_tag);
     using T = decltype(act_tag);
     using W = decltype(weight_tag);
-    const auto* x = static_cast<const T*>(args.x);
+    const auto* x = static_cast<const S*>(args.x);
     const auto* weight = static_cast<const W*>(args.weight);
     auto* out = static_cast<T*>(args.out);
     if (whole_block)
-      rms_norm_kernel<T, W, true><<<norm_grid(args, true), kBlockThreads, 0, stream>>>(
+      rms_norm_kernel<S, T, W, true><<<norm_grid(args, true), kBlockThreads, 0, stream>>>(
           x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
     else
-      rms_norm_kernel<T, W, false><<<norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream>>>(
+      rms_norm_kernel<S, T, W, false><<<norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream>>>(
           x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
   });
 }
@@ -139,18 +143,19 @@ cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) {
 cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
   const bool whole_block = args.width > kWarpRowMaxWidth;
-  return dispatch_norm(args, [&](auto act_tag, auto weight_tag) {
+  return dispatch_norm(args, [&](auto stream_tag, auto act_tag, auto weight_tag) {
+    using S = decltype(stream_tag);
     using T = decltype(act_tag);
     using W = decltype(weight_tag);
-    auto* residual = static_cast<T*>(args.residual);
-    const auto* delta = static_cast<const T*>(args.delta);
+    auto* residual = static_cast<S*>(args.residual);
+    const auto* delta = static_cast<const S*>(args.delta);
     const auto* weight = static_cast<const W*>(args.weight);
     auto* out = static_cast<T*>(args.out);
     if (whole_block)
-      add_rms_norm_kernel<T, W, true><<<norm_grid(args, true), kBlockThreads, 0, stream>>>(
+      add_rms_norm_kernel<S, T, W, true><<<norm_grid(args, true), kBlockThreads, 0, stream>>>(
           residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
     else
-      add_rms_norm_kernel<T, W, false><<<norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream>>>(
+      add_rms_norm_kernel<S, T, W, false><<<norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream>>>(
           residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
   });
 }

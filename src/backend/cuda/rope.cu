@@ -13,25 +13,64 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Rotates the pair (i, i + R/2) of one head (R/2 = half_rotary, i = pair) as the file comment says;
+// the rotated values are written to `head` and, when given, to `copy` (the KV-cache row).
+template <typename T>
+__device__ __forceinline__ void rotate_pair(T* head, T* copy, int64_t pair, int64_t half_rotary, int32_t position,
+                                            const float* inv_freq) {
+  const float angle = static_cast<float>(position) * inv_freq[pair];
+  float sine, cosine;
+  sincosf(angle, &sine, &cosine);
+  const float c = round_to<T>(cosine);
+  const float s = round_to<T>(sine);
+  const float first = to_float(head[pair]);
+  const float second = to_float(head[pair + half_rotary]);
+  const T rotated_first = from_float<T>(round_to<T>(first * c) - round_to<T>(second * s));
+  const T rotated_second = from_float<T>(round_to<T>(second * c) + round_to<T>(first * s));
+  head[pair] = rotated_first;
+  head[pair + half_rotary] = rotated_second;
+  if (copy) {
+    copy[pair] = rotated_first;
+    copy[pair + half_rotary] = rotated_second;
+  }
+}
+
 template <typename T>
 __global__ void rope_kernel(T* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t half_rotary,
                             const int32_t* positions, const float* inv_freq) {
   const int64_t pairs = tokens * heads * half_rotary;
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < pairs;
        index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t pair = index % half_rotary;
     const int64_t head_row = index / half_rotary;  // token · heads + head
-    const int64_t token = head_row / heads;
-    const float angle = static_cast<float>(positions[token]) * inv_freq[pair];
-    float sine, cosine;
-    sincosf(angle, &sine, &cosine);
-    const float c = round_to<T>(cosine);
-    const float s = round_to<T>(sine);
-    T* head = x + head_row * head_dim;
-    const float first = to_float(head[pair]);
-    const float second = to_float(head[pair + half_rotary]);
-    head[pair] = from_float<T>(round_to<T>(first * c) - round_to<T>(second * s));
-    head[pair + half_rotary] = from_float<T>(round_to<T>(second * c) + round_to<T>(first * s));
+    rotate_pair<T>(x + head_row * head_dim, static_cast<T*>(nullptr), index % half_rotary, half_rotary,
+                   positions[head_row / heads], inv_freq);
+  }
+}
+
+// One block per token: its query heads rotated in place; its key heads rotated in place and into
+// the cache row (slot, position), whose other dims and whole value row are copied.
+template <typename T>
+__global__ void rope_kv_write_kernel(T* q, T* k, const T* v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                     int64_t half_rotary, const int32_t* positions, const int32_t* slots,
+                                     const float* inv_freq, int64_t capacity, T* k_cache, T* v_cache) {
+  const int64_t token = blockIdx.x;
+  const int32_t position = positions[token];
+  const int64_t row_elements = kv_heads * head_dim;
+  const int64_t cache_row = (static_cast<int64_t>(slots[token]) * capacity + position) * row_elements;
+  T* q_row = q + token * q_heads * head_dim;
+  for (int64_t index = threadIdx.x; index < q_heads * half_rotary; index += blockDim.x)
+    rotate_pair<T>(q_row + (index / half_rotary) * head_dim, static_cast<T*>(nullptr), index % half_rotary,
+                   half_rotary, position, inv_freq);
+  T* k_row = k + token * row_elements;
+  const T* v_row = v + token * row_elements;
+  for (int64_t index = threadIdx.x; index < row_elements; index += blockDim.x) {
+    const int64_t head = index / head_dim, dim = index % head_dim;
+    if (dim < half_rotary)
+      rotate_pair<T>(k_row + head * head_dim, k_cache + cache_row + head * head_dim, dim, half_rotary, position,
+                     inv_freq);
+    else if (dim >= 2 * half_rotary)
+      k_cache[cache_row + index] = k_row[index];  // past the rotary dims (the pair's owner wrote the others)
+    v_cache[cache_row + index] = v_row[index];
   }
 }
 
@@ -47,6 +86,19 @@ cudaError_t launch_rope(void* x, DType dtype, int64_t tokens, int64_t heads, int
     using T = decltype(tag);
     rope_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<T*>(x), tokens, heads, head_dim, rotary_dim / 2,
                                                   positions, inv_freq);
+  });
+  return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t launch_rope_kv_write(const RopeKvWriteArgs& args, cudaStream_t stream) {
+  if (args.tokens == 0) return cudaSuccess;
+  constexpr int kBlockThreads = 256;
+  const bool dispatched = dispatch_activation(args.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rope_kv_write_kernel<T><<<static_cast<unsigned>(args.tokens), kBlockThreads, 0, stream>>>(
+        static_cast<T*>(args.q), static_cast<T*>(args.k), static_cast<const T*>(args.v), args.q_heads,
+        args.kv_heads, args.head_dim, args.rotary_dim / 2, args.positions, args.slots, args.inv_freq, args.capacity,
+        static_cast<T*>(args.k_cache), static_cast<T*>(args.v_cache));
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }
