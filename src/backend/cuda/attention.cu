@@ -411,6 +411,7 @@ template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim)
     attention_combine_kernel(const float* partials, const int32_t* positions, int64_t heads, int64_t max_splits,
                              bf16* out) {
+  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
   const int64_t token = blockIdx.x, head = blockIdx.y;
   const int d = threadIdx.x;
   const int64_t splits = positions[token] / kAttentionSplitKeys + 1;

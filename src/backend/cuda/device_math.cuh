@@ -111,6 +111,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
+// --- programmatic dependent launch (sm_90): a kernel launched with it (the decode matmul,
+// matmul.cu) may start while the kernel before it finishes; it must call wait_for_previous_grid()
+// before it reads anything that kernel wrote or writes anything it reads. A kernel that calls
+// allow_dependent_launch() lets such a successor start early; both are no-ops otherwise. ---
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+
 __device__ __forceinline__ uint4 load_shared_16(const void* shared_source) {
   return *reinterpret_cast<const uint4*>(shared_source);
 }

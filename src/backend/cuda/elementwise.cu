@@ -57,6 +57,7 @@ __global__ void add_kernel(T* a, const T* b, int64_t count) {
 
 template <typename T>
 __global__ void swiglu_kernel(const T* gate, const T* up, T* out, int64_t count) {
+  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = to_float(gate[i]);

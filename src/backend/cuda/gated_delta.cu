@@ -53,6 +53,7 @@ __global__ void split_query_gate_kernel(const T* source, T* query, T* gate, int6
 
 template <typename T>
 __global__ void sigmoid_gate_kernel(T* x, const T* gate, int64_t count) {
+  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] = from_float<T>(to_float(x[i]) * round_to<T>(sigmoid(to_float(gate[i]))));
@@ -182,6 +183,7 @@ __global__ void delta_rule_kernel(const float* q, const float* k, const float* v
 template <typename T, typename W>
 __global__ void rms_norm_gated_kernel(const T* x, const T* z, const W* weight, int64_t rows, int64_t width, float eps,
                                       T* out) {
+  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
   const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;

@@ -277,9 +277,9 @@ struct DecodeConfig {
   __host__ __device__ static int rings_bytes(int64_t m) { return kWarps * kStages * stage_bytes(m); }
 };
 
-template <typename Config, int kColumns>
-__device__ __forceinline__ void load_decode_stage(uint8_t* stage, const bf16* x, const bf16* w, int64_t m, int64_t n,
-                                                  int64_t k, int64_t column0, int64_t k_base) {
+template <int kColumns>
+__device__ __forceinline__ void load_decode_weights(uint8_t* stage, const bf16* w, int64_t n, int64_t k,
+                                                    int64_t column0, int64_t k_base) {
   constexpr int kPiecesPerLine = kDecodeChunksPerStage * 4;
   const int lane = threadIdx.x % 32;
   for (int piece = lane; piece < kColumns * kPiecesPerLine; piece += 32) {
@@ -291,8 +291,15 @@ __device__ __forceinline__ void load_decode_stage(uint8_t* stage, const bf16* x,
     const bf16* source = valid ? w + (column0 + column) * k + global_k : w;
     cp_async_16(stage + (chunk * kColumns + column) * kChunkBytes + q * 16, source, valid);
   }
-  // Only the m real rows of x are copied: the other columns of the B fragment feed only output
-  // rows that are never stored (an mma element depends on its own row and column alone).
+}
+
+// Only the m real rows of x are copied: the other columns of the B fragment feed only output rows
+// that are never stored (an mma element depends on its own row and column alone).
+template <typename Config>
+__device__ __forceinline__ void load_decode_inputs(uint8_t* stage, const bf16* x, int64_t m, int64_t k,
+                                                   int64_t k_base) {
+  constexpr int kPiecesPerLine = kDecodeChunksPerStage * 4;
+  const int lane = threadIdx.x % 32;
   uint8_t* inputs = stage + Config::kWeightStageBytes;
   for (int piece = lane; piece < m * kPiecesPerLine; piece += 32) {
     const int row = piece / kPiecesPerLine;
@@ -353,10 +360,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t first = static_cast<int64_t>(warp + i * kWarps) * kDecodeStagesPerSegment;
     my_stages += (total_stages - first < kDecodeStagesPerSegment ? total_stages - first : kDecodeStagesPerSegment);
   }
+  // The first stages' weights are requested before waiting for the previous kernel (they are
+  // constant), so with programmatic dependent launch their latency overlaps that kernel's end; x
+  // and every store come after. The first commit group holds all those weights.
+  for (int s = 0; s < kStages - 1; ++s)
+    if (s < my_stages) load_decode_weights<kColumns>(ring + s * stage_bytes, w, n, k, column0, stage_of(s) * kDecodeStageK);
+  wait_for_previous_grid();
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < my_stages)
-      load_decode_stage<Config, kColumns>(ring + s * stage_bytes, x, w, m, n, k, column0,
-                                                      stage_of(s) * kDecodeStageK);
+    if (s < my_stages) load_decode_inputs<Config>(ring + s * stage_bytes, x, m, k, stage_of(s) * kDecodeStageK);
     cp_async_commit();
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -365,9 +376,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     cp_async_wait<kStages - 2>();
     __syncwarp();
     const int64_t prefetch = i + kStages - 1;
-    if (prefetch < my_stages)
-      load_decode_stage<Config, kColumns>(ring + (prefetch % kStages) * stage_bytes, x, w, m, n, k,
-                                                      column0, stage_of(prefetch) * kDecodeStageK);
+    if (prefetch < my_stages) {
+      uint8_t* stage = ring + (prefetch % kStages) * stage_bytes;
+      load_decode_weights<kColumns>(stage, w, n, k, column0, stage_of(prefetch) * kDecodeStageK);
+      load_decode_inputs<Config>(stage, x, m, k, stage_of(prefetch) * kDecodeStageK);
+    }
     cp_async_commit();
     const int64_t stage_index = stage_of(i);
     const uint8_t* stage = ring + (i % kStages) * stage_bytes;
@@ -446,9 +459,19 @@ cudaError_t launch_decode(const MatmulArgs* products, int count, cudaStream_t st
     targets.n[t] = products[t].n;
     targets.first_block[t + 1] = targets.first_block[t] + static_cast<int>(blocks_for(products[t].n, kColumns));
   }
-  kernel<<<targets.first_block[count], kWarps * 32, shared, stream>>>(static_cast<const bf16*>(args.x), targets,
-                                                                     args.m, args.k);
-  return cudaGetLastError();
+  // Programmatic dependent launch: the blocks may start (and request their first weights) while the
+  // previous kernel on the stream finishes; the kernel waits for it before touching x or out.
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(targets.first_block[count]));
+  config.blockDim = dim3(kWarps * 32);
+  config.dynamicSmemBytes = static_cast<size_t>(shared);
+  config.stream = stream;
+  cudaLaunchAttribute after_previous[1] = {};
+  after_previous[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  after_previous[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = after_previous;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<const bf16*>(args.x), targets, args.m, args.k);
 }
 
 // The decode launch shapes (weight rows per block, warps per block, ring stages per warp) for m ≤ 8;

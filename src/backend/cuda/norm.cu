@@ -64,6 +64,7 @@ __device__ __forceinline__ float row_total(float partial) {
 template <typename S, typename T, typename W, bool kWholeBlock>
 __global__ void rms_norm_kernel(const S* x, const W* weight, T* out, int64_t rows, int64_t width, float eps,
                                 bool zero_centred) {
+  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
@@ -80,6 +81,7 @@ __global__ void rms_norm_kernel(const S* x, const W* weight, T* out, int64_t row
 template <typename S, typename T, typename W, bool kWholeBlock>
 __global__ void add_rms_norm_kernel(S* residual, const S* delta, const W* weight, T* out, int64_t rows,
                                     int64_t width, float eps, bool zero_centred) {
+  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
