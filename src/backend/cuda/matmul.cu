@@ -551,10 +551,13 @@ cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cuda
     // From the launch-shape sweep on the H200 (kiln_cuda_bench decode-shapes, docs/perf.md): K of
     // eight or more segments wants eight warps per block (16 rows when 16-row blocks are fewer
     // than the multiprocessors, else 8); shorter K wants four warps with three stages, in 8-row
-    // blocks when 16-row ones would be few (under 1.5 per multiprocessor) or very many (over 8
-    // per multiprocessor, where narrower blocks balance the last wave better).
+    // blocks when 16-row ones would be few (under 1.5 per multiprocessor) or many (over 8 per
+    // multiprocessor, where narrower blocks balance the last wave better) — except for the many
+    // waves of an lm head (over 24 per multiprocessor), where 16-row blocks with six stages
+    // stream at ~98 % of the copy bandwidth and the narrow shape at ~91 %.
     const int64_t segments = (first.k + kMatmulSegmentK - 1) / kMatmulSegmentK;
     if (segments >= 8) return launch_decode_shape(products, count, wide_blocks < sms ? 4 : 5, stream);
+    if (wide_blocks > 24 * sms) return launch_decode_shape(products, count, 0, stream);
     const bool narrow = 2 * wide_blocks < 3 * sms || wide_blocks > 8 * sms;
     return launch_decode_shape(products, count, narrow ? 3 : 2, stream);
   }

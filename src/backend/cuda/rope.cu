@@ -47,30 +47,33 @@ __global__ void rope_kernel(T* x, int64_t tokens, int64_t heads, int64_t head_di
   }
 }
 
-// One block per token: its query heads rotated in place; its key heads rotated in place and into
-// the cache row (slot, position), whose other dims and whole value row are copied.
+// One block per (token, head), query heads first: a query head is rotated in place; a key head is
+// rotated in place and into the cache row (slot, position), whose other dims and the head's value
+// row are copied. A decode step is one token, so the heads are what spreads it over the device.
 template <typename T>
 __global__ void rope_kv_write_kernel(T* q, T* k, const T* v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                      int64_t half_rotary, const int32_t* positions, const int32_t* slots,
                                      const float* inv_freq, int64_t capacity, T* k_cache, T* v_cache) {
-  const int64_t token = blockIdx.x;
+  const int64_t token = blockIdx.x, head = blockIdx.y;
   const int32_t position = positions[token];
+  if (head < q_heads) {
+    T* q_head = q + (token * q_heads + head) * head_dim;
+    for (int64_t pair = threadIdx.x; pair < half_rotary; pair += blockDim.x)
+      rotate_pair<T>(q_head, static_cast<T*>(nullptr), pair, half_rotary, position, inv_freq);
+    return;
+  }
+  const int64_t kv_head = head - q_heads;
   const int64_t row_elements = kv_heads * head_dim;
-  const int64_t cache_row = (static_cast<int64_t>(slots[token]) * capacity + position) * row_elements;
-  T* q_row = q + token * q_heads * head_dim;
-  for (int64_t index = threadIdx.x; index < q_heads * half_rotary; index += blockDim.x)
-    rotate_pair<T>(q_row + (index / half_rotary) * head_dim, static_cast<T*>(nullptr), index % half_rotary,
-                   half_rotary, position, inv_freq);
-  T* k_row = k + token * row_elements;
-  const T* v_row = v + token * row_elements;
-  for (int64_t index = threadIdx.x; index < row_elements; index += blockDim.x) {
-    const int64_t head = index / head_dim, dim = index % head_dim;
+  const int64_t cache_offset =
+      (static_cast<int64_t>(slots[token]) * capacity + position) * row_elements + kv_head * head_dim;
+  T* k_head = k + token * row_elements + kv_head * head_dim;
+  const T* v_head = v + token * row_elements + kv_head * head_dim;
+  for (int64_t dim = threadIdx.x; dim < head_dim; dim += blockDim.x) {
     if (dim < half_rotary)
-      rotate_pair<T>(k_row + head * head_dim, k_cache + cache_row + head * head_dim, dim, half_rotary, position,
-                     inv_freq);
+      rotate_pair<T>(k_head, k_cache + cache_offset, dim, half_rotary, position, inv_freq);
     else if (dim >= 2 * half_rotary)
-      k_cache[cache_row + index] = k_row[index];  // past the rotary dims (the pair's owner wrote the others)
-    v_cache[cache_row + index] = v_row[index];
+      k_cache[cache_offset + dim] = k_head[dim];  // past the rotary dims (the pair's owner wrote the others)
+    v_cache[cache_offset + dim] = v_head[dim];
   }
 }
 
@@ -92,10 +95,11 @@ cudaError_t launch_rope(void* x, DType dtype, int64_t tokens, int64_t heads, int
 
 cudaError_t launch_rope_kv_write(const RopeKvWriteArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return cudaSuccess;
-  constexpr int kBlockThreads = 256;
+  constexpr int kHeadThreads = 64;
+  const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.q_heads + args.kv_heads));
   const bool dispatched = dispatch_activation(args.dtype, [&](auto tag) {
     using T = decltype(tag);
-    rope_kv_write_kernel<T><<<static_cast<unsigned>(args.tokens), kBlockThreads, 0, stream>>>(
+    rope_kv_write_kernel<T><<<grid, kHeadThreads, 0, stream>>>(
         static_cast<T*>(args.q), static_cast<T*>(args.k), static_cast<const T*>(args.v), args.q_heads,
         args.kv_heads, args.head_dim, args.rotary_dim / 2, args.positions, args.slots, args.inv_freq, args.capacity,
         static_cast<T*>(args.k_cache), static_cast<T*>(args.v_cache));
