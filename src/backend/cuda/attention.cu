@@ -9,8 +9,8 @@
 // softmax; the same kernel serves every call.
 //
 // BF16 activations (tensor cores, mma.sync m16n8k16, f32 accumulate). The canonical computation of
-// one query row: keys are cut into fixed splits of kAttentionSplitKeys = 256 keys from position 0,
-// each cut into 64-key tiles. Within a split, tiles are taken in order with an online softmax
+// one query row: keys are cut into fixed splits of kAttentionSplitKeys = 64 keys from position 0,
+// each cut into 64-key tiles (one today). Within a split, tiles are taken in order with an online softmax
 // (scores s = q·k · scale·log2 e, p = 2^(s − running max), P rounded to bf16 for P·V); a split
 // yields a partial (m, l, o). Partials are folded left to right, starting from (−∞, 0, 0):
 // M' = max(M, m), L' = L·2^(M−M') + l·2^(m−M'), O' = O·2^(M−M') + o·2^(m−M'); out = O / L.

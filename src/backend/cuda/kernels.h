@@ -138,9 +138,11 @@ struct AttentionArgs {
   DType dtype = DType::F32;       // of q, caches and out
   float* partials = nullptr;      // split-KV scratch, attention_partials_floats() floats
 };
-// Keys are consumed in fixed 256-key splits from position 0 (see attention.cu); the bf16 decode
-// path computes splits in parallel into `partials` and folds them in order.
-constexpr int64_t kAttentionSplitKeys = 256;
+// Keys are consumed in fixed 64-key splits from position 0 (see attention.cu); the bf16 decode
+// path computes splits in parallel into `partials` and folds them in order. One 64-key tile per
+// split keeps a decode block's dependent chain to one tile (256-key splits: 14.4 µs per decode
+// attention at context 512 on the H200, kiln_cuda_bench decode-ops); prefill folds a split per tile.
+constexpr int64_t kAttentionSplitKeys = 64;
 // Scratch the bf16 decode path needs (0 when the call takes the one-pass path).
 int64_t attention_partials_floats(const AttentionArgs& args);
 bool attention_bf16_supports_head_dim(int64_t head_dim);
