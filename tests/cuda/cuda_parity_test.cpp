@@ -53,7 +53,7 @@ TEST_P(CudaFixtureParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   // must be within 1.5 × of both. Row by row the two are independent draws of rounding noise (the
   // same rounding points accumulated in different orders): a float64 torch emulation of
   // qwen3_5-text-tiny that rounds only the matmul inputs to bf16 — the least any bf16 tensor-core
-  // path rounds — still has a row at 3.9 × transformers' error at that row (docs/perf.md), so rows
+  // path rounds — still has a row at 3.9 × transformers' error at that row (docs/numerics.md), so rows
   // over 1.5 × are reported, not failed.
   const auto mean = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / v.size(); };
   const double our_worst = *std::max_element(ours.begin(), ours.end());
