@@ -6,7 +6,7 @@
 #   gpu-check.sh                      everything available
 #   gpu-check.sh --tests              GPU tests only (kiln_cuda_tests)
 #   gpu-check.sh --ops-bench          kernel micro-benchmarks (kiln_cuda_bench; KILN_OPS_SECTIONS
-#                                     picks sections: launch decode prefill attention)
+#                                     picks sections: launch decode decode-shapes decode-ops prefill attention)
 #   gpu-check.sh --model-bench DIR    `kiln bench --device cuda` on checkpoint DIR (repeatable)
 #   gpu-check.sh --synth-bench SHAPE  `kiln synth --shape SHAPE` (bf16, into $KILN_SYNTH_DIR, default
 #                                     /tmp/kiln-synth; SHAPE:N keeps N layers), then benches it

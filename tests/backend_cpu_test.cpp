@@ -183,6 +183,30 @@ TEST(CpuMatmul, RejectsMismatchedShapesAndDtypes) {
   }
 }
 
+// The default matmul_group (backend.cpp) is one matmul per product; more than kMaxMatmulGroup
+// products is an error that names the op.
+TEST(CpuMatmul, GroupEqualsOneMatmulPerProductAndRejectsTooManyProducts) {
+  auto backend = make_cpu_backend();
+  const Tensor x = random_f32({3, 40}, 21);
+  const Tensor w0 = random_f32({24, 40}, 22), w1 = random_f32({8, 40}, 23), bias1 = random_f32({8}, 24);
+  Tensor grouped0 = Tensor::empty({3, 24}, DType::F32), grouped1 = Tensor::empty({3, 8}, DType::F32);
+  Tensor alone0 = Tensor::empty({3, 24}, DType::F32), alone1 = Tensor::empty({3, 8}, DType::F32);
+  const MatmulTarget targets[] = {{&w0, nullptr, &grouped0}, {&w1, &bias1, &grouped1}};
+  backend->matmul_group(x, targets);
+  backend->matmul(x, w0, nullptr, alone0);
+  backend->matmul(x, w1, &bias1, alone1);
+  EXPECT_TRUE(same_bits(grouped0.data<float>(), alone0.data<float>(), grouped0.numel()));
+  EXPECT_TRUE(same_bits(grouped1.data<float>(), alone1.data<float>(), grouped1.numel()));
+  const std::vector<MatmulTarget> too_many(kMaxMatmulGroup + 1, MatmulTarget{&w0, nullptr, &grouped0});
+  try {
+    backend->matmul_group(x, too_many);
+    FAIL() << "a group of " << too_many.size() << " products was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("matmul_group: 5 products, at most 4"), std::string::npos)
+        << error.what();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // rms_norm / add_rms_norm
 
