@@ -5,8 +5,8 @@
 namespace kiln {
 
 void Backend::matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) {
-  if (targets.size() > kMaxMatmulGroup)
-    fail("{} matmul_group: {} products, at most {} are taken", name(), targets.size(), kMaxMatmulGroup);
+  if (targets.empty() || targets.size() > kMaxMatmulGroup)
+    fail("{} matmul_group: {} products, it takes 1 to {}", name(), targets.size(), kMaxMatmulGroup);
   for (const MatmulTarget& target : targets) matmul(x, *target.w, target.bias, *target.out);
 }
 

@@ -347,7 +347,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override {
     static_assert(cuda::kMatmulGroupMax == kMaxMatmulGroup);
     if (targets.empty() || targets.size() > kMaxMatmulGroup)
-      fail("CUDA matmul_group: {} products, it takes 1 to {}", targets.size(), kMaxMatmulGroup);
+      fail("{} matmul_group: {} products, it takes 1 to {}", name(), targets.size(), kMaxMatmulGroup);
     cuda::MatmulArgs products[kMaxMatmulGroup];
     for (size_t t = 0; t < targets.size(); ++t)
       products[t] = matmul_args(x, *targets[t].w, targets[t].bias, *targets[t].out);

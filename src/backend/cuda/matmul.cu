@@ -477,8 +477,7 @@ cudaError_t launch_decode(const MatmulArgs* products, int count, cudaStream_t st
 // The decode launch shapes (weight rows per block, warps per block, ring stages per warp) for m ≤ 8;
 // m = 9..16 use the first two with 4 stages (their x rows double a stage's size). Every shape
 // gives the same bits; they differ in how the grid fills the multiprocessors.
-constexpr DecodeLaunchShape kDecodeShapes[] = {{16, 4, 6}, {8, 4, 6}, {16, 4, 3}, {8, 4, 3},
-                                               {16, 8, 3}, {8, 8, 4}, {16, 7, 3}, {8, 7, 4}};
+constexpr DecodeLaunchShape kDecodeShapes[] = {{16, 4, 6}, {8, 4, 6}, {16, 4, 3}, {8, 4, 3}, {16, 8, 3}, {8, 8, 4}};
 
 cudaError_t launch_decode_shape(const MatmulArgs* products, int count, int shape, cudaStream_t stream) {
   if (products[0].m > 8) {
@@ -493,8 +492,6 @@ cudaError_t launch_decode_shape(const MatmulArgs* products, int count, int shape
     case 3: return launch_decode<8, 1, 3, 4>(products, count, stream);
     case 4: return launch_decode<16, 1, 3, 8>(products, count, stream);
     case 5: return launch_decode<8, 1, 4, 8>(products, count, stream);
-    case 6: return launch_decode<16, 1, 3, 7>(products, count, stream);
-    case 7: return launch_decode<8, 1, 4, 7>(products, count, stream);
     default: return cudaErrorInvalidValue;
   }
 }
