@@ -121,7 +121,11 @@ struct Bf16Config {
   static constexpr int kKeyBuffers = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kQueryBytes = kBlockRows * kStride * 2;
   static constexpr int kTileBytes = kKeyTile * kStride * 2;
-  static constexpr int kFoldBytes = kBlockRows * kHeadDim * 4;  // prefill's running O per row
+  // Prefill's running O per row: in registers up to head_dim 128 (a second set of accumulators,
+  // so the fold after every 64-key split touches no shared memory); at 256 that would spill, so
+  // it lives in shared memory there.
+  static constexpr bool kFoldInRegisters = kHeadDim <= 128;
+  static constexpr int kFoldBytes = kFoldInRegisters ? 0 : kBlockRows * kHeadDim * 4;
   static constexpr int kSharedBytes(bool split_kv) {
     return kQueryBytes + kKeyBuffers * 2 * kTileBytes + (split_kv ? 0 : kFoldBytes);
   }
@@ -321,8 +325,18 @@ __global__ void __launch_bounds__(kThreads)
   SplitState<kHeadDim> state;
   state.reset();
   float total_max[2] = {-INFINITY, -INFINITY}, total_sum[2] = {0.0f, 0.0f};
+  // The prefill fold of O: lane (g, q4) owns the same elements as its accumulators, whether they
+  // sit in folded_registers or in this warp's shared rows.
+  constexpr bool kFoldInRegisters = Config::kFoldInRegisters;
+  float folded_registers[kFoldInRegisters ? kHeadDim / 8 : 1][4] = {};
   float* warp_fold = fold + warp * 16 * kHeadDim;
-  if constexpr (!kSplitKV) {
+  auto folded = [&](int t, int i) -> float& {
+    if constexpr (kFoldInRegisters)
+      return folded_registers[t][i];
+    else
+      return warp_fold[(g + 8 * (i >> 1)) * kHeadDim + t * 8 + 2 * q4 + (i & 1)];
+  };
+  if constexpr (!kSplitKV && !kFoldInRegisters) {
     for (int i = lane; i < 16 * kHeadDim; i += 32) warp_fold[i] = 0.0f;
   }
 
@@ -354,13 +368,11 @@ __global__ void __launch_bounds__(kThreads)
         fold_weights(total_max[r], state.max[r], new_max, total_weight, split_weight);
         total_sum[r] = fold_value(total_sum[r], total_weight, sums[r], split_weight);
         total_max[r] = new_max;
-        float* row = warp_fold + (g + 8 * r) * kHeadDim;
 #pragma unroll
-        for (int t = 0; t < kHeadDim / 8; ++t) {
-          row[t * 8 + 2 * q4] = fold_value(row[t * 8 + 2 * q4], total_weight, state.acc[t][2 * r], split_weight);
-          row[t * 8 + 2 * q4 + 1] =
-              fold_value(row[t * 8 + 2 * q4 + 1], total_weight, state.acc[t][2 * r + 1], split_weight);
-        }
+        for (int t = 0; t < kHeadDim / 8; ++t)
+#pragma unroll
+          for (int i = 2 * r; i < 2 * r + 2; ++i)
+            folded(t, i) = fold_value(folded(t, i), total_weight, state.acc[t][i], split_weight);
       }
     }
     state.reset();
@@ -395,13 +407,11 @@ __global__ void __launch_bounds__(kThreads)
       if (positions[r] < 0) continue;
       const int64_t head = kv_head * group + tile.head_in_group(row);
       bf16* destination = out + (tile.token(row) * heads + head) * kHeadDim;
-      const float* folded = warp_fold + (g + 8 * r) * kHeadDim;
 #pragma unroll
       for (int t = 0; t < kHeadDim / 8; ++t)
-        for (int i = 0; i < 2; ++i) {
-          const int d = t * 8 + 2 * q4 + i;
-          destination[d] = from_float<bf16>(__fdiv_rn(folded[d], total_sum[r]));
-        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          destination[t * 8 + 2 * q4 + i] = from_float<bf16>(__fdiv_rn(folded(t, 2 * r + i), total_sum[r]));
     }
   }
 }
