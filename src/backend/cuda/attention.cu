@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(kF32WarpsPerBlock * 32)
     attention_f32_kernel(const float* q, const float* k_cache, const float* v_cache, const int32_t* slots,
                          const int32_t* positions, int64_t heads, int64_t kv_heads, int64_t head_dim,
                          int64_t capacity, float scale, float* out) {
+  follow_previous_grid();
   extern __shared__ float query_rows[];  // [warps][head_dim]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t token = blockIdx.x;
@@ -99,10 +100,10 @@ template <int kDimsPerLane>
 cudaError_t launch_f32(const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.tokens), blocks_for(args.heads, kF32WarpsPerBlock));
   const size_t shared = kF32WarpsPerBlock * args.head_dim * sizeof(float);
-  attention_f32_kernel<kDimsPerLane><<<grid, kF32WarpsPerBlock * 32, shared, stream>>>(
-      static_cast<const float*>(args.q), static_cast<const float*>(args.k_cache),
-      static_cast<const float*>(args.v_cache), args.slots, args.positions, args.heads, args.kv_heads, args.head_dim,
-      args.capacity, args.scale, static_cast<float*>(args.out));
+  launch_after_previous(&attention_f32_kernel<kDimsPerLane>, grid, kF32WarpsPerBlock * 32, shared, stream,
+                        static_cast<const float*>(args.q), static_cast<const float*>(args.k_cache),
+                        static_cast<const float*>(args.v_cache), args.slots, args.positions, args.heads, args.kv_heads,
+                        args.head_dim, args.capacity, args.scale, static_cast<float*>(args.out));
   return cudaGetLastError();
 }
 
@@ -278,6 +279,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_bf16_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* spans,
                           int64_t heads, int64_t kv_heads, int64_t capacity, int64_t max_splits, float scale_log2,
                           bf16* out, float* partials) {
+  follow_previous_grid();
   using Config = Bf16Config<kHeadDim>;
   constexpr int kStride = Config::kStride;
   extern __shared__ uint4 shared_words[];
@@ -421,7 +423,7 @@ template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim)
     attention_combine_kernel(const float* partials, const int32_t* positions, int64_t heads, int64_t max_splits,
                              bf16* out) {
-  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
+  follow_previous_grid();
   const int64_t token = blockIdx.x, head = blockIdx.y;
   const int d = threadIdx.x;
   const int64_t splits = positions[token] / kAttentionSplitKeys + 1;
@@ -460,12 +462,12 @@ cudaError_t launch_bf16(const AttentionArgs& args, cudaStream_t stream) {
     if (cudaError_t status = allow_dynamic_shared(kernel, kShared, opted_in); status != cudaSuccess) return status;
     const dim3 grid(static_cast<unsigned>(row_tiles * splits), static_cast<unsigned>(args.span_count),
                     static_cast<unsigned>(args.kv_heads));
-    kernel<<<grid, block, kShared, stream>>>(q, k_cache, v_cache, args.spans, args.heads, args.kv_heads,
-                                             args.capacity, splits, scale_log2, out, args.partials);
+    launch_after_previous(kernel, grid, block, kShared, stream, q, k_cache, v_cache, args.spans, args.heads,
+                          args.kv_heads, args.capacity, splits, scale_log2, out, args.partials);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-    attention_combine_kernel<kHeadDim>
-        <<<dim3(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads)), kHeadDim, 0, stream>>>(
-            args.partials, args.positions, args.heads, splits, out);
+    launch_after_previous(&attention_combine_kernel<kHeadDim>,
+                          dim3(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads)), kHeadDim, 0,
+                          stream, args.partials, args.positions, args.heads, splits, out);
     return cudaGetLastError();
   }
   constexpr int kShared = Config::kSharedBytes(false);
@@ -474,8 +476,8 @@ cudaError_t launch_bf16(const AttentionArgs& args, cudaStream_t stream) {
   if (cudaError_t status = allow_dynamic_shared(kernel, kShared, opted_in); status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(args.span_count),
                   static_cast<unsigned>(args.kv_heads));
-  kernel<<<grid, block, kShared, stream>>>(q, k_cache, v_cache, args.spans, args.heads, args.kv_heads,
-                                           args.capacity, 1, scale_log2, out, nullptr);
+  launch_after_previous(kernel, grid, block, kShared, stream, q, k_cache, v_cache, args.spans, args.heads,
+                        args.kv_heads, args.capacity, 1, scale_log2, out, nullptr);
   return cudaGetLastError();
 }
 

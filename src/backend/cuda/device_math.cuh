@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -111,12 +112,36 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
-// --- programmatic dependent launch (sm_90): a kernel launched with it (the decode matmul,
-// matmul.cu) may start while the kernel before it finishes; it must call wait_for_previous_grid()
-// before it reads anything that kernel wrote or writes anything it reads. A kernel that calls
-// allow_dependent_launch() lets such a successor start early; both are no-ops otherwise. ---
+// --- programmatic dependent launch (sm_90): a kernel started by launch_after_previous may begin
+// while the kernel before it on the stream finishes; it must call wait_for_previous_grid() before
+// it reads anything that kernel wrote or writes anything it reads (which also orders it after
+// every earlier kernel: the previous one finished only after its own wait). A kernel that calls
+// allow_dependent_launch() lets such a successor start early; both are no-ops otherwise.
+// Every kernel of a decode step is launched this way, so a step's ~10 kernels per layer pay their
+// launch latency while the kernel before them still runs, not after it (inside CUDA graphs too). ---
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+// The usual opening of such a kernel: wait for the previous grid, then let the next one start.
+__device__ __forceinline__ void follow_previous_grid() {
+  wait_for_previous_grid();
+  allow_dependent_launch();
+}
+
+template <typename... Parameters, typename... Arguments>
+cudaError_t launch_after_previous(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
+                                  cudaStream_t stream, Arguments&&... arguments) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute after_previous[1] = {};
+  after_previous[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  after_previous[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = after_previous;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...);
+}
 
 __device__ __forceinline__ uint4 load_shared_16(const void* shared_source) {
   return *reinterpret_cast<const uint4*>(shared_source);

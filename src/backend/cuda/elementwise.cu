@@ -20,6 +20,7 @@ __device__ void record_error(DeviceErrorRecord* errors, int32_t code, int32_t va
 template <typename TableT, typename OutT>
 __global__ void embedding_kernel(const TableT* table, int64_t table_rows, int64_t width, const int32_t* ids,
                                  OutT* out, DeviceErrorRecord* errors) {
+  follow_previous_grid();
   const int64_t token = blockIdx.x;
   const int32_t id = ids[token];
   OutT* destination = out + token * width;
@@ -37,6 +38,7 @@ __global__ void embedding_kernel(const TableT* table, int64_t table_rows, int64_
 template <typename Word>
 __global__ void gather_rows_kernel(const Word* x, int64_t x_rows, int64_t row_words, const int32_t* rows, Word* out,
                                    DeviceErrorRecord* errors) {
+  follow_previous_grid();
   const int64_t index = blockIdx.x;
   const int32_t row = rows[index];
   if (row < 0 || row >= x_rows) {
@@ -50,6 +52,7 @@ __global__ void gather_rows_kernel(const Word* x, int64_t x_rows, int64_t row_wo
 
 template <typename T>
 __global__ void add_kernel(T* a, const T* b, int64_t count) {
+  follow_previous_grid();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     a[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
@@ -57,7 +60,7 @@ __global__ void add_kernel(T* a, const T* b, int64_t count) {
 
 template <typename T>
 __global__ void swiglu_kernel(const T* gate, const T* up, T* out, int64_t count) {
-  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
+  follow_previous_grid();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = to_float(gate[i]);
@@ -70,6 +73,7 @@ __global__ void swiglu_kernel(const T* gate, const T* up, T* out, int64_t count)
 template <typename Word>
 __global__ void kv_write_kernel(const Word* k, const Word* v, int64_t row_words, const int32_t* slots,
                                 const int32_t* positions, int64_t capacity, Word* k_cache, Word* v_cache) {
+  follow_previous_grid();
   const int64_t token = blockIdx.x;
   const int64_t row = static_cast<int64_t>(slots[token]) * capacity + positions[token];
   for (int64_t word = blockIdx.y * blockDim.x + threadIdx.x; word < row_words; word += gridDim.y * blockDim.x) {
@@ -99,8 +103,9 @@ cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table
     using TableT = decltype(table_tag);
     dispatched = dispatch_activation(out_dtype, [&](auto out_tag) {
       using OutT = decltype(out_tag);
-      embedding_kernel<TableT, OutT><<<dim3(static_cast<unsigned>(tokens), row_blocks(width)), kThreads, 0, stream>>>(
-          static_cast<const TableT*>(table), table_rows, width, ids, static_cast<OutT*>(out), errors);
+      launch_after_previous(&embedding_kernel<TableT, OutT>, dim3(static_cast<unsigned>(tokens), row_blocks(width)),
+                            kThreads, 0, stream, static_cast<const TableT*>(table), table_rows, width, ids,
+                            static_cast<OutT*>(out), errors);
     });
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
@@ -111,12 +116,11 @@ cudaError_t launch_gather_rows(const void* x, int64_t x_rows, int64_t row_bytes,
   if (count == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(count), row_blocks(row_bytes / 4 + 1));
   if (row_bytes % 4 == 0)
-    gather_rows_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(static_cast<const uint32_t*>(x), x_rows,
-                                                                 row_bytes / 4, rows, static_cast<uint32_t*>(out),
-                                                                 errors);
+    launch_after_previous(&gather_rows_kernel<uint32_t>, grid, kThreads, 0, stream, static_cast<const uint32_t*>(x),
+                          x_rows, row_bytes / 4, rows, static_cast<uint32_t*>(out), errors);
   else
-    gather_rows_kernel<uint8_t><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(x), x_rows, row_bytes,
-                                                                rows, static_cast<uint8_t*>(out), errors);
+    launch_after_previous(&gather_rows_kernel<uint8_t>, grid, kThreads, 0, stream, static_cast<const uint8_t*>(x),
+                          x_rows, row_bytes, rows, static_cast<uint8_t*>(out), errors);
   return cudaGetLastError();
 }
 
@@ -124,7 +128,8 @@ cudaError_t launch_add(void* a, const void* b, int64_t count, DType dtype, cudaS
   if (count == 0) return cudaSuccess;
   const bool dispatched = dispatch_activation(dtype, [&](auto tag) {
     using T = decltype(tag);
-    add_kernel<T><<<flat_blocks(count), kThreads, 0, stream>>>(static_cast<T*>(a), static_cast<const T*>(b), count);
+    launch_after_previous(&add_kernel<T>, flat_blocks(count), kThreads, 0, stream, static_cast<T*>(a),
+                          static_cast<const T*>(b), count);
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -134,9 +139,8 @@ cudaError_t launch_swiglu(const void* gate, const void* up, void* out, int64_t c
   if (count == 0) return cudaSuccess;
   const bool dispatched = dispatch_activation(dtype, [&](auto tag) {
     using T = decltype(tag);
-    swiglu_kernel<T><<<flat_blocks(count), kThreads, 0, stream>>>(static_cast<const T*>(gate),
-                                                                   static_cast<const T*>(up), static_cast<T*>(out),
-                                                                   count);
+    launch_after_previous(&swiglu_kernel<T>, flat_blocks(count), kThreads, 0, stream, static_cast<const T*>(gate),
+                          static_cast<const T*>(up), static_cast<T*>(out), count);
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -147,13 +151,13 @@ cudaError_t launch_kv_write(const void* k, const void* v, int64_t tokens, int64_
   if (tokens == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(tokens), row_blocks(row_bytes / 4 + 1));
   if (row_bytes % 4 == 0)
-    kv_write_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(
-        static_cast<const uint32_t*>(k), static_cast<const uint32_t*>(v), row_bytes / 4, slots, positions, capacity,
-        static_cast<uint32_t*>(k_cache), static_cast<uint32_t*>(v_cache));
+    launch_after_previous(&kv_write_kernel<uint32_t>, grid, kThreads, 0, stream, static_cast<const uint32_t*>(k),
+                          static_cast<const uint32_t*>(v), row_bytes / 4, slots, positions, capacity,
+                          static_cast<uint32_t*>(k_cache), static_cast<uint32_t*>(v_cache));
   else
-    kv_write_kernel<uint8_t><<<grid, kThreads, 0, stream>>>(
-        static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v), row_bytes, slots, positions, capacity,
-        static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache));
+    launch_after_previous(&kv_write_kernel<uint8_t>, grid, kThreads, 0, stream, static_cast<const uint8_t*>(k),
+                          static_cast<const uint8_t*>(v), row_bytes, slots, positions, capacity,
+                          static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache));
   return cudaGetLastError();
 }
 

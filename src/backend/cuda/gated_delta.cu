@@ -42,6 +42,7 @@ __device__ __forceinline__ Span span_at(const int32_t* spans, int64_t index) {
 
 template <typename T>
 __global__ void split_query_gate_kernel(const T* source, T* query, T* gate, int64_t heads, int64_t head_dim) {
+  follow_previous_grid();
   const int64_t count = heads * head_dim;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -53,7 +54,7 @@ __global__ void split_query_gate_kernel(const T* source, T* query, T* gate, int6
 
 template <typename T>
 __global__ void sigmoid_gate_kernel(T* x, const T* gate, int64_t count) {
-  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
+  follow_previous_grid();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] = from_float<T>(to_float(x[i]) * round_to<T>(sigmoid(to_float(gate[i]))));
@@ -63,6 +64,7 @@ __global__ void sigmoid_gate_kernel(T* x, const T* gate, int64_t count) {
 template <typename T, typename W, int kKernel>
 __global__ void conv_silu_kernel(const T* x, const W* weight, const int32_t* spans, int64_t span_count,
                                  int64_t channels, float* conv_state, T* out) {
+  follow_previous_grid();
   const int64_t channel = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t span_index = blockIdx.y;
   if (channel >= channels || span_index >= span_count) return;
@@ -92,6 +94,7 @@ __global__ void conv_silu_kernel(const T* x, const W* weight, const int32_t* spa
 template <typename T>
 __global__ void prepare_qkv_kernel(const T* qkv, int64_t tokens, int64_t key_heads, int64_t key_dim,
                                    int64_t value_width, float query_scale, float eps, float* q, float* k, float* v) {
+  follow_previous_grid();
   const int64_t width = 2 * key_heads * key_dim + value_width;
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -124,6 +127,7 @@ __global__ void prepare_qkv_kernel(const T* qkv, int64_t tokens, int64_t key_hea
 template <typename T, typename W>
 __global__ void gates_kernel(const T* b, const T* a, const W* a_log, const W* dt_bias, int64_t count, int64_t heads,
                              float* beta, float* g) {
+  follow_previous_grid();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t h = i % heads;
@@ -137,6 +141,7 @@ template <typename T, int kKeyDim>
 __global__ void delta_rule_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                   const int32_t* spans, int64_t key_heads, int64_t value_heads, int64_t value_dim,
                                   float* states, T* out) {
+  follow_previous_grid();
   __shared__ float query[kKeyDim];
   __shared__ float key[kKeyDim];
   const Span span = span_at(spans, blockIdx.x);
@@ -183,7 +188,7 @@ __global__ void delta_rule_kernel(const float* q, const float* k, const float* v
 template <typename T, typename W>
 __global__ void rms_norm_gated_kernel(const T* x, const T* z, const W* weight, int64_t rows, int64_t width, float eps,
                                       T* out) {
-  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
+  follow_previous_grid();
   const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -213,8 +218,9 @@ cudaError_t launch_split_query_gate(const void* source, void* query, void* gate,
   if (heads * head_dim == 0) return cudaSuccess;
   const bool dispatched = dispatch_activation(dtype, [&](auto tag) {
     using T = decltype(tag);
-    split_query_gate_kernel<T><<<grid_for(heads * head_dim), kElementThreads, 0, stream>>>(
-        static_cast<const T*>(source), static_cast<T*>(query), static_cast<T*>(gate), heads, head_dim);
+    launch_after_previous(&split_query_gate_kernel<T>, grid_for(heads * head_dim), kElementThreads, 0, stream,
+                          static_cast<const T*>(source), static_cast<T*>(query), static_cast<T*>(gate), heads,
+                          head_dim);
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -223,8 +229,8 @@ cudaError_t launch_sigmoid_gate(void* x, const void* gate, int64_t count, DType 
   if (count == 0) return cudaSuccess;
   const bool dispatched = dispatch_activation(dtype, [&](auto tag) {
     using T = decltype(tag);
-    sigmoid_gate_kernel<T><<<grid_for(count), kElementThreads, 0, stream>>>(static_cast<T*>(x),
-                                                                             static_cast<const T*>(gate), count);
+    launch_after_previous(&sigmoid_gate_kernel<T>, grid_for(count), kElementThreads, 0, stream, static_cast<T*>(x),
+                          static_cast<const T*>(gate), count);
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -238,9 +244,9 @@ cudaError_t launch_causal_conv1d_silu(const ConvArgs& args, cudaStream_t stream)
     using T = decltype(tag);
     dispatched = dispatch_float(args.weight_dtype, [&](auto weight_tag) {
       using W = decltype(weight_tag);
-      conv_silu_kernel<T, W, kGatedDeltaConvKernel><<<grid, kElementThreads, 0, stream>>>(
-          static_cast<const T*>(args.x), static_cast<const W*>(args.weight), args.spans, args.span_count,
-          args.channels, args.conv_state, static_cast<T*>(args.out));
+      launch_after_previous(&conv_silu_kernel<T, W, kGatedDeltaConvKernel>, grid, kElementThreads, 0, stream,
+                            static_cast<const T*>(args.x), static_cast<const W*>(args.weight), args.spans,
+                            args.span_count, args.channels, args.conv_state, static_cast<T*>(args.out));
     });
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
@@ -253,8 +259,9 @@ cudaError_t launch_gated_delta_prepare_qkv(const void* qkv, DType dtype, int64_t
   const int64_t threads = std::max<int64_t>(tokens * 2 * key_heads * 32, tokens * value_width);
   const bool dispatched = dispatch_activation(dtype, [&](auto tag) {
     using T = decltype(tag);
-    prepare_qkv_kernel<T><<<blocks_for(threads, kElementThreads), kElementThreads, 0, stream>>>(
-        static_cast<const T*>(qkv), tokens, key_heads, key_dim, value_width, query_scale, eps, q, k, v);
+    launch_after_previous(&prepare_qkv_kernel<T>, blocks_for(threads, kElementThreads), kElementThreads, 0, stream,
+                          static_cast<const T*>(qkv), tokens, key_heads, key_dim, value_width, query_scale, eps, q, k,
+                          v);
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -268,9 +275,9 @@ cudaError_t launch_gated_delta_gates(const void* b, const void* a, DType dtype, 
     using T = decltype(tag);
     dispatched = dispatch_float(weight_dtype, [&](auto weight_tag) {
       using W = decltype(weight_tag);
-      gates_kernel<T, W><<<grid_for(count), kElementThreads, 0, stream>>>(
-          static_cast<const T*>(b), static_cast<const T*>(a), static_cast<const W*>(a_log),
-          static_cast<const W*>(dt_bias), count, heads, beta, g);
+      launch_after_previous(&gates_kernel<T, W>, grid_for(count), kElementThreads, 0, stream, static_cast<const T*>(b),
+                            static_cast<const T*>(a), static_cast<const W*>(a_log), static_cast<const W*>(dt_bias),
+                            count, heads, beta, g);
     });
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
@@ -285,8 +292,8 @@ cudaError_t launch_gated_delta_rule(const DeltaRuleArgs& args, cudaStream_t stre
   dispatch_activation(args.dtype, [&](auto tag) {
     using T = decltype(tag);
     auto run = [&](auto kernel) {
-      kernel<<<grid, threads, 0, stream>>>(args.q, args.k, args.v, args.g, args.beta, args.spans, args.key_heads,
-                                           args.value_heads, args.value_dim, args.states, static_cast<T*>(args.out));
+      launch_after_previous(kernel, grid, threads, 0, stream, args.q, args.k, args.v, args.g, args.beta, args.spans,
+                            args.key_heads, args.value_heads, args.value_dim, args.states, static_cast<T*>(args.out));
       dispatched = true;
     };
     switch (args.key_dim) {
@@ -307,9 +314,9 @@ cudaError_t launch_rms_norm_gated(const void* x, const void* z, DType dtype, con
     using T = decltype(tag);
     dispatched = dispatch_float(weight_dtype, [&](auto weight_tag) {
       using W = decltype(weight_tag);
-      rms_norm_gated_kernel<T, W><<<blocks_for(rows * 32, kElementThreads), kElementThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(z), static_cast<const W*>(weight), rows, width, eps,
-          static_cast<T*>(out));
+      launch_after_previous(&rms_norm_gated_kernel<T, W>, blocks_for(rows * 32, kElementThreads), kElementThreads, 0,
+                            stream, static_cast<const T*>(x), static_cast<const T*>(z), static_cast<const W*>(weight),
+                            rows, width, eps, static_cast<T*>(out));
     });
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   // and every store come after. The first commit group holds all those weights.
   for (int s = 0; s < kStages - 1; ++s)
     if (s < my_stages) load_decode_weights<kColumns>(ring + s * stage_bytes, w, n, k, column0, stage_of(s) * kDecodeStageK);
-  wait_for_previous_grid();
+  follow_previous_grid();
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < my_stages) load_decode_inputs<Config>(ring + s * stage_bytes, x, m, k, stage_of(s) * kDecodeStageK);
     cp_async_commit();
@@ -459,19 +459,11 @@ cudaError_t launch_decode(const MatmulArgs* products, int count, cudaStream_t st
     targets.n[t] = products[t].n;
     targets.first_block[t + 1] = targets.first_block[t] + static_cast<int>(blocks_for(products[t].n, kColumns));
   }
-  // Programmatic dependent launch: the blocks may start (and request their first weights) while the
-  // previous kernel on the stream finishes; the kernel waits for it before touching x or out.
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(targets.first_block[count]));
-  config.blockDim = dim3(kWarps * 32);
-  config.dynamicSmemBytes = static_cast<size_t>(shared);
-  config.stream = stream;
-  cudaLaunchAttribute after_previous[1] = {};
-  after_previous[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  after_previous[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = after_previous;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<const bf16*>(args.x), targets, args.m, args.k);
+  // The blocks may start (and request their first weights) while the previous kernel on the stream
+  // finishes; the kernel waits for it before touching x or out.
+  return launch_after_previous(kernel, dim3(static_cast<unsigned>(targets.first_block[count])), dim3(kWarps * 32),
+                               static_cast<size_t>(shared), stream, static_cast<const bf16*>(args.x), targets, args.m,
+                               args.k);
 }
 
 // The decode launch shapes (weight rows per block, warps per block, ring stages per warp) for m ≤ 8;

@@ -67,7 +67,7 @@ __device__ __forceinline__ float row_total(float partial) {
 template <typename S, typename T, typename W, bool kWholeBlock>
 __global__ void rms_norm_kernel(const S* x, const W* weight, T* out, int64_t rows, int64_t width, float eps,
                                 bool zero_centred) {
-  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
+  follow_previous_grid();  // launched after the previous kernel (device_math.cuh)
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
@@ -84,7 +84,7 @@ __global__ void rms_norm_kernel(const S* x, const W* weight, T* out, int64_t row
 template <typename S, typename T, typename W, bool kWholeBlock>
 __global__ void add_rms_norm_kernel(S* residual, const S* delta, const W* weight, T* out, int64_t rows,
                                     int64_t width, float eps, bool zero_centred) {
-  allow_dependent_launch();  // the decode matmul after this one may start (device_math.cuh)
+  follow_previous_grid();  // launched after the previous kernel (device_math.cuh)
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
@@ -137,11 +137,11 @@ cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) {
     const auto* weight = static_cast<const W*>(args.weight);
     auto* out = static_cast<T*>(args.out);
     if (whole_block)
-      rms_norm_kernel<S, T, W, true><<<norm_grid(args, true), kBlockThreads, 0, stream>>>(
-          x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+      launch_after_previous(&rms_norm_kernel<S, T, W, true>, norm_grid(args, true), kBlockThreads, 0, stream, x, weight,
+                            out, args.rows, args.width, args.eps, args.zero_centred);
     else
-      rms_norm_kernel<S, T, W, false><<<norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream>>>(
-          x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+      launch_after_previous(&rms_norm_kernel<S, T, W, false>, norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream,
+                            x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
   });
 }
 
@@ -157,11 +157,11 @@ cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream) {
     const auto* weight = static_cast<const W*>(args.weight);
     auto* out = static_cast<T*>(args.out);
     if (whole_block)
-      add_rms_norm_kernel<S, T, W, true><<<norm_grid(args, true), kBlockThreads, 0, stream>>>(
-          residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+      launch_after_previous(&add_rms_norm_kernel<S, T, W, true>, norm_grid(args, true), kBlockThreads, 0, stream,
+                            residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
     else
-      add_rms_norm_kernel<S, T, W, false><<<norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream>>>(
-          residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+      launch_after_previous(&add_rms_norm_kernel<S, T, W, false>, norm_grid(args, false), kWarpRowsPerBlock * 32, 0,
+                            stream, residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
   });
 }
 

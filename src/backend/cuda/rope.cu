@@ -38,6 +38,7 @@ __device__ __forceinline__ void rotate_pair(T* head, T* copy, int64_t pair, int6
 template <typename T>
 __global__ void rope_kernel(T* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t half_rotary,
                             const int32_t* positions, const float* inv_freq) {
+  follow_previous_grid();
   const int64_t pairs = tokens * heads * half_rotary;
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < pairs;
        index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -54,6 +55,7 @@ template <typename T>
 __global__ void rope_kv_write_kernel(T* q, T* k, const T* v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                      int64_t half_rotary, const int32_t* positions, const int32_t* slots,
                                      const float* inv_freq, int64_t capacity, T* k_cache, T* v_cache) {
+  follow_previous_grid();
   const int64_t token = blockIdx.x, head = blockIdx.y;
   const int32_t position = positions[token];
   if (head < q_heads) {
@@ -87,8 +89,8 @@ cudaError_t launch_rope(void* x, DType dtype, int64_t tokens, int64_t heads, int
   const unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
   const bool dispatched = dispatch_activation(dtype, [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<T*>(x), tokens, heads, head_dim, rotary_dim / 2,
-                                                  positions, inv_freq);
+    launch_after_previous(&rope_kernel<T>, grid, kThreads, 0, stream, static_cast<T*>(x), tokens, heads, head_dim,
+                          rotary_dim / 2, positions, inv_freq);
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -99,10 +101,10 @@ cudaError_t launch_rope_kv_write(const RopeKvWriteArgs& args, cudaStream_t strea
   const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.q_heads + args.kv_heads));
   const bool dispatched = dispatch_activation(args.dtype, [&](auto tag) {
     using T = decltype(tag);
-    rope_kv_write_kernel<T><<<grid, kHeadThreads, 0, stream>>>(
-        static_cast<T*>(args.q), static_cast<T*>(args.k), static_cast<const T*>(args.v), args.q_heads,
-        args.kv_heads, args.head_dim, args.rotary_dim / 2, args.positions, args.slots, args.inv_freq, args.capacity,
-        static_cast<T*>(args.k_cache), static_cast<T*>(args.v_cache));
+    launch_after_previous(&rope_kv_write_kernel<T>, grid, kHeadThreads, 0, stream, static_cast<T*>(args.q),
+                          static_cast<T*>(args.k), static_cast<const T*>(args.v), args.q_heads, args.kv_heads,
+                          args.head_dim, args.rotary_dim / 2, args.positions, args.slots, args.inv_freq, args.capacity,
+                          static_cast<T*>(args.k_cache), static_cast<T*>(args.v_cache));
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }

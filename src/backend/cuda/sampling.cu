@@ -19,6 +19,7 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace kiln::cuda {
@@ -133,6 +134,7 @@ __device__ float block_log_probability(const float* logits, int64_t vocab, int64
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, const int32_t* settings, int64_t vocab, const int32_t* sorted_ids,
                   int32_t* tokens, float* logprobs, DeviceErrorRecord* errors) {
+  follow_previous_grid();
   __shared__ double sums[kThreads];
   __shared__ int64_t indices[kThreads];
   __shared__ float values[kThreads];
@@ -216,6 +218,7 @@ __global__ void __launch_bounds__(kThreads)
 // as the logit ascends (−0 is folded onto +0, which the host's comparison treats as equal).
 __global__ void sort_keys_kernel(const float* logits, int64_t rows, int64_t vocab, unsigned long long* keys,
                                  int32_t* ids) {
+  follow_previous_grid();
   const int64_t count = rows * vocab;
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < count;
        index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -270,8 +273,8 @@ cudaError_t launch_sample_tokens(const SamplingArgs& args, cudaStream_t stream) 
     size_t cub_bytes = cub_scratch_bytes(args.rows, args.vocab);
     void* cub_scratch = carve(cub_bytes);
     const int64_t blocks = (static_cast<int64_t>(items) + 255) / 256;
-    sort_keys_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        args.logits, args.rows, args.vocab, keys_in, ids_in);
+    launch_after_previous(&sort_keys_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream,
+                          args.logits, args.rows, args.vocab, keys_in, ids_in);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
     if (cudaError_t status = cub::DeviceRadixSort::SortPairs(cub_scratch, cub_bytes, keys_in, keys_out, ids_in,
                                                              ids_out, static_cast<int>(items), 0,
@@ -280,8 +283,8 @@ cudaError_t launch_sample_tokens(const SamplingArgs& args, cudaStream_t stream) 
       return status;
     sorted_ids = ids_out;
   }
-  sample_kernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(args.logits, args.settings, args.vocab,
-                                                                          sorted_ids, args.tokens, args.logprobs, args.errors);
+  launch_after_previous(&sample_kernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args.logits,
+                        args.settings, args.vocab, sorted_ids, args.tokens, args.logprobs, args.errors);
   return cudaGetLastError();
 }
 
