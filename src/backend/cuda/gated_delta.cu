@@ -4,7 +4,9 @@
 // with F32 activations every ⟦·⟧ is the identity and the ops compute what the CPU backend does.
 //   conv + SiLU   f32 taps over the inputs, f32 SiLU, one rounding (causal_conv1d's fused kernel)
 //   q, k          f32 L2 norm per head (q also × dk^−½), kept in f32 (the recurrence reads f32)
-//   β, g          β = ⟦sigmoid(b)⟧ (torch's bf16 sigmoid), g = −exp(A_log)·softplus(a + dt_bias) in f32
+//   β, g          β = sigmoid(b) and g = −exp(A_log)·softplus(a + dt_bias), both f32. torch rounds β
+//                 to bf16 (its bf16 sigmoid); kiln does not, as that rounding is what makes
+//                 qwen3_5-text-tiny's least well-conditioned row 10 × less accurate (docs/numerics.md)
 //   recurrence    f32 state and math, the output rounded once
 //   gated norm    ⟦⟦x·rsqrt(mean x² + ε)⟧·w⟧, then ⟦· silu(z)⟧ (Qwen3_5RMSNormGated: three roundings)
 //   output gate   ⟦x·⟦sigmoid(gate)⟧⟧ (torch's bf16 sigmoid and product)
@@ -131,7 +133,7 @@ __global__ void gates_kernel(const T* b, const T* a, const W* a_log, const W* dt
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t h = i % heads;
-    beta[i] = round_to<T>(sigmoid(to_float(b[i])));
+    beta[i] = sigmoid(to_float(b[i]));
     g[i] = -expf(to_float(a_log[h])) * softplus(to_float(a[i]) + to_float(dt_bias[h]));
   }
 }
