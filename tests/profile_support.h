@@ -14,6 +14,7 @@
 #include "io/config.h"
 #include "io/fingerprint.h"
 #include "model/profile.h"
+#include "test_support.h"
 
 namespace kiln::testing {
 
@@ -92,20 +93,6 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> previous_;
 };
-
-// Runs `action`, expecting a kiln::Error whose message holds every one of `fragments`.
-inline void expect_error_mentions(const std::function<void()>& action, const std::vector<std::string>& fragments) {
-  try {
-    action();
-  } catch (const Error& error) {
-    const std::string message = error.what();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos) << "the error \"" << message << "\" does not mention \""
-                                                             << fragment << "\"";
-    return;
-  }
-  ADD_FAILURE() << "expected a kiln::Error mentioning " << ::testing::PrintToString(fragments);
-}
 
 }  // namespace kiln::testing
 

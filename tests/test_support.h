@@ -1,11 +1,16 @@
-// Helpers shared by the test files: where ../shared is, and skipping clearly when it is absent.
+// Helpers shared by the test files: where ../shared is (skipping clearly when it is absent), running
+// commands, temporary folders, and expecting a kiln::Error that names what is wrong.
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
+
+#include "core/error.h"
 
 namespace kiln::testing {
 
@@ -35,6 +40,20 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Runs `action`, expecting a kiln::Error whose message holds every one of `fragments`.
+inline void expect_error_mentions(const std::function<void()>& action, const std::vector<std::string>& fragments) {
+  try {
+    action();
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    for (const auto& fragment : fragments)
+      EXPECT_NE(message.find(fragment), std::string::npos) << "the error \"" << message << "\" does not mention \""
+                                                             << fragment << "\"";
+    return;
+  }
+  ADD_FAILURE() << "expected a kiln::Error mentioning " << ::testing::PrintToString(fragments);
+}
 
 }  // namespace kiln::testing
 

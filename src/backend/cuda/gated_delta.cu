@@ -6,7 +6,7 @@
 //   q, k          f32 L2 norm per head (q also × dk^−½), kept in f32 (the recurrence reads f32)
 //   β, g          β = sigmoid(b) and g = −exp(A_log)·softplus(a + dt_bias), both f32. torch rounds β
 //                 to bf16 (its bf16 sigmoid); kiln does not, as that rounding is what makes
-//                 qwen3_5-text-tiny's least well-conditioned row 10 × less accurate (docs/numerics.md)
+//                 qwen3_5-text-tiny's least well-conditioned row 7 × less accurate (docs/numerics.md)
 //   recurrence    f32 state and math, the output rounded once
 //   gated norm    ⟦⟦x·rsqrt(mean x² + ε)⟧·w⟧, then ⟦· silu(z)⟧ (Qwen3_5RMSNormGated: three roundings)
 //   output gate   ⟦x·⟦sigmoid(gate)⟧⟧ (torch's bf16 sigmoid and product)
