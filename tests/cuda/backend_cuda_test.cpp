@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -116,8 +117,8 @@ std::vector<OpCase> matmul_cases(std::mt19937& random) {
     int64_t m, n, k;
     bool bias, f32_out;
   };
-  // Row counts 1 / 8 / 16 take the decode kernel (8- or 16-column warps), the others the tiled
-  // GEMM (64×64 or 128×128); k = 72, 200 end in a partial 32-element chunk.
+  // Row counts 1 / 8 / 16 take the decode kernel (8- or 16-column warps), the others the prefill
+  // GEMM; k = 72, 200 end in a partial 32-element chunk.
   const std::vector<Shape> shapes = {{1, 64, 64, false, false},    {1, 512, 64, false, true},
                                      {3, 130, 72, true, false},    {8, 33, 200, false, false},
                                      {16, 300, 520, true, true},   {17, 96, 160, false, false},
@@ -140,7 +141,7 @@ std::vector<OpCase> matmul_cases(std::mt19937& random) {
     op.f32_weight_dtypes = {DType::F32, DType::BF16, DType::F16};
     cases.push_back(std::move(op));
   }
-  // Groups (q/k/v-like and gate/up-like widths): decode rows and tiled rows, with and without bias.
+  // Groups (q/k/v-like and gate/up-like widths): decode rows and prefill rows, with and without bias.
   for (int64_t m : {1, 12, 40}) {
     OpCase group;
     group.name = "matmul_group m=" + std::to_string(m) + " n=640,128,136 k=256";
@@ -670,8 +671,8 @@ TEST_P(CudaInvariance, MatmulRowIsBitIdenticalAloneAndInAnyBatch) {
   std::mt19937 random(11);
   const int64_t rows = 300, k = 520;
   const Tensor x = f32_as(random_f32({rows, k}, random), act);
-  // n = 1000 takes 8-column decode warps and 64×64 tiles at m = 300; n = 8192 takes 16-column
-  // decode warps and 128×128 tiles.
+  // n = 1000 takes 8-column decode warps (and a partial last wgmma block at m = 300); n = 8192
+  // takes 16-column decode warps.
   for (int64_t n : {1000, 8192}) {
     const Tensor w = cuda->upload(f32_as(random_f32({n, k}, random, 0.05f), act));
     const Tensor bias = cuda->upload(f32_as(random_f32({n}, random), act));
@@ -690,7 +691,7 @@ TEST_P(CudaInvariance, MatmulRowIsBitIdenticalAloneAndInAnyBatch) {
   }
 }
 
-// A matmul group's products are the separate matmuls' bits, on the decode and the tiled paths.
+// A matmul group's products are the separate matmuls' bits, on the decode and the prefill paths.
 TEST_P(CudaInvariance, MatmulGroupEqualsOneMatmulPerProductBitForBit) {
   KILN_REQUIRE_CUDA();
   const DType act = GetParam();
@@ -759,6 +760,33 @@ TEST(CudaDecodeShapes, EveryLaunchShapeGivesTheSameBits) {
         const Tensor actual = cuda->download(outs[t]);
         EXPECT_EQ(std::memcmp(actual.raw(), expected[t].raw(), actual.nbytes()), 0)
             << "m=" << m << " shape " << shape << " product " << t;
+      }
+    }
+  }
+}
+
+// The prefill GEMM's rows are the decode kernel's bits (each 16-row slice goes to the decode
+// kernel), with bias, bf16 and f32 output: partial blocks in both directions, a partial last
+// segment and chunk.
+TEST(CudaPrefillGemm, RowsAreTheDecodeKernelsBits) {
+  KILN_REQUIRE_CUDA();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(17);
+  for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{17, 40, 72}, {300, 200, 2056}, {130, 520, 1032}}) {
+    const Tensor x = f32_as(random_f32({m, k}, random), DType::BF16);
+    const Tensor w = cuda->upload(f32_as(random_f32({n, k}, random, 0.03f), DType::BF16));
+    const Tensor bias = cuda->upload(f32_as(random_f32({n}, random), DType::BF16));
+    for (DType out_dtype : {DType::BF16, DType::F32}) {
+      Tensor all = cuda->alloc({m, n}, out_dtype);
+      cuda->matmul(cuda->upload(x), w, &bias, all);
+      all = cuda->download(all);
+      for (int64_t first = 0; first < m; first += cuda::kMatmulDecodeMaxRows) {
+        const int64_t count = std::min<int64_t>(cuda::kMatmulDecodeMaxRows, m - first);
+        Tensor part = cuda->alloc({count, n}, out_dtype);
+        cuda->matmul(upload_rows(*cuda, x, first, count), w, &bias, part);
+        EXPECT_TRUE(same_rows(cuda->download(part), 0, all, first, count))
+            << "m=" << m << " n=" << n << " k=" << k << " out " << dtype_name(out_dtype) << " rows [" << first << ", "
+            << first + count << ")";
       }
     }
   }

@@ -103,7 +103,7 @@ cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream);
 cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream);
 constexpr int kMatmulGroupMax = 4;  // = kiln::kMaxMatmulGroup (backend.h, which this layer does not include)
 // Several BF16 products sharing x, m and k (up to kMatmulGroupMax): one decode launch for m ≤
-// kMatmulDecodeMaxRows, else one tiled GEMM each; every element as launch_matmul_bf16 computes it.
+// kMatmulDecodeMaxRows, else one prefill GEMM each; every element as launch_matmul_bf16 computes it.
 cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cudaStream_t stream);
 // The decode kernel's launch shapes, for the kernel bench's sweep and the tests (launch_matmul_bf16
 // picks one itself): shape i < decode_launch_shape_count(m) of a group of products with m ≤
@@ -114,7 +114,7 @@ struct DecodeLaunchShape {
 int decode_launch_shape_count(int64_t m);
 DecodeLaunchShape decode_launch_shape(int64_t m, int shape);
 cudaError_t launch_matmul_bf16_decode(const MatmulArgs* products, int count, int shape, cudaStream_t stream);
-// The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the tiled GEMM.
+// The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the prefill GEMM.
 // Both give bit-identical elements (same per-element accumulation order).
 constexpr int64_t kMatmulDecodeMaxRows = 16;
 // The BF16 path sums K in segments of this many elements (each an mma chain from zero, the

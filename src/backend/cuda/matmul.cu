@@ -7,21 +7,22 @@
 // F32 activations (CUDA cores, never tf32): acc = 0; acc = fma(x[t,k], w[n,k], acc) for
 // k = 0, 1, …, K-1; out = acc + bias. One kernel for every m.
 //
-// BF16 activations (tensor cores, mma.sync m16n8k16, f32 accumulate): w is the mma's A operand
-// (16 output columns) and x its B operand (8 rows), so the decode and prefill kernels feed the
-// tensor core identically. K is cut into segments of kMatmulSegmentK = 1024 (the last may be
-// shorter), each cut into 32-element chunks, zero-padded past K. A chunk is two mma steps: with
-// q = 0..3 the first takes the chunk's elements {8q .. 8q+3}, the second {8q+4 .. 8q+7} (each
-// lane's 16-byte piece of a row splits into the two steps' k-pairs; see mma_chunk). Within a
-// segment one f32 accumulator chains through every step from zero; the segment results are added
-// in ascending order to a total that starts at 0; then + bias, then one rounding to the output
-// dtype. Segment boundaries depend on K alone, so this is no M-dependent split-K: it is what lets
-// decode spread one output's K over several warps.
-//   m ≤ kMatmulDecodeMaxRows: the decode kernel, a block of four to eight warps per 8 or 16 weight
-//     rows (the launch shape, chosen by size), the warps taking the segments in turn through their
-//     own cp.async rings (the weights are read exactly once), warp 0 adding the segment results in
-//     order. A matmul group's products share one launch.
-//   larger m: the tiled GEMM (128×128 or 64×64 tiles of weight rows × x rows).
+// BF16 activations (tensor cores, f32 accumulate): w is the A operand (output columns) and x the B
+// operand (rows) of every kernel. K is cut into segments of kMatmulSegmentK = 1024 (the last may be
+// shorter), each cut into 32-element chunks, zero-padded past K; a chunk is two tensor-core steps
+// of 16 k, the first taking the chunk's elements 0..15, the second 16..31. Within a segment one f32
+// accumulator chains through every step from zero; the segment results are added in ascending
+// order to a total that starts at 0; then + bias, then one rounding to the output dtype. Segment
+// boundaries depend on K alone, so this is no M-dependent split-K: it is what lets decode spread
+// one output's K over several warps. Where in a step a product sits does not change the step's sum
+// (the Hopper tensor core adds a step's 16 products as one set: mma.sync m16n8k16 and wgmma k16
+// agree bit for bit, which the CUDA invariance tests check), so the kernels only agree on which
+// 16 elements form each step.
+//   m ≤ kMatmulDecodeMaxRows: the decode kernel (mma.sync), a block of four to eight warps per 8 or
+//     16 weight rows (the launch shape, chosen by size), the warps taking the segments in turn
+//     through their own cp.async rings (the weights are read exactly once), warp 0 adding the
+//     segment results in order. A matmul group's products share one launch.
+//   larger m: the prefill GEMM (wgmma), 128 weight rows × 128 rows per block.
 #include <algorithm>
 
 #include "backend/cuda/device_math.cuh"
@@ -111,12 +112,28 @@ __global__ void __launch_bounds__(kF32Threads)
 constexpr int kChunk = 32;          // k elements per chunk (two mma steps)
 constexpr int kChunkBytes = kChunk * 2;
 
-// One chunk for one 16×8 tile: `upper`/`lower` are the lane's 16-byte pieces (k = 8q .. 8q+7 of the
-// chunk) of weight rows g and g+8, `tokens` the piece of x row g; g = lane / 4, q = lane % 4.
-// Word j of a piece holds k = 8q+2j, 8q+2j+1. The A/B fragments of m16n8k16 want, at lane (g, q),
-// the k-pairs {2q, 2q+1} and {2q+8, 2q+9}; the first step gives them words 0 and 1, the second
-// words 2 and 3. Both kernels call this, so both feed the tensor core the same products in the
-// same positions.
+// Shared memory holds a row's 32-element chunk as a 64-byte line of four 16-byte units; unit u of
+// line l sits at unit u ^ (l & 2). The eight rows that one load instruction reads then cover every
+// bank twice (two wavefronts for the 8-byte reads below; unswizzled lines 128 bytes apart would
+// share banks four ways).
+__device__ __forceinline__ uint8_t* chunk_unit(uint8_t* lines, int line, int unit) {
+  return lines + line * kChunkBytes + ((unit ^ (line & 2)) * 16);
+}
+
+// A lane's words of line `line`, q = lane % 4: .x, .y hold k = 4q .. 4q + 3 (the first mma step's),
+// .z, .w hold k = 16 + 4q .. 16 + 4q + 3 (the second's).
+__device__ __forceinline__ uint4 load_chunk_words(const uint8_t* lines, int line, int q) {
+  const uint8_t* base = lines + line * kChunkBytes + (q & 1) * 8;
+  const uint2 first = *reinterpret_cast<const uint2*>(base + (((q >> 1) ^ (line & 2)) * 16));
+  const uint2 second = *reinterpret_cast<const uint2*>(base + (((2 + (q >> 1)) ^ (line & 2)) * 16));
+  return make_uint4(first.x, first.y, second.x, second.y);
+}
+
+// One chunk for one 16×8 tile: `upper`/`lower` are the lane's chunk words (load_chunk_words) of
+// weight rows g and g+8, `tokens` those of x row g; g = lane / 4, q = lane % 4. The A/B fragments
+// of m16n8k16 take, at lane (g, q), two k-pairs per row; the first step gives them words x and y,
+// the second z and w, so step s multiplies exactly the chunk's elements 16s .. 16s + 15. Both
+// kernels call this, so both feed the tensor core the same products in the same positions.
 __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint4& upper, const uint4& lower, const uint4& tokens) {
   const uint32_t first[4] = {upper.x, lower.x, upper.y, lower.y};
   mma_bf16_16816(acc, first, tokens.x, tokens.y);
@@ -139,124 +156,166 @@ __device__ __forceinline__ void store_tile(const float (&acc)[4], int64_t column
   }
 }
 
-// --- tiled GEMM ---
-template <int kBlockColumns, int kBlockRows, int kWarpsColumns, int kWarpsRows, int kStages>
-struct TiledConfig {
-  static constexpr int kThreads = kWarpsColumns * kWarpsRows * 32;
-  static constexpr int kWarpColumns = kBlockColumns / kWarpsColumns;
-  static constexpr int kWarpRows = kBlockRows / kWarpsRows;
-  static constexpr int kColumnTiles = kWarpColumns / 16;
-  static constexpr int kRowTiles = kWarpRows / 8;
-  static constexpr int kChunksPerStage = 2;
-  static constexpr int kStageK = kChunk * kChunksPerStage;
-  static constexpr int kStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kStageK;
-  static constexpr int kWeightStageBytes = kChunksPerStage * kBlockColumns * kChunkBytes;
-  static constexpr int kInputStageBytes = kChunksPerStage * kBlockRows * kChunkBytes;
-  static constexpr int kStageBytes = kWeightStageBytes + kInputStageBytes;
-  static constexpr int kSharedBytes = kStages * kStageBytes;
-  static constexpr int kBlockColumnsValue = kBlockColumns;
-  static constexpr int kBlockRowsValue = kBlockRows;
-  static constexpr int kWarpsRowsValue = kWarpsRows;
-  static constexpr int kStagesValue = kStages;
-};
+// --- prefill GEMM (wgmma, sm_90a): a block computes 128 weight rows × 128 x rows, a warpgroup 64 × 128 ---
+// wgmma reads both operands from shared memory in the 128-byte-swizzled K-major layout: a stage's
+// 64 k of a row fill one 128-byte line (16-byte unit u of line r at unit u ^ (r % 8)). Each k16
+// step multiplies 16 consecutive k, the elements mma_chunk's step takes; the tensor core sums a
+// step's products the same whichever positions they sit in (the CUDA invariance tests hold this
+// kernel to the decode kernel's bits), so the steps agree bit for bit. A 128 × 256 tile (segment
+// totals in shared memory, 64-byte lines) and 64 × 64 mma.sync tiles were measured slower at every
+// m from 32 to 1,024 (docs/perf.md), so this one kernel takes every m above the decode kernel's.
+constexpr int kWgmmaRows = 128;       // weight rows per block: two warpgroups of 64
+constexpr int kWgmmaTokens = 128;     // x rows per block (the wgmma N)
+constexpr int kWgmmaThreads = 256;
+constexpr int kWgmmaStageK = 64;      // one 128-byte line of bf16 per row
+constexpr int kWgmmaLineBytes = kWgmmaStageK * 2;
+constexpr int kWgmmaStages = 6;
+// Stages loaded ahead: one stage group of wgmma stays in flight and a slot is refilled only after
+// its group retired (two in flight measured the same, docs/perf.md).
+constexpr int kWgmmaAhead = kWgmmaStages - 2;
+constexpr int kWgmmaWeightBytes = kWgmmaRows * kWgmmaLineBytes;
+constexpr int kWgmmaStageBytes = kWgmmaWeightBytes + kWgmmaTokens * kWgmmaLineBytes;
+constexpr int kWgmmaStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kWgmmaStageK;
+constexpr int kWgmmaSharedBytes = kWgmmaStages * kWgmmaStageBytes + 1024;  // + alignment of the swizzle atoms
 
-// Shared layout per stage: weights [chunk][column][32 k], then x [chunk][row][32 k]; a warp's
-// 16-byte reads of 8 consecutive lanes cover two adjacent 64-byte rows (conflict-free).
-template <typename Config>
-__device__ __forceinline__ void load_tiled_stage(uint8_t* stage, const bf16* x, const bf16* w, int64_t m, int64_t n,
-                                                 int64_t k, int64_t row0, int64_t column0, int64_t k_base) {
-  constexpr int kPiecesPerLine = Config::kChunksPerStage * 4;  // 16-byte pieces per row per stage
-  for (int piece = threadIdx.x; piece < Config::kBlockColumnsValue * kPiecesPerLine; piece += Config::kThreads) {
-    const int column = piece / kPiecesPerLine;
-    const int chunk = (piece / 4) % Config::kChunksPerStage;
-    const int q = piece % 4;
-    const int64_t global_k = k_base + chunk * kChunk + q * 8;
-    const bool valid = column0 + column < n && global_k < k;
-    const bf16* source = valid ? w + (column0 + column) * k + global_k : w;
-    cp_async_16(stage + (chunk * Config::kBlockColumnsValue + column) * kChunkBytes + q * 16, source, valid);
-  }
-  uint8_t* inputs = stage + Config::kWeightStageBytes;
-  for (int piece = threadIdx.x; piece < Config::kBlockRowsValue * kPiecesPerLine; piece += Config::kThreads) {
-    const int row = piece / kPiecesPerLine;
-    const int chunk = (piece / 4) % Config::kChunksPerStage;
-    const int q = piece % 4;
-    const int64_t global_k = k_base + chunk * kChunk + q * 8;
-    const bool valid = row0 + row < m && global_k < k;
-    const bf16* source = valid ? x + (row0 + row) * k + global_k : x;
-    cp_async_16(inputs + (chunk * Config::kBlockRowsValue + row) * kChunkBytes + q * 16, source, valid);
+__device__ __forceinline__ void cp_async_16_to(uint32_t shared_destination, const void* global_source, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_destination), "l"(global_source),
+               "r"(valid ? 16 : 0));
+}
+
+// Rows [row0, row0 + 128) × k [k_base, k_base + 64) of a K-major matrix into one operand's lines,
+// zero past its rows or K.
+__device__ __forceinline__ void load_wgmma_lines(uint32_t lines, const bf16* matrix, int64_t rows, int64_t k,
+                                                 int64_t row0, int64_t k_base) {
+  constexpr int kUnitsPerLine = kWgmmaLineBytes / 16;
+  constexpr int kLinesPerPass = kWgmmaThreads / kUnitsPerLine;  // a multiple of 8: same swizzle each pass
+  const int first_line = static_cast<int>(threadIdx.x) / kUnitsPerLine;
+  const int unit = static_cast<int>(threadIdx.x) % kUnitsPerLine;
+  const uint32_t destination = lines + first_line * kWgmmaLineBytes + (unit ^ (first_line % 8)) * 16;
+  const int64_t global_k = k_base + unit * 8;
+  const bf16* source = matrix + (row0 + first_line) * k + global_k;
+#pragma unroll
+  for (int pass = 0; pass < kWgmmaTokens / kLinesPerPass; ++pass) {
+    const bool valid = row0 + first_line + pass * kLinesPerPass < rows && global_k < k;
+    cp_async_16_to(destination + pass * kLinesPerPass * kWgmmaLineBytes,
+                   valid ? source + pass * kLinesPerPass * k : matrix, valid);
   }
 }
 
-template <typename Config>
-__global__ void __launch_bounds__(Config::kThreads)
-    matmul_bf16_tiled_kernel(const bf16* x, const bf16* w, const void* bias, DType bias_dtype, void* out,
+// A shared-memory matrix descriptor: start address, leading offset 16 bytes (unused by swizzled
+// K-major operands), 1,024 bytes between 8-line swizzle atoms, 128-byte swizzle.
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t shared_address) {
+  return static_cast<uint64_t>((shared_address & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) |
+         (uint64_t{(8 * kWgmmaLineBytes) >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// d (64 × 128, f32) = a (64 × 16) · b (128 × 16)ᵀ (+ d when `accumulate`), bf16 in shared memory,
+// K-major.
+__device__ __forceinline__ void wgmma_step(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, accumulate, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// Pins the accumulators in place around the asynchronous wgmma (the compiler must neither read
+// them early nor move other writes across).
+__device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    matmul_bf16_wgmma_kernel(const bf16* x, const bf16* w, const void* bias, DType bias_dtype, void* out,
                              DType out_dtype, int64_t m, int64_t n, int64_t k) {
   extern __shared__ uint4 shared_words[];
-  uint8_t* shared = reinterpret_cast<uint8_t*>(shared_words);
-  const int64_t column0 = static_cast<int64_t>(blockIdx.x) * Config::kBlockColumnsValue;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * Config::kBlockRowsValue;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, q = lane % 4;
-  const int warp_column = (warp / Config::kWarpsRowsValue) * Config::kWarpColumns;
-  const int warp_row = (warp % Config::kWarpsRowsValue) * Config::kWarpRows;
+  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(shared_words)) + 1023u) & ~1023u;
+  const int64_t column0 = static_cast<int64_t>(blockIdx.x) * kWgmmaRows;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kWgmmaTokens;
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  float acc[64], total[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) total[i] = 0.0f;
+  const int64_t stages = (k + kWgmmaStageK - 1) / kWgmmaStageK;
+  auto load_stage = [&](int64_t s) {
+    const uint32_t slot = base + static_cast<uint32_t>(s % kWgmmaStages) * kWgmmaStageBytes;
+    load_wgmma_lines(slot, w, n, k, column0, s * kWgmmaStageK);
+    load_wgmma_lines(slot + kWgmmaWeightBytes, x, m, k, row0, s * kWgmmaStageK);
+  };
+  for (int s = 0; s < kWgmmaAhead; ++s) {
+    if (s < stages) load_stage(s);
+    cp_async_commit();
+  }
+  // A segment's first step overwrites the accumulators (scale-d 0) instead of adding to zeroed
+  // ones: the same sum, except that a step of zero products could leave -0 where 0 + (-0) is +0,
+  // and the segment result is added to a total that starts at +0, which erases that difference. No
+  // instruction but wgmma then writes the accumulators inside the loop, so ptxas never has to
+  // drain the wgmma pipeline there.
+  for (int64_t segment_start = 0; segment_start < stages; segment_start += kWgmmaStagesPerSegment) {
+    const int64_t segment_end =
+        segment_start + kWgmmaStagesPerSegment < stages ? segment_start + kWgmmaStagesPerSegment : stages;
+    for (int64_t s = segment_start; s < segment_end; ++s) {
+      cp_async_wait<kWgmmaAhead - 1>();
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async wrote, wgmma reads
+      __syncthreads();
+      if (s + kWgmmaAhead < stages) load_stage(s + kWgmmaAhead);
+      cp_async_commit();
+      const uint32_t slot = base + static_cast<uint32_t>(s % kWgmmaStages) * kWgmmaStageBytes;
+      const uint64_t a = wgmma_descriptor(slot + warpgroup * 64 * kWgmmaLineBytes);
+      const uint64_t b = wgmma_descriptor(slot + kWgmmaWeightBytes);
+      // Past K both operands are zero-filled: a step there adds only zero products, which leaves a
+      // nonzero accumulator as it is, so it needs no skipping.
+      fence_accumulators(acc);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int step = 0; step < kWgmmaStageK / 16; ++step)  // each step 32 bytes further along the lines
+        wgmma_step(acc, a + 2 * step, b + 2 * step, s == segment_start && step == 0 ? 0 : 1);
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      fence_accumulators(acc);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    fence_accumulators(acc);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) total[i] = total[i] + acc[i];
+  }
+  const int warp_in_group = (static_cast<int>(threadIdx.x) % 128) / 32;
+#pragma unroll
+  for (int j = 0; j < kWgmmaTokens / 8; ++j) {
+    const float tile[4] = {total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]};
+    store_tile(tile, column0 + warpgroup * 64 + warp_in_group * 16, row0 + 8 * j, true, bias, bias_dtype, out,
+               out_dtype, m, n);
+  }
+}
 
-  float acc[Config::kColumnTiles][Config::kRowTiles][4] = {};
-  float total[Config::kColumnTiles][Config::kRowTiles][4] = {};
-  const int64_t stages = (k + Config::kStageK - 1) / Config::kStageK;
-  for (int s = 0; s < Config::kStagesValue - 1; ++s) {
-    if (s < stages)
-      load_tiled_stage<Config>(shared + s * Config::kStageBytes, x, w, m, n, k, row0, column0,
-                               static_cast<int64_t>(s) * Config::kStageK);
-    cp_async_commit();
-  }
-  for (int64_t s = 0; s < stages; ++s) {
-    cp_async_wait<Config::kStagesValue - 2>();
-    __syncthreads();
-    const int64_t prefetch = s + Config::kStagesValue - 1;
-    if (prefetch < stages)
-      load_tiled_stage<Config>(shared + (prefetch % Config::kStagesValue) * Config::kStageBytes, x, w, m, n, k, row0,
-                               column0, prefetch * Config::kStageK);
-    cp_async_commit();
-    const uint8_t* stage = shared + (s % Config::kStagesValue) * Config::kStageBytes;
-#pragma unroll
-    for (int chunk = 0; chunk < Config::kChunksPerStage; ++chunk) {
-      if (s * Config::kStageK + chunk * kChunk >= k) break;
-      const uint8_t* weights = stage + chunk * Config::kBlockColumnsValue * kChunkBytes;
-      const uint8_t* inputs = stage + Config::kWeightStageBytes + chunk * Config::kBlockRowsValue * kChunkBytes;
-      uint4 upper[Config::kColumnTiles], lower[Config::kColumnTiles], tokens[Config::kRowTiles];
-#pragma unroll
-      for (int ct = 0; ct < Config::kColumnTiles; ++ct) {
-        const int column = warp_column + ct * 16 + g;
-        upper[ct] = load_shared_16(weights + column * kChunkBytes + q * 16);
-        lower[ct] = load_shared_16(weights + (column + 8) * kChunkBytes + q * 16);
-      }
-#pragma unroll
-      for (int rt = 0; rt < Config::kRowTiles; ++rt)
-        tokens[rt] = load_shared_16(inputs + (warp_row + rt * 8 + g) * kChunkBytes + q * 16);
-#pragma unroll
-      for (int ct = 0; ct < Config::kColumnTiles; ++ct)
-#pragma unroll
-        for (int rt = 0; rt < Config::kRowTiles; ++rt) mma_chunk(acc[ct][rt], upper[ct], lower[ct], tokens[rt]);
-    }
-    if ((s + 1) % Config::kStagesPerSegment == 0 || s + 1 == stages) {
-#pragma unroll
-      for (int ct = 0; ct < Config::kColumnTiles; ++ct)
-#pragma unroll
-        for (int rt = 0; rt < Config::kRowTiles; ++rt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            total[ct][rt][e] = total[ct][rt][e] + acc[ct][rt][e];
-            acc[ct][rt][e] = 0.0f;
-          }
-    }
-  }
-  cp_async_wait<0>();
-#pragma unroll
-  for (int ct = 0; ct < Config::kColumnTiles; ++ct)
-#pragma unroll
-    for (int rt = 0; rt < Config::kRowTiles; ++rt)
-      store_tile(total[ct][rt], column0 + warp_column + ct * 16, row0 + warp_row + rt * 8, true, bias, bias_dtype, out,
-                 out_dtype, m, n);
+cudaError_t launch_wgmma(const MatmulArgs& args, cudaStream_t stream) {
+  auto* kernel = &matmul_bf16_wgmma_kernel;
+  static std::atomic<uint64_t> opted_in{0};
+  if (cudaError_t status = allow_dynamic_shared(kernel, kWgmmaSharedBytes, opted_in); status != cudaSuccess)
+    return status;
+  const dim3 grid(blocks_for(args.n, kWgmmaRows), blocks_for(args.m, kWgmmaTokens));
+  kernel<<<grid, kWgmmaThreads, kWgmmaSharedBytes, stream>>>(static_cast<const bf16*>(args.x),
+                                                            static_cast<const bf16*>(args.w), args.bias,
+                                                            args.bias_dtype, args.out, args.out_dtype, args.m,
+                                                            args.n, args.k);
+  return cudaGetLastError();
 }
 
 // --- decode: a block per kColumns weight rows; its warps take K segments in turn ---
@@ -289,7 +348,7 @@ __device__ __forceinline__ void load_decode_weights(uint8_t* stage, const bf16* 
     const int64_t global_k = k_base + chunk * kChunk + q * 8;
     const bool valid = column0 + column < n && global_k < k;
     const bf16* source = valid ? w + (column0 + column) * k + global_k : w;
-    cp_async_16(stage + (chunk * kColumns + column) * kChunkBytes + q * 16, source, valid);
+    cp_async_16(chunk_unit(stage + chunk * kColumns * kChunkBytes, column, q), source, valid);
   }
 }
 
@@ -308,7 +367,7 @@ __device__ __forceinline__ void load_decode_inputs(uint8_t* stage, const bf16* x
     const int64_t global_k = k_base + chunk * kChunk + q * 8;
     const bool valid = global_k < k;
     const bf16* source = valid ? x + row * k + global_k : x;
-    cp_async_16(inputs + (chunk * m + row) * kChunkBytes + q * 16, source, valid);
+    cp_async_16(chunk_unit(inputs + chunk * m * kChunkBytes, row, q), source, valid);
   }
 }
 
@@ -389,13 +448,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (stage_index * kDecodeStageK + chunk * kChunk >= k) break;
       const uint8_t* weights = stage + chunk * kColumns * kChunkBytes;
       const uint8_t* inputs = stage + Config::kWeightStageBytes + chunk * m * kChunkBytes;
-      const uint4 upper = load_shared_16(weights + g * kChunkBytes + q * 16);
-      const uint4 lower = kColumns == 16 ? load_shared_16(weights + (g + 8) * kChunkBytes + q * 16) : zero;
+      const uint4 upper = load_chunk_words(weights, g, q);
+      const uint4 lower = kColumns == 16 ? load_chunk_words(weights, g + 8, q) : zero;
 #pragma unroll
       for (int rt = 0; rt < kRowTiles; ++rt) {
         // B columns past m repeat row m − 1: they only feed outputs that are never stored.
         const int64_t row = rt * 8 + g < m ? rt * 8 + g : m - 1;
-        mma_chunk(acc[rt], upper, lower, load_shared_16(inputs + row * kChunkBytes + q * 16));
+        mma_chunk(acc[rt], upper, lower, load_chunk_words(inputs, static_cast<int>(row), q));
       }
     }
     const bool segment_ends = (i + 1) % kDecodeStagesPerSegment == 0 || i + 1 == my_stages;
@@ -422,19 +481,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int rt = 0; rt < kRowTiles; ++rt)
     store_tile(total[rt], column0, rt * 8, kColumns == 16, bias, bias_dtype, out, out_dtype, m, n);
-}
-
-template <typename Config>
-cudaError_t launch_tiled(const MatmulArgs& args, cudaStream_t stream) {
-  auto* kernel = &matmul_bf16_tiled_kernel<Config>;
-  static std::atomic<uint64_t> opted_in{0};
-  if (cudaError_t status = allow_dynamic_shared(kernel, Config::kSharedBytes, opted_in); status != cudaSuccess)
-    return status;
-  const dim3 grid(blocks_for(args.n, Config::kBlockColumnsValue), blocks_for(args.m, Config::kBlockRowsValue));
-  kernel<<<grid, Config::kThreads, Config::kSharedBytes, stream>>>(
-      static_cast<const bf16*>(args.x), static_cast<const bf16*>(args.w), args.bias, args.bias_dtype, args.out,
-      args.out_dtype, args.m, args.n, args.k);
-  return cudaGetLastError();
 }
 
 template <int kColumns, int kRowTiles, int kStages, int kWarps>
@@ -488,8 +534,6 @@ cudaError_t launch_decode_shape(const MatmulArgs* products, int count, int shape
   }
 }
 
-using LargeTiles = TiledConfig<128, 128, 2, 4, 4>;
-using SmallTiles = TiledConfig<64, 64, 2, 2, 4>;
 
 }  // namespace
 
@@ -551,12 +595,8 @@ cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cuda
     return launch_decode_shape(products, count, narrow ? 3 : 2, stream);
   }
   for (int t = 0; t < count; ++t) {
-    const MatmulArgs& args = products[t];
-    if (args.n == 0) continue;
-    const int64_t large_blocks = ((args.n + 127) / 128) * ((args.m + 127) / 128);
-    const cudaError_t status = large_blocks >= args.multiprocessors ? launch_tiled<LargeTiles>(args, stream)
-                                                                    : launch_tiled<SmallTiles>(args, stream);
-    if (status != cudaSuccess) return status;
+    if (products[t].n == 0) continue;
+    if (const cudaError_t status = launch_wgmma(products[t], stream); status != cudaSuccess) return status;
   }
   return cudaSuccess;
 }
