@@ -132,8 +132,8 @@ __device__ __forceinline__ uint4 load_chunk_words(const uint8_t* lines, int line
 // One chunk for one 16×8 tile: `upper`/`lower` are the lane's chunk words (load_chunk_words) of
 // weight rows g and g+8, `tokens` those of x row g; g = lane / 4, q = lane % 4. The A/B fragments
 // of m16n8k16 take, at lane (g, q), two k-pairs per row; the first step gives them words x and y,
-// the second z and w, so step s multiplies exactly the chunk's elements 16s .. 16s + 15. Both
-// kernels call this, so both feed the tensor core the same products in the same positions.
+// the second z and w, so step s multiplies exactly the chunk's elements 16s .. 16s + 15 — the
+// elements the prefill GEMM's wgmma step takes, in other positions (see the contract above).
 __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint4& upper, const uint4& lower, const uint4& tokens) {
   const uint32_t first[4] = {upper.x, lower.x, upper.y, lower.y};
   mma_bf16_16816(acc, first, tokens.x, tokens.y);
