@@ -100,11 +100,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float first, float second) {
 }
 
 // --- cp.async: 16-byte global → shared copies; zero-filled when `valid` is false ---
+// (the destination as a shared-memory address, or as a pointer into shared memory)
+__device__ __forceinline__ void cp_async_16(uint32_t shared_destination, const void* global_source, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_destination), "l"(global_source),
+               "r"(valid ? 16 : 0));
+}
 __device__ __forceinline__ void cp_async_16(void* shared_destination, const void* global_source, bool valid) {
-  const uint32_t destination = static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination));
-  const int source_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(global_source),
-               "r"(source_bytes));
+  cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination)), global_source, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int pending>
@@ -141,10 +143,6 @@ cudaError_t launch_after_previous(void (*kernel)(Parameters...), dim3 grid, dim3
   config.attrs = after_previous;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...);
-}
-
-__device__ __forceinline__ uint4 load_shared_16(const void* shared_source) {
-  return *reinterpret_cast<const uint4*>(shared_source);
 }
 
 // ldmatrix .x2 .trans: the B fragment (16 k-rows × 8 n-columns) of an mma from row-major [k][n]

@@ -178,11 +178,6 @@ constexpr int kWgmmaStageBytes = kWgmmaWeightBytes + kWgmmaTokens * kWgmmaLineBy
 constexpr int kWgmmaStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kWgmmaStageK;
 constexpr int kWgmmaSharedBytes = kWgmmaStages * kWgmmaStageBytes + 1024;  // + alignment of the swizzle atoms
 
-__device__ __forceinline__ void cp_async_16_to(uint32_t shared_destination, const void* global_source, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_destination), "l"(global_source),
-               "r"(valid ? 16 : 0));
-}
-
 // Rows [row0, row0 + 128) × k [k_base, k_base + 64) of a K-major matrix into one operand's lines,
 // zero past its rows or K.
 __device__ __forceinline__ void load_wgmma_lines(uint32_t lines, const bf16* matrix, int64_t rows, int64_t k,
@@ -197,8 +192,8 @@ __device__ __forceinline__ void load_wgmma_lines(uint32_t lines, const bf16* mat
 #pragma unroll
   for (int pass = 0; pass < kWgmmaTokens / kLinesPerPass; ++pass) {
     const bool valid = row0 + first_line + pass * kLinesPerPass < rows && global_k < k;
-    cp_async_16_to(destination + pass * kLinesPerPass * kWgmmaLineBytes,
-                   valid ? source + pass * kLinesPerPass * k : matrix, valid);
+    cp_async_16(destination + pass * kLinesPerPass * kWgmmaLineBytes,
+                valid ? source + pass * kLinesPerPass * k : matrix, valid);
   }
 }
 
