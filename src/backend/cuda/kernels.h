@@ -115,7 +115,7 @@ int decode_launch_shape_count(int64_t m);
 DecodeLaunchShape decode_launch_shape(int64_t m, int shape);
 cudaError_t launch_matmul_bf16_decode(const MatmulArgs* products, int count, int shape, cudaStream_t stream);
 // The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the prefill GEMM.
-// Both give bit-identical elements (same per-element accumulation order).
+// Both give bit-identical elements (the same segments and 16-k steps per element; matmul.cu).
 constexpr int64_t kMatmulDecodeMaxRows = 16;
 // The BF16 path sums K in segments of this many elements (each an mma chain from zero, the
 // segments then added in order), so that decode can spread one row's K over several warps.

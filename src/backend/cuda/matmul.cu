@@ -529,7 +529,6 @@ cudaError_t launch_decode_shape(const MatmulArgs* products, int count, int shape
   }
 }
 
-
 }  // namespace
 
 cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream) {
