@@ -30,23 +30,6 @@ std::string case_name(const ::testing::TestParamInfo<InvarianceCase>& info) {
   return name;
 }
 
-// Logits of every prompt position computed step by step: the prompt is cut at `cuts`.
-Tensor logits_with_cuts(Model& model, const std::vector<int32_t>& prompt, std::vector<size_t> cuts) {
-  auto cache = model.make_cache(1, static_cast<int64_t>(prompt.size()));
-  const int64_t vocab = model.config().vocab_size;
-  Tensor all = Tensor::empty({static_cast<int64_t>(prompt.size()), vocab}, DType::F32);
-  cuts.push_back(prompt.size());
-  size_t start = 0;
-  for (size_t cut : cuts) {
-    if (cut <= start) continue;
-    SequenceStep step{0, static_cast<int32_t>(start), std::vector<int32_t>(prompt.begin() + start, prompt.begin() + cut), true};
-    Tensor logits = run_step(model, *cache, {step});
-    std::memcpy(all.data<float>() + start * vocab, logits.raw(), logits.nbytes());
-    start = cut;
-  }
-  return all;
-}
-
 void expect_bit_identical(const Tensor& a, const Tensor& b, const std::string& what) {
   ASSERT_EQ(a.shape(), b.shape()) << what;
   const int64_t vocab = a.dim(1);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +21,22 @@ TestModel open_cpu_model(const std::filesystem::path& dir, const std::string& dt
   if (dtype == "bf16") options.dtype = DType::BF16;
   loaded.model = load_model(dir, *loaded.backend, options);
   return loaded;
+}
+
+Tensor logits_with_cuts(Model& model, const std::vector<int32_t>& prompt, std::vector<size_t> cuts) {
+  auto cache = model.make_cache(1, static_cast<int64_t>(prompt.size()));
+  const int64_t vocab = model.config().vocab_size;
+  Tensor all = Tensor::empty({static_cast<int64_t>(prompt.size()), vocab}, DType::F32);
+  cuts.push_back(prompt.size());
+  size_t start = 0;
+  for (size_t cut : cuts) {
+    if (cut <= start) continue;
+    SequenceStep step{0, static_cast<int32_t>(start), std::vector<int32_t>(prompt.begin() + start, prompt.begin() + cut), true};
+    Tensor logits = run_step(model, *cache, {step});
+    std::memcpy(all.data<float>() + start * vocab, logits.raw(), logits.nbytes());
+    start = cut;
+  }
+  return all;
 }
 
 std::vector<double> row_relative_errors(const Tensor& ours, const NpyArray& reference) {

@@ -28,6 +28,10 @@ std::vector<double> row_relative_errors(const Tensor& ours, const NpyArray& refe
 // The fixture's prompt ids (ref.json "prompt_ids").
 std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir);
 
+// Logits [prompt length, vocab] of every prompt position, the prompt prefilled in steps that end at
+// each of `cuts` (ascending; the last step runs to the end of the prompt).
+Tensor logits_with_cuts(Model& model, const std::vector<int32_t>& prompt, std::vector<size_t> cuts);
+
 // Six requests over windows of `prompt` (lengths 20..170) mixing greedy and sampled decoding,
 // top-k / top-p / min-p, and top logprobs on request 2: each must equal its solo generate() run
 // however the scheduler batches it. max_tokens is base_max_tokens + i.

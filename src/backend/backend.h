@@ -169,6 +169,11 @@ void check_recurrent_spans(std::span<const SequenceSpan> spans, int64_t total_to
 // eps of the GDN q/k L2 norm (HF-Q35 `l2norm(x, dim=-1, eps=1e-6)`, spec A.6.3), for every backend.
 inline constexpr float kGatedDeltaL2NormEps = 1e-6f;
 
+// Chunk length of the gated delta rule's chunked form, for every backend: HF's torch fallback and
+// FLA use 64 (spec A.6.5). Chunks fall on absolute multiples of it, which is what keeps a prefill
+// split at those multiples bit-identical to the one-shot prefill.
+inline constexpr int64_t kGatedDeltaChunk = 64;
+
 // The ops only the hybrid Qwen3.5 / Qwen3-Next graph needs (spec A.5, A.6), on the same tensors
 // and device as the Backend that provides them.
 class HybridOps {

@@ -25,9 +25,6 @@
 
 namespace kiln::cpu {
 
-// Chunk length of the chunked form; HF's torch fallback and FLA use 64 (spec A.6.5).
-inline constexpr int64_t kGatedDeltaChunk = 64;
-
 // Depthwise causal conv fused with SiLU and the conv-state update (spec A.6.2), per channel c:
 //   s[t, c] = Σ_{j=0}^{K-1} weight[c, j] · u[t - (K-1) + j, c]   (j ascending, f32)
 //   out[t, c] = s / (1 + exp(-s))

@@ -11,15 +11,19 @@
 //   gated norm    ⟦⟦x·rsqrt(mean x² + ε)⟧·w⟧, then ⟦· silu(z)⟧ (Qwen3_5RMSNormGated: three roundings)
 //   output gate   ⟦x·⟦sigmoid(gate)⟧⟧ (torch's bf16 sigmoid and product)
 //
-// The delta rule runs in its recurrent form for every token, one block per (sequence, value head)
-// with one thread per value column holding that column of the state in registers; a token's
-// reductions over dk run in ascending order inside one thread. So a token's result depends on the
-// tokens before it and never on the batch, the chunking of a prefill or the size of an append:
-// one-shot, chunked and token-by-token runs are bit-identical. (The CPU's chunked form for aligned
-// 64-token chunks is not implemented here yet: prefill pays one sequential step per token.)
+// The delta rule takes the CPU backend's rule: the chunked form for every whole 64-token chunk
+// aligned to an absolute multiple of 64, the recurrent form for every other token, each with the
+// CPU's formulas and summation orders (the chunk kernel below says who sums what). Which form a
+// token takes depends only on positions, and no sum depends on the batch, so a prefill split at
+// multiples of 64 equals the one-shot prefill, an append of fewer than 64 tokens equals decoding
+// them one at a time, and a sequence's bits never depend on the others in the batch. When no span
+// of a call holds a whole aligned chunk (decode, small appends) a lighter kernel runs every token
+// through the same recurrent step.
 // Every per-sequence value (slot, first token, token count, first position) is read from the
 // layout's device span table, so the kernels replay correctly inside a captured graph.
 #include <algorithm>
+#include <atomic>
+#include <type_traits>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
@@ -138,7 +142,30 @@ __global__ void gates_kernel(const T* b, const T* a, const W* a_log, const W* dt
   }
 }
 
-// Block (span, value head), thread j = value column j; kKeyDim state entries per thread.
+// One recurrent token (spec A.6.4) for one value column of the state, held in registers:
+//   S ← exp(g)·S;  m = Sᵀk;  δ = (v − m)·β;  S ← S + k δ;  o = Sᵀq   (Σ over dk ascending)
+// Both delta-rule kernels take their recurrent tokens through here, so they agree bit for bit.
+template <int kKeyDim>
+__device__ __forceinline__ float delta_rule_token(float (&column)[kKeyDim], const float* query, const float* key,
+                                                  float decay, float rate, float value) {
+  float memory = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kKeyDim; ++p) {
+    column[p] *= decay;
+    memory = fmaf(key[p], column[p], memory);
+  }
+  const float delta = (value - memory) * rate;
+  float output = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kKeyDim; ++p) {
+    column[p] = fmaf(key[p], delta, column[p]);
+    output = fmaf(query[p], column[p], output);
+  }
+  return output;
+}
+
+// Block (span, value head), thread j = value column j; kKeyDim state entries per thread. Every
+// token recurrent: launched when no span holds a whole aligned chunk (decode, small appends).
 template <typename T, int kKeyDim>
 __global__ void delta_rule_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                   const int32_t* spans, int64_t key_heads, int64_t value_heads, int64_t value_dim,
@@ -166,24 +193,327 @@ __global__ void delta_rule_kernel(const float* q, const float* k, const float* v
     if (!active) continue;
     const float decay = expf(g[row * value_heads + value_head]);
     const float rate = beta[row * value_heads + value_head];
-    float memory = 0.0f;
-#pragma unroll
-    for (int p = 0; p < kKeyDim; ++p) {
-      column[p] *= decay;
-      memory += key[p] * column[p];
-    }
-    const float delta = (v[(row * value_heads + value_head) * value_dim + j] - memory) * rate;
-    float output = 0.0f;
-#pragma unroll
-    for (int p = 0; p < kKeyDim; ++p) {
-      column[p] += key[p] * delta;
-      output += query[p] * column[p];
-    }
-    out[(row * value_heads + value_head) * value_dim + j] = from_float<T>(output);
+    const float value = v[(row * value_heads + value_head) * value_dim + j];
+    out[(row * value_heads + value_head) * value_dim + j] =
+        from_float<T>(delta_rule_token(column, query, key, decay, rate, value));
   }
   if (active)
 #pragma unroll
     for (int p = 0; p < kKeyDim; ++p) state[p * value_dim] = column[p];
+}
+
+// --- the chunked form (spec A.6.5), in the CPU backend's formulas and summation orders
+// (backend/cpu/gated_delta.h): every whole chunk of kChunk tokens aligned to an absolute multiple
+// of kChunk is one chunk step, every other token a recurrent step, so which tokens take which form
+// depends only on positions. Block (span, value head, tile of 32 value columns), four warps; lane
+// = the column inside the tile. The state tile [dk][32] stays in shared memory for the whole span;
+// a chunk's k and q sit there transposed ([dk][64]) so a thread reads four tokens' k[p] as one
+// 16-byte word. Per chunk, with i, j, m local token indices:
+//   Γ_ij, D_i            threads 0..63, one row i each (the exponent summed from g_i downwards)
+//   Sᵀk_i, Sᵀq_i         warp w rows 16w..16w+15, over dk ascending, against the chunk-start state
+//   k_i·k_j, q_i·k_j     thread t the 4×8 tile rows 4(t/8).., columns 8(t%8).., over dk ascending
+//   Δ_i                  warp 0: forward substitution, Δ_i's subtractions in m order (m < i)
+//   o_i                  warp w rows w, w+4, …: D_i·Sᵀq_i then + (q_i·k_m·Γ_im)·Δ_m, m ascending
+//   S ← D_63·S + Σ_m (k_m·Γ_63,m) Δ_mᵀ   warp w rows p of dk/4, m ascending ---
+constexpr int kChunk = static_cast<int>(kGatedDeltaChunkTokens);
+constexpr int kChunkTileColumns = 32;
+constexpr int kChunkWarps = 4;
+static_assert(kChunk == 64, "the chunk kernel's thread maps assume 64-token chunks");
+
+// The chunk kernel's shared memory, as offsets in floats.
+template <int kKeyDim>
+struct ChunkLayout {
+  static constexpr int kKeys = 0;                                        // [dk][64] k (then k·Γ_63,m)
+  static constexpr int kQueries = kKeys + kKeyDim * kChunk;              // [dk][64] q
+  static constexpr int kState = kQueries + kKeyDim * kChunk;             // [dk][32]
+  static constexpr int kDecay = kState + kKeyDim * kChunkTileColumns;    // [64][64] Γ_ij, j ≤ i
+  static constexpr int kKeyCoefficients = kDecay + kChunk * kChunk;      // [64][64] (β_i·k_i·k_j)·Γ_ij
+  static constexpr int kQueryCoefficients = kKeyCoefficients + kChunk * kChunk;  // [64][64] (q_i·k_j)·Γ_ij
+  static constexpr int kValues = kQueryCoefficients + kChunk * kChunk;   // [64][32]
+  static constexpr int kCorrected = kValues + kChunk * kChunkTileColumns;       // [64][32] Δ
+  static constexpr int kKeyState = kCorrected + kChunk * kChunkTileColumns;     // [64][32] Sᵀk
+  static constexpr int kQueryState = kKeyState + kChunk * kChunkTileColumns;    // [64][32] Sᵀq
+  static constexpr int kGates = kQueryState + kChunk * kChunkTileColumns;       // [64] g
+  static constexpr int kRates = kGates + kChunk;                                // [64] β
+  static constexpr int kDecayFromStart = kRates + kChunk;                       // [64] D
+  static constexpr int kFloats = kDecayFromStart + kChunk;
+  static constexpr int kBytes = kFloats * static_cast<int>(sizeof(float));
+};
+
+// What every phase of the chunk kernel reads: the op's tensors and this block's place in them.
+struct ChunkBlock {
+  const float *q, *k, *v, *g, *beta;
+  int64_t key_heads, value_heads, value_dim, key_head, value_head, column;
+  int64_t first_row;  // the span's first token in the batch
+  float* shared;
+};
+
+// Tokens [begin, end) of the span recurrently: warp 0, each lane its column of the state tile.
+template <typename T, int kKeyDim>
+__device__ void chunk_kernel_recurrent(const ChunkBlock& b, int32_t begin, int32_t end, T* out) {
+  using Layout = ChunkLayout<kKeyDim>;
+  if (begin >= end) return;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float* tile = b.shared + Layout::kState;
+    float* query = b.shared + Layout::kKeys;  // the chunk buffers are free between chunks
+    float* key = query + kKeyDim;
+    float column[kKeyDim];
+#pragma unroll
+    for (int p = 0; p < kKeyDim; ++p) column[p] = tile[p * kChunkTileColumns + lane];
+    const bool active = b.column < b.value_dim;
+    for (int32_t t = begin; t < end; ++t) {
+      const int64_t row = b.first_row + t;
+      __syncwarp();
+      for (int p = lane; p < kKeyDim; p += 32) {
+        query[p] = b.q[(row * b.key_heads + b.key_head) * kKeyDim + p];
+        key[p] = b.k[(row * b.key_heads + b.key_head) * kKeyDim + p];
+      }
+      __syncwarp();
+      const float decay = expf(b.g[row * b.value_heads + b.value_head]);
+      const float rate = b.beta[row * b.value_heads + b.value_head];
+      const float value = active ? b.v[(row * b.value_heads + b.value_head) * b.value_dim + b.column] : 0.0f;
+      const float output = delta_rule_token(column, query, key, decay, rate, value);
+      if (active) out[(row * b.value_heads + b.value_head) * b.value_dim + b.column] = from_float<T>(output);
+    }
+#pragma unroll
+    for (int p = 0; p < kKeyDim; ++p) tile[p * kChunkTileColumns + lane] = column[p];
+  }
+  __syncthreads();
+}
+
+// Local tokens [begin, begin + 64) of the span as one chunk step (the formulas above).
+template <typename T, int kKeyDim>
+__device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, T* out) {
+  using Layout = ChunkLayout<kKeyDim>;
+  float* keys = b.shared + Layout::kKeys;
+  float* queries = b.shared + Layout::kQueries;
+  float* tile = b.shared + Layout::kState;
+  float* decay = b.shared + Layout::kDecay;
+  float* key_coefficients = b.shared + Layout::kKeyCoefficients;
+  float* query_coefficients = b.shared + Layout::kQueryCoefficients;
+  float* values = b.shared + Layout::kValues;
+  float* corrected = b.shared + Layout::kCorrected;
+  float* key_state = b.shared + Layout::kKeyState;
+  float* query_state = b.shared + Layout::kQueryState;
+  float* gates = b.shared + Layout::kGates;
+  float* rates = b.shared + Layout::kRates;
+  float* decay_from_start = b.shared + Layout::kDecayFromStart;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t first_row = b.first_row + begin;
+  const bool active = b.column < b.value_dim;
+
+  // The chunk's k and q (transposed), its value columns and its gates.
+  for (int index = threadIdx.x; index < kChunk * (kKeyDim / 4); index += blockDim.x) {
+    const int i = index % kChunk, quad = index / kChunk;
+    const int64_t offset = ((first_row + i) * b.key_heads + b.key_head) * kKeyDim + 4 * quad;
+    const float4 key4 = *reinterpret_cast<const float4*>(b.k + offset);
+    const float4 query4 = *reinterpret_cast<const float4*>(b.q + offset);
+    keys[(4 * quad + 0) * kChunk + i] = key4.x;
+    keys[(4 * quad + 1) * kChunk + i] = key4.y;
+    keys[(4 * quad + 2) * kChunk + i] = key4.z;
+    keys[(4 * quad + 3) * kChunk + i] = key4.w;
+    queries[(4 * quad + 0) * kChunk + i] = query4.x;
+    queries[(4 * quad + 1) * kChunk + i] = query4.y;
+    queries[(4 * quad + 2) * kChunk + i] = query4.z;
+    queries[(4 * quad + 3) * kChunk + i] = query4.w;
+  }
+  for (int index = threadIdx.x; index < kChunk * kChunkTileColumns; index += blockDim.x) {
+    const int i = index / kChunkTileColumns;
+    const int64_t column = b.column - lane + index % kChunkTileColumns;
+    values[index] =
+        column < b.value_dim ? b.v[((first_row + i) * b.value_heads + b.value_head) * b.value_dim + column] : 0.0f;
+  }
+  if (threadIdx.x < kChunk) {
+    gates[threadIdx.x] = b.g[(first_row + threadIdx.x) * b.value_heads + b.value_head];
+    rates[threadIdx.x] = b.beta[(first_row + threadIdx.x) * b.value_heads + b.value_head];
+  }
+  __syncthreads();
+
+  // Γ and D.
+  if (threadIdx.x < kChunk) {
+    const int i = threadIdx.x;
+    float exponent = 0.0f;
+    decay[i * kChunk + i] = 1.0f;
+    for (int j = i - 1; j >= 0; --j) {
+      exponent += gates[j + 1];
+      decay[i * kChunk + j] = expf(exponent);
+    }
+    decay_from_start[i] = expf(exponent + gates[0]);
+  }
+  // Sᵀk_i and Sᵀq_i against the chunk-start state.
+  {
+    float by_key[16] = {}, by_query[16] = {};
+    for (int p = 0; p < kKeyDim; ++p) {
+      const float entry = tile[p * kChunkTileColumns + lane];
+#pragma unroll
+      for (int r = 0; r < 16; r += 4) {
+        const float4 key4 = *reinterpret_cast<const float4*>(keys + p * kChunk + 16 * warp + r);
+        const float4 query4 = *reinterpret_cast<const float4*>(queries + p * kChunk + 16 * warp + r);
+        by_key[r + 0] = fmaf(key4.x, entry, by_key[r + 0]);
+        by_key[r + 1] = fmaf(key4.y, entry, by_key[r + 1]);
+        by_key[r + 2] = fmaf(key4.z, entry, by_key[r + 2]);
+        by_key[r + 3] = fmaf(key4.w, entry, by_key[r + 3]);
+        by_query[r + 0] = fmaf(query4.x, entry, by_query[r + 0]);
+        by_query[r + 1] = fmaf(query4.y, entry, by_query[r + 1]);
+        by_query[r + 2] = fmaf(query4.z, entry, by_query[r + 2]);
+        by_query[r + 3] = fmaf(query4.w, entry, by_query[r + 3]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      key_state[(16 * warp + r) * kChunkTileColumns + lane] = by_key[r];
+      query_state[(16 * warp + r) * kChunkTileColumns + lane] = by_query[r];
+    }
+  }
+  // k_i·k_j and q_i·k_j for this thread's tile (tiles wholly above the diagonal are skipped).
+  const int row0 = 4 * (threadIdx.x / 8), column0 = 8 * (threadIdx.x % 8);
+  const bool causal_tile = column0 <= row0 + 3;
+  float key_dots[4][8] = {}, query_dots[4][8] = {};
+  if (causal_tile)
+    for (int p = 0; p < kKeyDim; ++p) {
+      const float4 key_i = *reinterpret_cast<const float4*>(keys + p * kChunk + row0);
+      const float4 query_i = *reinterpret_cast<const float4*>(queries + p * kChunk + row0);
+      const float4 key_j0 = *reinterpret_cast<const float4*>(keys + p * kChunk + column0);
+      const float4 key_j1 = *reinterpret_cast<const float4*>(keys + p * kChunk + column0 + 4);
+      const float ki[4] = {key_i.x, key_i.y, key_i.z, key_i.w};
+      const float qi[4] = {query_i.x, query_i.y, query_i.z, query_i.w};
+      const float kj[8] = {key_j0.x, key_j0.y, key_j0.z, key_j0.w, key_j1.x, key_j1.y, key_j1.z, key_j1.w};
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          key_dots[r][s] = fmaf(ki[r], kj[s], key_dots[r][s]);
+          query_dots[r][s] = fmaf(qi[r], kj[s], query_dots[r][s]);
+        }
+    }
+  __syncthreads();
+
+  // The coefficients, and k·Γ_63,m in place of k (only the state update reads k from here on).
+  if (causal_tile)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int i = row0 + r, j = column0 + s;
+        if (j <= i) {
+          key_coefficients[i * kChunk + j] = rates[i] * key_dots[r][s] * decay[i * kChunk + j];
+          query_coefficients[i * kChunk + j] = query_dots[r][s] * decay[i * kChunk + j];
+        }
+      }
+  for (int index = threadIdx.x; index < kKeyDim * kChunk; index += blockDim.x)
+    keys[index] *= decay[(kChunk - 1) * kChunk + index % kChunk];
+  __syncthreads();
+
+  // Δ by forward substitution: Δ_m is final once every earlier Δ has been subtracted from it.
+  if (warp == 0) {
+    float delta[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i)
+      delta[i] = rates[i] * (values[i * kChunkTileColumns + lane] -
+                             decay_from_start[i] * key_state[i * kChunkTileColumns + lane]);
+#pragma unroll
+    for (int m = 0; m < kChunk; ++m) {
+      corrected[m * kChunkTileColumns + lane] = delta[m];
+#pragma unroll
+      for (int i = m + 1; i < kChunk; ++i) delta[i] -= key_coefficients[i * kChunk + m] * delta[m];
+    }
+  }
+  __syncthreads();
+
+  // The outputs (rows w, w + 4, …) and the chunk-end state (rows p of this warp's quarter).
+  {
+    float output[kChunk / kChunkWarps];
+#pragma unroll
+    for (int r = 0; r < kChunk / kChunkWarps; ++r) {
+      const int i = warp + kChunkWarps * r;
+      output[r] = decay_from_start[i] * query_state[i * kChunkTileColumns + lane];
+    }
+    for (int m = 0; m < kChunk; ++m) {
+      const float delta = corrected[m * kChunkTileColumns + lane];
+#pragma unroll
+      for (int r = 0; r < kChunk / kChunkWarps; ++r) {
+        const int i = warp + kChunkWarps * r;
+        if (m <= i) output[r] += query_coefficients[i * kChunk + m] * delta;
+      }
+    }
+    if (active)
+#pragma unroll
+      for (int r = 0; r < kChunk / kChunkWarps; ++r) {
+        const int64_t row = first_row + warp + kChunkWarps * r;
+        out[(row * b.value_heads + b.value_head) * b.value_dim + b.column] = from_float<T>(output[r]);
+      }
+  }
+  {
+    constexpr int kRows = kKeyDim / kChunkWarps;
+    const int p0 = warp * kRows;
+    const float decay_whole = decay_from_start[kChunk - 1];
+    float entry[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) entry[r] = tile[(p0 + r) * kChunkTileColumns + lane] * decay_whole;
+    for (int m = 0; m < kChunk; m += 4) {
+      float delta[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) delta[e] = corrected[(m + e) * kChunkTileColumns + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float4 scaled = *reinterpret_cast<const float4*>(keys + (p0 + r) * kChunk + m);
+        entry[r] += scaled.x * delta[0];
+        entry[r] += scaled.y * delta[1];
+        entry[r] += scaled.z * delta[2];
+        entry[r] += scaled.w * delta[3];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) tile[(p0 + r) * kChunkTileColumns + lane] = entry[r];
+  }
+  __syncthreads();
+}
+
+template <typename T, int kKeyDim>
+__global__ void __launch_bounds__(kChunkWarps * 32)
+    delta_rule_chunked_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                              const int32_t* spans, int64_t key_heads, int64_t value_heads, int64_t value_dim,
+                              float* states, T* out) {
+  follow_previous_grid();
+  extern __shared__ float4 shared_words[];
+  using Layout = ChunkLayout<kKeyDim>;
+  const Span span = span_at(spans, blockIdx.x);
+  ChunkBlock b;
+  b.q = q;
+  b.k = k;
+  b.v = v;
+  b.g = g;
+  b.beta = beta;
+  b.key_heads = key_heads;
+  b.value_heads = value_heads;
+  b.value_dim = value_dim;
+  b.value_head = blockIdx.y;
+  b.key_head = b.value_head / (value_heads / key_heads);
+  b.column = static_cast<int64_t>(blockIdx.z) * kChunkTileColumns + threadIdx.x % 32;
+  b.first_row = span.first_token;
+  b.shared = reinterpret_cast<float*>(shared_words);
+  float* tile = b.shared + Layout::kState;
+  float* state = states + (static_cast<int64_t>(span.slot) * value_heads + b.value_head) * kKeyDim * value_dim;
+  const int64_t tile_column0 = static_cast<int64_t>(blockIdx.z) * kChunkTileColumns;
+  for (int index = threadIdx.x; index < kKeyDim * kChunkTileColumns; index += blockDim.x) {
+    const int64_t p = index / kChunkTileColumns, column = tile_column0 + index % kChunkTileColumns;
+    tile[index] = (column < value_dim && span.first_position != 0) ? state[p * value_dim + column] : 0.0f;
+  }
+  __syncthreads();
+
+  // Recurrent up to the first absolute chunk boundary, whole aligned chunks, recurrent tail.
+  const int32_t to_boundary = (kChunk - span.first_position % kChunk) % kChunk;
+  const int32_t head = min(span.tokens, to_boundary);
+  const int32_t chunks = (span.tokens - head) / kChunk;
+  chunk_kernel_recurrent<T, kKeyDim>(b, 0, head, out);
+  for (int32_t c = 0; c < chunks; ++c) chunk_kernel_step<T, kKeyDim>(b, head + c * kChunk, out);
+  chunk_kernel_recurrent<T, kKeyDim>(b, head + chunks * kChunk, span.tokens, out);
+
+  for (int index = threadIdx.x; index < kKeyDim * kChunkTileColumns; index += blockDim.x) {
+    const int64_t p = index / kChunkTileColumns, column = tile_column0 + index % kChunkTileColumns;
+    if (column < value_dim) state[p * value_dim + column] = tile[index];
+  }
 }
 
 // One warp per row of `width`.
@@ -287,25 +617,38 @@ cudaError_t launch_gated_delta_gates(const void* b, const void* a, DType dtype, 
 
 cudaError_t launch_gated_delta_rule(const DeltaRuleArgs& args, cudaStream_t stream) {
   if (args.span_count == 0) return cudaSuccess;
-  if (args.value_dim > kGatedDeltaMaxValueDim) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(args.span_count), static_cast<unsigned>(args.value_heads));
-  const int threads = static_cast<int>((args.value_dim + 31) / 32 * 32);
-  bool dispatched = false;
+  if (!args.whole_chunks && args.value_dim > kGatedDeltaMaxValueDim) return cudaErrorInvalidValue;
+  cudaError_t status = cudaErrorInvalidValue;
   dispatch_activation(args.dtype, [&](auto tag) {
     using T = decltype(tag);
-    auto run = [&](auto kernel) {
-      launch_after_previous(kernel, grid, threads, 0, stream, args.q, args.k, args.v, args.g, args.beta, args.spans,
-                            args.key_heads, args.value_heads, args.value_dim, args.states, static_cast<T*>(args.out));
-      dispatched = true;
+    auto run = [&](auto key_dim_tag) {
+      constexpr int kKeyDim = decltype(key_dim_tag)::value;
+      if (args.whole_chunks) {
+        auto* kernel = &delta_rule_chunked_kernel<T, kKeyDim>;
+        static std::atomic<uint64_t> opted_in{0};
+        status = allow_dynamic_shared(kernel, ChunkLayout<kKeyDim>::kBytes, opted_in);
+        if (status != cudaSuccess) return;
+        const dim3 grid(static_cast<unsigned>(args.span_count), static_cast<unsigned>(args.value_heads),
+                        blocks_for(args.value_dim, kChunkTileColumns));
+        status = launch_after_previous(kernel, grid, kChunkWarps * 32, ChunkLayout<kKeyDim>::kBytes, stream, args.q,
+                                       args.k, args.v, args.g, args.beta, args.spans, args.key_heads,
+                                       args.value_heads, args.value_dim, args.states, static_cast<T*>(args.out));
+      } else {
+        const dim3 grid(static_cast<unsigned>(args.span_count), static_cast<unsigned>(args.value_heads));
+        const int threads = static_cast<int>((args.value_dim + 31) / 32 * 32);
+        status = launch_after_previous(&delta_rule_kernel<T, kKeyDim>, grid, threads, 0, stream, args.q, args.k,
+                                       args.v, args.g, args.beta, args.spans, args.key_heads, args.value_heads,
+                                       args.value_dim, args.states, static_cast<T*>(args.out));
+      }
     };
     switch (args.key_dim) {
-      case 32: run(delta_rule_kernel<T, 32>); break;
-      case 64: run(delta_rule_kernel<T, 64>); break;
-      case 128: run(delta_rule_kernel<T, 128>); break;
+      case 32: run(std::integral_constant<int, 32>{}); break;
+      case 64: run(std::integral_constant<int, 64>{}); break;
+      case 128: run(std::integral_constant<int, 128>{}); break;
       default: break;
     }
   });
-  return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
+  return status == cudaSuccess ? cudaGetLastError() : status;
 }
 
 cudaError_t launch_rms_norm_gated(const void* x, const void* z, DType dtype, const void* weight, DType weight_dtype,

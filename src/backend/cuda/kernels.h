@@ -194,9 +194,12 @@ cudaError_t launch_gated_delta_gates(const void* b, const void* a, DType dtype, 
                                      const void* dt_bias, DType weight_dtype, int64_t count, int64_t heads,
                                      float* beta, float* g, cudaStream_t stream);
 
-// The largest value head dimension (threads per block) and the key dims (state registers per
-// thread: 32, 64 or 128) the delta-rule kernel is built for.
+// The key dims the delta-rule kernels are built for (state registers per thread: 32, 64 or 128),
+// and the largest value head dimension of the recurrent kernel (one thread per value column; the
+// chunk kernel takes any, in tiles of 32 columns).
 constexpr int64_t kGatedDeltaMaxValueDim = 1024;
+// Tokens per chunk of the chunked form (= kiln::kGatedDeltaChunk, backend.h).
+constexpr int64_t kGatedDeltaChunkTokens = 64;
 struct DeltaRuleArgs {
   const float* q = nullptr;        // [tokens, key_heads, key_dim]
   const float* k = nullptr;
@@ -208,6 +211,7 @@ struct DeltaRuleArgs {
   void* out = nullptr;             // [tokens, value_heads, value_dim] in dtype
   int64_t span_count = 0, key_heads = 0, value_heads = 0, key_dim = 0, value_dim = 0;
   DType dtype = DType::F32;
+  bool whole_chunks = false;  // some span holds a whole chunk aligned to a multiple of the chunk length
 };
 cudaError_t launch_gated_delta_rule(const DeltaRuleArgs& args, cudaStream_t stream);
 
