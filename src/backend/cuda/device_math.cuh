@@ -99,7 +99,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float first, float second) {
   return *reinterpret_cast<uint32_t*>(&pair);
 }
 
-// --- cp.async: 16-byte global → shared copies; zero-filled when `valid` is false ---
+// --- cp.async: global → shared copies; zero-filled when `valid` is false ---
 // (the destination as a shared-memory address, or as a pointer into shared memory)
 __device__ __forceinline__ void cp_async_16(uint32_t shared_destination, const void* global_source, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_destination), "l"(global_source),
@@ -107,6 +107,13 @@ __device__ __forceinline__ void cp_async_16(uint32_t shared_destination, const v
 }
 __device__ __forceinline__ void cp_async_16(void* shared_destination, const void* global_source, bool valid) {
   cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination)), global_source, valid);
+}
+// The 4-byte form (cp.async.ca: 16 bytes is the only size .cg takes), for data that is not in
+// 16-byte runs.
+__device__ __forceinline__ void cp_async_4(void* shared_destination, const void* global_source, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination))),
+               "l"(global_source), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int pending>

@@ -205,48 +205,82 @@ __global__ void delta_rule_kernel(const float* q, const float* k, const float* v
 // --- the chunked form (spec A.6.5), in the CPU backend's formulas and summation orders
 // (backend/cpu/gated_delta.h): every whole chunk of kChunk tokens aligned to an absolute multiple
 // of kChunk is one chunk step, every other token a recurrent step, so which tokens take which form
-// depends only on positions. Block (span, value head, tile of 32 value columns), four warps; lane
-// = the column inside the tile. The state tile [dk][32] stays in shared memory for the whole span;
-// a chunk's k and q sit there transposed ([dk][64]) so a thread reads four tokens' k[p] as one
-// 16-byte word. Per chunk, with i, j, m local token indices:
+// depends only on positions. Block (span, value head, tile of 32 value columns), eight warps; lane
+// = the column inside the tile. The state tile [dk][32] stays in shared memory for the whole span,
+// and cp.async brings chunk c + 1's k, q, v, g and β into a second buffer while chunk c computes.
+// Per chunk, with i, j, m local token indices:
 //   Γ_ij, D_i            threads 0..63, one row i each (the exponent summed from g_i downwards)
-//   Sᵀk_i, Sᵀq_i         warp w rows 16w..16w+15, over dk ascending, against the chunk-start state
-//   k_i·k_j, q_i·k_j     thread t the 4×8 tile rows 4(t/8).., columns 8(t%8).., over dk ascending
+//   Sᵀk_i, Sᵀq_i         warp w rows 8w..8w+7, over dk ascending, against the chunk-start state
+//   k_i·k_j, q_i·k_j     thread t rows t%16 + 16r, columns 4(t/16)..+3, over dk ascending
 //   Δ_i                  warp 0: forward substitution, Δ_i's subtractions in m order (m < i)
-//   o_i                  warp w rows w, w+4, …: D_i·Sᵀq_i then + (q_i·k_m·Γ_im)·Δ_m, m ascending
-//   S ← D_63·S + Σ_m (k_m·Γ_63,m) Δ_mᵀ   warp w rows p of dk/4, m ascending ---
+//   o_i                  warp w rows w, w+8, …: D_i·Sᵀq_i then + (q_i·k_m·Γ_im)·Δ_m, m ascending
+//   S ← D_63·S + Σ_m (k_m·Γ_63,m) Δ_mᵀ   warp w rows p of its dk/8, m ascending ---
 constexpr int kChunk = static_cast<int>(kGatedDeltaChunkTokens);
 constexpr int kChunkTileColumns = 32;
-constexpr int kChunkWarps = 4;
+constexpr int kChunkWarps = 8;
 static_assert(kChunk == 64, "the chunk kernel's thread maps assume 64-token chunks");
 
-// The chunk kernel's shared memory, as offsets in floats.
+// The chunk kernel's shared memory, as offsets in floats. k and q rows are padded by 4 floats so
+// that the 16-byte reads of rows 4 apart fall on different banks.
 template <int kKeyDim>
 struct ChunkLayout {
-  static constexpr int kKeys = 0;                                        // [dk][64] k (then k·Γ_63,m)
-  static constexpr int kQueries = kKeys + kKeyDim * kChunk;              // [dk][64] q
-  static constexpr int kState = kQueries + kKeyDim * kChunk;             // [dk][32]
-  static constexpr int kDecay = kState + kKeyDim * kChunkTileColumns;    // [64][64] Γ_ij, j ≤ i
-  static constexpr int kKeyCoefficients = kDecay + kChunk * kChunk;      // [64][64] (β_i·k_i·k_j)·Γ_ij
-  static constexpr int kQueryCoefficients = kKeyCoefficients + kChunk * kChunk;  // [64][64] (q_i·k_j)·Γ_ij
-  static constexpr int kValues = kQueryCoefficients + kChunk * kChunk;   // [64][32]
-  static constexpr int kCorrected = kValues + kChunk * kChunkTileColumns;       // [64][32] Δ
-  static constexpr int kKeyState = kCorrected + kChunk * kChunkTileColumns;     // [64][32] Sᵀk
-  static constexpr int kQueryState = kKeyState + kChunk * kChunkTileColumns;    // [64][32] Sᵀq
-  static constexpr int kGates = kQueryState + kChunk * kChunkTileColumns;       // [64] g
-  static constexpr int kRates = kGates + kChunk;                                // [64] β
-  static constexpr int kDecayFromStart = kRates + kChunk;                       // [64] D
-  static constexpr int kFloats = kDecayFromStart + kChunk;
+  static constexpr int kRowStride = kKeyDim + 4;
+  // One chunk's inputs (two buffers: the chunk computing and the next one arriving).
+  static constexpr int kKeys = 0;                                          // [64][dk] k (then k·Γ_63,m)
+  static constexpr int kQueries = kKeys + kChunk * kRowStride;             // [64][dk] q
+  static constexpr int kValues = kQueries + kChunk * kRowStride;           // [64][32] v
+  static constexpr int kGates = kValues + kChunk * kChunkTileColumns;      // [64] g
+  static constexpr int kRates = kGates + kChunk;                           // [64] β
+  static constexpr int kBuffer = kRates + kChunk;
+  // The rest.
+  static constexpr int kState = 2 * kBuffer;                                      // [dk][32]
+  static constexpr int kKeyCoefficients = kState + kKeyDim * kChunkTileColumns;   // [64][64] Γ, then (β_i·k_i·k_j)·Γ_ij
+  static constexpr int kQueryCoefficients = kKeyCoefficients + kChunk * kChunk;   // [64][64] (q_i·k_j)·Γ_ij
+  static constexpr int kCorrected = kQueryCoefficients + kChunk * kChunk;         // [64][32] Δ
+  static constexpr int kKeyState = kCorrected + kChunk * kChunkTileColumns;       // [64][32] Sᵀk
+  static constexpr int kQueryState = kKeyState + kChunk * kChunkTileColumns;      // [64][32] Sᵀq
+  static constexpr int kDecayFromStart = kQueryState + kChunk * kChunkTileColumns;  // [64] D
+  static constexpr int kDecayToEnd = kDecayFromStart + kChunk;                    // [64] Γ_63,m
+  static constexpr int kScratch = kDecayToEnd + kChunk;                           // [2][dk] a recurrent token's q, k
+  static constexpr int kFloats = kScratch + 2 * kKeyDim;
   static constexpr int kBytes = kFloats * static_cast<int>(sizeof(float));
 };
 
 // What every phase of the chunk kernel reads: the op's tensors and this block's place in them.
 struct ChunkBlock {
   const float *q, *k, *v, *g, *beta;
-  int64_t key_heads, value_heads, value_dim, key_head, value_head, column;
-  int64_t first_row;  // the span's first token in the batch
+  int64_t key_heads, value_heads, value_dim, key_head, value_head;
+  int64_t tile_column0, column;  // the tile's first value column, and this lane's
+  int64_t first_row;             // the span's first token in the batch
   float* shared;
 };
+
+// Starts copying local tokens [begin, begin + 64) of the span into `buffer` (one commit group).
+template <int kKeyDim>
+__device__ void chunk_kernel_prefetch(const ChunkBlock& b, int32_t begin, float* buffer) {
+  using Layout = ChunkLayout<kKeyDim>;
+  constexpr int kPieces = kKeyDim / 4;  // 16-byte pieces per k or q row
+  const int64_t first_row = b.first_row + begin;
+  for (int index = threadIdx.x; index < kChunk * kPieces; index += blockDim.x) {
+    const int i = index / kPieces, piece = index % kPieces;
+    const int64_t offset = ((first_row + i) * b.key_heads + b.key_head) * kKeyDim + 4 * piece;
+    cp_async_16(buffer + Layout::kKeys + i * Layout::kRowStride + 4 * piece, b.k + offset, true);
+    cp_async_16(buffer + Layout::kQueries + i * Layout::kRowStride + 4 * piece, b.q + offset, true);
+  }
+  for (int index = threadIdx.x; index < kChunk * kChunkTileColumns; index += blockDim.x) {
+    const int i = index / kChunkTileColumns;
+    const int64_t column = b.tile_column0 + index % kChunkTileColumns;
+    const bool valid = column < b.value_dim;
+    const int64_t offset = valid ? ((first_row + i) * b.value_heads + b.value_head) * b.value_dim + column : 0;
+    cp_async_4(buffer + Layout::kValues + index, b.v + offset, valid);
+  }
+  if (threadIdx.x < kChunk) {
+    const int64_t offset = (first_row + threadIdx.x) * b.value_heads + b.value_head;
+    cp_async_4(buffer + Layout::kGates + threadIdx.x, b.g + offset, true);
+    cp_async_4(buffer + Layout::kRates + threadIdx.x, b.beta + offset, true);
+  }
+  cp_async_commit();
+}
 
 // Tokens [begin, end) of the span recurrently: warp 0, each lane its column of the state tile.
 template <typename T, int kKeyDim>
@@ -256,7 +290,7 @@ __device__ void chunk_kernel_recurrent(const ChunkBlock& b, int32_t begin, int32
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float* tile = b.shared + Layout::kState;
-    float* query = b.shared + Layout::kKeys;  // the chunk buffers are free between chunks
+    float* query = b.shared + Layout::kScratch;
     float* key = query + kKeyDim;
     float column[kKeyDim];
 #pragma unroll
@@ -282,128 +316,113 @@ __device__ void chunk_kernel_recurrent(const ChunkBlock& b, int32_t begin, int32
   __syncthreads();
 }
 
-// Local tokens [begin, begin + 64) of the span as one chunk step (the formulas above).
+// Local tokens [begin, begin + 64) of the span, already in `buffer`, as one chunk step.
 template <typename T, int kKeyDim>
-__device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, T* out) {
+__device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const float* buffer, T* out) {
   using Layout = ChunkLayout<kKeyDim>;
-  float* keys = b.shared + Layout::kKeys;
-  float* queries = b.shared + Layout::kQueries;
+  constexpr int kStride = Layout::kRowStride;
+  float* keys = const_cast<float*>(buffer) + Layout::kKeys;
+  const float* queries = buffer + Layout::kQueries;
+  const float* values = buffer + Layout::kValues;
+  const float* gates = buffer + Layout::kGates;
+  const float* rates = buffer + Layout::kRates;
   float* tile = b.shared + Layout::kState;
-  float* decay = b.shared + Layout::kDecay;
   float* key_coefficients = b.shared + Layout::kKeyCoefficients;
   float* query_coefficients = b.shared + Layout::kQueryCoefficients;
-  float* values = b.shared + Layout::kValues;
   float* corrected = b.shared + Layout::kCorrected;
   float* key_state = b.shared + Layout::kKeyState;
   float* query_state = b.shared + Layout::kQueryState;
-  float* gates = b.shared + Layout::kGates;
-  float* rates = b.shared + Layout::kRates;
   float* decay_from_start = b.shared + Layout::kDecayFromStart;
+  float* decay_to_end = b.shared + Layout::kDecayToEnd;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t first_row = b.first_row + begin;
-  const bool active = b.column < b.value_dim;
+  auto row4 = [](const float* base, int row, int p) { return *reinterpret_cast<const float4*>(base + row * kStride + p); };
 
-  // The chunk's k and q (transposed), its value columns and its gates.
-  for (int index = threadIdx.x; index < kChunk * (kKeyDim / 4); index += blockDim.x) {
-    const int i = index % kChunk, quad = index / kChunk;
-    const int64_t offset = ((first_row + i) * b.key_heads + b.key_head) * kKeyDim + 4 * quad;
-    const float4 key4 = *reinterpret_cast<const float4*>(b.k + offset);
-    const float4 query4 = *reinterpret_cast<const float4*>(b.q + offset);
-    keys[(4 * quad + 0) * kChunk + i] = key4.x;
-    keys[(4 * quad + 1) * kChunk + i] = key4.y;
-    keys[(4 * quad + 2) * kChunk + i] = key4.z;
-    keys[(4 * quad + 3) * kChunk + i] = key4.w;
-    queries[(4 * quad + 0) * kChunk + i] = query4.x;
-    queries[(4 * quad + 1) * kChunk + i] = query4.y;
-    queries[(4 * quad + 2) * kChunk + i] = query4.z;
-    queries[(4 * quad + 3) * kChunk + i] = query4.w;
-  }
-  for (int index = threadIdx.x; index < kChunk * kChunkTileColumns; index += blockDim.x) {
-    const int i = index / kChunkTileColumns;
-    const int64_t column = b.column - lane + index % kChunkTileColumns;
-    values[index] =
-        column < b.value_dim ? b.v[((first_row + i) * b.value_heads + b.value_head) * b.value_dim + column] : 0.0f;
-  }
-  if (threadIdx.x < kChunk) {
-    gates[threadIdx.x] = b.g[(first_row + threadIdx.x) * b.value_heads + b.value_head];
-    rates[threadIdx.x] = b.beta[(first_row + threadIdx.x) * b.value_heads + b.value_head];
-  }
-  __syncthreads();
-
-  // Γ and D.
+  // Γ (into the key-coefficient rows, which it becomes) and D.
   if (threadIdx.x < kChunk) {
     const int i = threadIdx.x;
     float exponent = 0.0f;
-    decay[i * kChunk + i] = 1.0f;
+    key_coefficients[i * kChunk + i] = 1.0f;
     for (int j = i - 1; j >= 0; --j) {
       exponent += gates[j + 1];
-      decay[i * kChunk + j] = expf(exponent);
+      key_coefficients[i * kChunk + j] = expf(exponent);
     }
     decay_from_start[i] = expf(exponent + gates[0]);
   }
   // Sᵀk_i and Sᵀq_i against the chunk-start state.
   {
-    float by_key[16] = {}, by_query[16] = {};
-    for (int p = 0; p < kKeyDim; ++p) {
-      const float entry = tile[p * kChunkTileColumns + lane];
+    constexpr int kRows = kChunk / kChunkWarps;
+    float by_key[kRows] = {}, by_query[kRows] = {};
+    for (int p = 0; p < kKeyDim; p += 4) {
+      float entry[4];
 #pragma unroll
-      for (int r = 0; r < 16; r += 4) {
-        const float4 key4 = *reinterpret_cast<const float4*>(keys + p * kChunk + 16 * warp + r);
-        const float4 query4 = *reinterpret_cast<const float4*>(queries + p * kChunk + 16 * warp + r);
-        by_key[r + 0] = fmaf(key4.x, entry, by_key[r + 0]);
-        by_key[r + 1] = fmaf(key4.y, entry, by_key[r + 1]);
-        by_key[r + 2] = fmaf(key4.z, entry, by_key[r + 2]);
-        by_key[r + 3] = fmaf(key4.w, entry, by_key[r + 3]);
-        by_query[r + 0] = fmaf(query4.x, entry, by_query[r + 0]);
-        by_query[r + 1] = fmaf(query4.y, entry, by_query[r + 1]);
-        by_query[r + 2] = fmaf(query4.z, entry, by_query[r + 2]);
-        by_query[r + 3] = fmaf(query4.w, entry, by_query[r + 3]);
+      for (int e = 0; e < 4; ++e) entry[e] = tile[(p + e) * kChunkTileColumns + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float4 key4 = row4(keys, kRows * warp + r, p), query4 = row4(queries, kRows * warp + r, p);
+        by_key[r] = fmaf(key4.x, entry[0], by_key[r]);
+        by_key[r] = fmaf(key4.y, entry[1], by_key[r]);
+        by_key[r] = fmaf(key4.z, entry[2], by_key[r]);
+        by_key[r] = fmaf(key4.w, entry[3], by_key[r]);
+        by_query[r] = fmaf(query4.x, entry[0], by_query[r]);
+        by_query[r] = fmaf(query4.y, entry[1], by_query[r]);
+        by_query[r] = fmaf(query4.z, entry[2], by_query[r]);
+        by_query[r] = fmaf(query4.w, entry[3], by_query[r]);
       }
     }
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      key_state[(16 * warp + r) * kChunkTileColumns + lane] = by_key[r];
-      query_state[(16 * warp + r) * kChunkTileColumns + lane] = by_query[r];
+    for (int r = 0; r < kRows; ++r) {
+      key_state[(kRows * warp + r) * kChunkTileColumns + lane] = by_key[r];
+      query_state[(kRows * warp + r) * kChunkTileColumns + lane] = by_query[r];
     }
   }
-  // k_i·k_j and q_i·k_j for this thread's tile (tiles wholly above the diagonal are skipped).
-  const int row0 = 4 * (threadIdx.x / 8), column0 = 8 * (threadIdx.x % 8);
-  const bool causal_tile = column0 <= row0 + 3;
-  float key_dots[4][8] = {}, query_dots[4][8] = {};
-  if (causal_tile)
-    for (int p = 0; p < kKeyDim; ++p) {
-      const float4 key_i = *reinterpret_cast<const float4*>(keys + p * kChunk + row0);
-      const float4 query_i = *reinterpret_cast<const float4*>(queries + p * kChunk + row0);
-      const float4 key_j0 = *reinterpret_cast<const float4*>(keys + p * kChunk + column0);
-      const float4 key_j1 = *reinterpret_cast<const float4*>(keys + p * kChunk + column0 + 4);
-      const float ki[4] = {key_i.x, key_i.y, key_i.z, key_i.w};
-      const float qi[4] = {query_i.x, query_i.y, query_i.z, query_i.w};
-      const float kj[8] = {key_j0.x, key_j0.y, key_j0.z, key_j0.w, key_j1.x, key_j1.y, key_j1.z, key_j1.w};
+  // k_i·k_j and q_i·k_j for this thread's 4 × 4 pairs: rows a, a+16, a+32, a+48 (lanes read 16
+  // consecutive rows, which fall on distinct banks), columns 4b..4b+3.
+  const int pair_row = threadIdx.x % 16, pair_column = 4 * (threadIdx.x / 16);
+  float key_dots[4][4] = {}, query_dots[4][4] = {};
+  for (int p = 0; p < kKeyDim; p += 4) {
+    float4 key_i[4], query_i[4], key_j[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          key_dots[r][s] = fmaf(ki[r], kj[s], key_dots[r][s]);
-          query_dots[r][s] = fmaf(qi[r], kj[s], query_dots[r][s]);
-        }
+    for (int r = 0; r < 4; ++r) {
+      key_i[r] = row4(keys, pair_row + 16 * r, p);
+      query_i[r] = row4(queries, pair_row + 16 * r, p);
+      key_j[r] = row4(keys, pair_column + r, p);
     }
-  __syncthreads();
-
-  // The coefficients, and k·Γ_63,m in place of k (only the state update reads k from here on).
-  if (causal_tile)
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const int i = row0 + r, j = column0 + s;
-        if (j <= i) {
-          key_coefficients[i * kChunk + j] = rates[i] * key_dots[r][s] * decay[i * kChunk + j];
-          query_coefficients[i * kChunk + j] = query_dots[r][s] * decay[i * kChunk + j];
-        }
+      for (int s = 0; s < 4; ++s) {
+        key_dots[r][s] = fmaf(key_i[r].x, key_j[s].x, key_dots[r][s]);
+        key_dots[r][s] = fmaf(key_i[r].y, key_j[s].y, key_dots[r][s]);
+        key_dots[r][s] = fmaf(key_i[r].z, key_j[s].z, key_dots[r][s]);
+        key_dots[r][s] = fmaf(key_i[r].w, key_j[s].w, key_dots[r][s]);
+        query_dots[r][s] = fmaf(query_i[r].x, key_j[s].x, query_dots[r][s]);
+        query_dots[r][s] = fmaf(query_i[r].y, key_j[s].y, query_dots[r][s]);
+        query_dots[r][s] = fmaf(query_i[r].z, key_j[s].z, query_dots[r][s]);
+        query_dots[r][s] = fmaf(query_i[r].w, key_j[s].w, query_dots[r][s]);
       }
-  for (int index = threadIdx.x; index < kKeyDim * kChunk; index += blockDim.x)
-    keys[index] *= decay[(kChunk - 1) * kChunk + index % kChunk];
+  }
   __syncthreads();
+
+  // The coefficients from Γ (pairs j ≤ i), and k·Γ_63,m in place of k (only the state update reads
+  // k from here on).
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int i = pair_row + 16 * r, j = pair_column + s;
+      if (j <= i) {
+        const float decay = key_coefficients[i * kChunk + j];
+        key_coefficients[i * kChunk + j] = rates[i] * key_dots[r][s] * decay;
+        query_coefficients[i * kChunk + j] = query_dots[r][s] * decay;
+        if (i == kChunk - 1) decay_to_end[j] = decay;
+      }
+    }
+  __syncthreads();
+  for (int index = threadIdx.x; index < kChunk * kKeyDim; index += blockDim.x) {
+    const int m = index / kKeyDim, p = index % kKeyDim;
+    keys[m * kStride + p] *= decay_to_end[m];
+  }
 
   // Δ by forward substitution: Δ_m is final once every earlier Δ has been subtracted from it.
   if (warp == 0) {
@@ -421,25 +440,26 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, T* out) {
   }
   __syncthreads();
 
-  // The outputs (rows w, w + 4, …) and the chunk-end state (rows p of this warp's quarter).
+  // The outputs (rows w, w + 8, …) and the chunk-end state (rows p of this warp's share).
   {
-    float output[kChunk / kChunkWarps];
+    constexpr int kRows = kChunk / kChunkWarps;
+    float output[kRows];
 #pragma unroll
-    for (int r = 0; r < kChunk / kChunkWarps; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       const int i = warp + kChunkWarps * r;
       output[r] = decay_from_start[i] * query_state[i * kChunkTileColumns + lane];
     }
     for (int m = 0; m < kChunk; ++m) {
       const float delta = corrected[m * kChunkTileColumns + lane];
 #pragma unroll
-      for (int r = 0; r < kChunk / kChunkWarps; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         const int i = warp + kChunkWarps * r;
         if (m <= i) output[r] += query_coefficients[i * kChunk + m] * delta;
       }
     }
-    if (active)
+    if (b.column < b.value_dim)
 #pragma unroll
-      for (int r = 0; r < kChunk / kChunkWarps; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         const int64_t row = first_row + warp + kChunkWarps * r;
         out[(row * b.value_heads + b.value_head) * b.value_dim + b.column] = from_float<T>(output[r]);
       }
@@ -451,17 +471,15 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, T* out) {
     float entry[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) entry[r] = tile[(p0 + r) * kChunkTileColumns + lane] * decay_whole;
-    for (int m = 0; m < kChunk; m += 4) {
-      float delta[4];
+    for (int m = 0; m < kChunk; ++m) {
+      const float delta = corrected[m * kChunkTileColumns + lane];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) delta[e] = corrected[(m + e) * kChunkTileColumns + lane];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float4 scaled = *reinterpret_cast<const float4*>(keys + (p0 + r) * kChunk + m);
-        entry[r] += scaled.x * delta[0];
-        entry[r] += scaled.y * delta[1];
-        entry[r] += scaled.z * delta[2];
-        entry[r] += scaled.w * delta[3];
+      for (int r = 0; r < kRows; r += 4) {
+        const float4 scaled = row4(keys, m, p0 + r);
+        entry[r + 0] += scaled.x * delta;
+        entry[r + 1] += scaled.y * delta;
+        entry[r + 2] += scaled.z * delta;
+        entry[r + 3] += scaled.w * delta;
       }
     }
 #pragma unroll
@@ -490,28 +508,41 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
   b.value_dim = value_dim;
   b.value_head = blockIdx.y;
   b.key_head = b.value_head / (value_heads / key_heads);
-  b.column = static_cast<int64_t>(blockIdx.z) * kChunkTileColumns + threadIdx.x % 32;
+  b.tile_column0 = static_cast<int64_t>(blockIdx.z) * kChunkTileColumns;
+  b.column = b.tile_column0 + threadIdx.x % 32;
   b.first_row = span.first_token;
   b.shared = reinterpret_cast<float*>(shared_words);
-  float* tile = b.shared + Layout::kState;
-  float* state = states + (static_cast<int64_t>(span.slot) * value_heads + b.value_head) * kKeyDim * value_dim;
-  const int64_t tile_column0 = static_cast<int64_t>(blockIdx.z) * kChunkTileColumns;
-  for (int index = threadIdx.x; index < kKeyDim * kChunkTileColumns; index += blockDim.x) {
-    const int64_t p = index / kChunkTileColumns, column = tile_column0 + index % kChunkTileColumns;
-    tile[index] = (column < value_dim && span.first_position != 0) ? state[p * value_dim + column] : 0.0f;
-  }
-  __syncthreads();
+  auto buffer = [&](int32_t c) { return b.shared + (c % 2) * Layout::kBuffer; };
 
   // Recurrent up to the first absolute chunk boundary, whole aligned chunks, recurrent tail.
   const int32_t to_boundary = (kChunk - span.first_position % kChunk) % kChunk;
   const int32_t head = min(span.tokens, to_boundary);
   const int32_t chunks = (span.tokens - head) / kChunk;
+  if (chunks > 0) chunk_kernel_prefetch<kKeyDim>(b, head, buffer(0));
+
+  float* tile = b.shared + Layout::kState;
+  float* state = states + (static_cast<int64_t>(span.slot) * value_heads + b.value_head) * kKeyDim * value_dim;
+  for (int index = threadIdx.x; index < kKeyDim * kChunkTileColumns; index += blockDim.x) {
+    const int64_t p = index / kChunkTileColumns, column = b.tile_column0 + index % kChunkTileColumns;
+    tile[index] = (column < value_dim && span.first_position != 0) ? state[p * value_dim + column] : 0.0f;
+  }
+  __syncthreads();
+
   chunk_kernel_recurrent<T, kKeyDim>(b, 0, head, out);
-  for (int32_t c = 0; c < chunks; ++c) chunk_kernel_step<T, kKeyDim>(b, head + c * kChunk, out);
+  for (int32_t c = 0; c < chunks; ++c) {
+    if (c + 1 < chunks) {
+      chunk_kernel_prefetch<kKeyDim>(b, head + (c + 1) * kChunk, buffer(c + 1));
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    chunk_kernel_step<T, kKeyDim>(b, head + c * kChunk, buffer(c), out);
+  }
   chunk_kernel_recurrent<T, kKeyDim>(b, head + chunks * kChunk, span.tokens, out);
 
   for (int index = threadIdx.x; index < kKeyDim * kChunkTileColumns; index += blockDim.x) {
-    const int64_t p = index / kChunkTileColumns, column = tile_column0 + index % kChunkTileColumns;
+    const int64_t p = index / kChunkTileColumns, column = b.tile_column0 + index % kChunkTileColumns;
     if (column < value_dim) state[p * value_dim + column] = tile[index];
   }
 }
