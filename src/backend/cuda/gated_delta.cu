@@ -212,7 +212,7 @@ __global__ void delta_rule_kernel(const float* q, const float* k, const float* v
 //   Γ_ij, D_i            threads 0..63, one row i each (the exponent summed from g_i downwards)
 //   Sᵀk_i, Sᵀq_i         warp w rows 8w..8w+7, over dk ascending, against the chunk-start state
 //   k_i·k_j, q_i·k_j     thread t rows t%16 + 16r, columns 4(t/16)..+3, over dk ascending
-//   Δ_i                  warp 0: forward substitution, Δ_i's subtractions in m order (m < i)
+//   Δ_i                  forward substitution in 16-row blocks, Δ_i's subtractions in m order
 //   o_i                  warp w rows w, w+8, …: D_i·Sᵀq_i then + (q_i·k_m·Γ_im)·Δ_m, m ascending
 //   S ← D_63·S + Σ_m (k_m·Γ_63,m) Δ_mᵀ   warp w rows p of its dk/8, m ascending ---
 constexpr int kChunk = static_cast<int>(kGatedDeltaChunkTokens);
@@ -233,10 +233,12 @@ struct ChunkLayout {
   static constexpr int kRates = kGates + kChunk;                           // [64] β
   static constexpr int kBuffer = kRates + kChunk;
   // The rest.
+  // Coefficient rows are padded by 4 floats: threads writing one row each hit 8 banks, not 1.
+  static constexpr int kCoefficientStride = kChunk + 4;
   static constexpr int kState = 2 * kBuffer;                                      // [dk][32]
-  static constexpr int kKeyCoefficients = kState + kKeyDim * kChunkTileColumns;   // [64][64] Γ, then (β_i·k_i·k_j)·Γ_ij
-  static constexpr int kQueryCoefficients = kKeyCoefficients + kChunk * kChunk;   // [64][64] (q_i·k_j)·Γ_ij
-  static constexpr int kCorrected = kQueryCoefficients + kChunk * kChunk;         // [64][32] Δ
+  static constexpr int kKeyCoefficients = kState + kKeyDim * kChunkTileColumns;   // [64][68] Γ, then (β_i·k_i·k_j)·Γ_ij
+  static constexpr int kQueryCoefficients = kKeyCoefficients + kChunk * kCoefficientStride;  // [64][68] (q_i·k_j)·Γ_ij
+  static constexpr int kCorrected = kQueryCoefficients + kChunk * kCoefficientStride;       // [64][32] Δ
   static constexpr int kKeyState = kCorrected + kChunk * kChunkTileColumns;       // [64][32] Sᵀk
   static constexpr int kQueryState = kKeyState + kChunk * kChunkTileColumns;      // [64][32] Sᵀq
   static constexpr int kDecayFromStart = kQueryState + kChunk * kChunkTileColumns;  // [64] D
@@ -283,8 +285,9 @@ __device__ void chunk_kernel_prefetch(const ChunkBlock& b, int32_t begin, float*
 }
 
 // Tokens [begin, end) of the span recurrently: warp 0, each lane its column of the state tile.
+// Not inlined, so that its kKeyDim state registers do not crowd the chunk step's.
 template <typename T, int kKeyDim>
-__device__ void chunk_kernel_recurrent(const ChunkBlock& b, int32_t begin, int32_t end, T* out) {
+__device__ __noinline__ void chunk_kernel_recurrent(const ChunkBlock& b, int32_t begin, int32_t end, T* out) {
   using Layout = ChunkLayout<kKeyDim>;
   if (begin >= end) return;
   if (threadIdx.x < 32) {
@@ -321,6 +324,7 @@ template <typename T, int kKeyDim>
 __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const float* buffer, T* out) {
   using Layout = ChunkLayout<kKeyDim>;
   constexpr int kStride = Layout::kRowStride;
+  constexpr int kCStride = Layout::kCoefficientStride;
   float* keys = const_cast<float*>(buffer) + Layout::kKeys;
   const float* queries = buffer + Layout::kQueries;
   const float* values = buffer + Layout::kValues;
@@ -342,10 +346,10 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const floa
   if (threadIdx.x < kChunk) {
     const int i = threadIdx.x;
     float exponent = 0.0f;
-    key_coefficients[i * kChunk + i] = 1.0f;
+    key_coefficients[i * kCStride + i] = 1.0f;
     for (int j = i - 1; j >= 0; --j) {
       exponent += gates[j + 1];
-      key_coefficients[i * kChunk + j] = expf(exponent);
+      key_coefficients[i * kCStride + j] = expf(exponent);
     }
     decay_from_start[i] = expf(exponent + gates[0]);
   }
@@ -353,6 +357,7 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const floa
   {
     constexpr int kRows = kChunk / kChunkWarps;
     float by_key[kRows] = {}, by_query[kRows] = {};
+#pragma unroll 2
     for (int p = 0; p < kKeyDim; p += 4) {
       float entry[4];
 #pragma unroll
@@ -380,6 +385,7 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const floa
   // consecutive rows, which fall on distinct banks), columns 4b..4b+3.
   const int pair_row = threadIdx.x % 16, pair_column = 4 * (threadIdx.x / 16);
   float key_dots[4][4] = {}, query_dots[4][4] = {};
+#pragma unroll 2
   for (int p = 0; p < kKeyDim; p += 4) {
     float4 key_i[4], query_i[4], key_j[4];
 #pragma unroll
@@ -412,33 +418,49 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const floa
     for (int s = 0; s < 4; ++s) {
       const int i = pair_row + 16 * r, j = pair_column + s;
       if (j <= i) {
-        const float decay = key_coefficients[i * kChunk + j];
-        key_coefficients[i * kChunk + j] = rates[i] * key_dots[r][s] * decay;
-        query_coefficients[i * kChunk + j] = query_dots[r][s] * decay;
+        const float decay = key_coefficients[i * kCStride + j];
+        key_coefficients[i * kCStride + j] = rates[i] * key_dots[r][s] * decay;
+        query_coefficients[i * kCStride + j] = query_dots[r][s] * decay;
         if (i == kChunk - 1) decay_to_end[j] = decay;
       }
     }
+  // The substitution's right-hand sides β_i·(v_i − D_i·Sᵀk_i), in place of Δ.
+  for (int i = warp; i < kChunk; i += kChunkWarps)
+    corrected[i * kChunkTileColumns + lane] =
+        rates[i] * (values[i * kChunkTileColumns + lane] - decay_from_start[i] * key_state[i * kChunkTileColumns + lane]);
   __syncthreads();
   for (int index = threadIdx.x; index < kChunk * kKeyDim; index += blockDim.x) {
     const int m = index / kKeyDim, p = index % kKeyDim;
     keys[m * kStride + p] *= decay_to_end[m];
   }
 
-  // Δ by forward substitution: Δ_m is final once every earlier Δ has been subtracted from it.
-  if (warp == 0) {
-    float delta[kChunk];
+  // Δ by forward substitution in blocks of 16 rows, each row's subtractions in m order: warp 0
+  // solves a block's rows among themselves, then every warp subtracts that block's Δ from the
+  // rows below it (rows w, w + 8, …).
+  constexpr int kBlock = 16;
+  for (int block = 0; block < kChunk; block += kBlock) {
+    if (warp == 0) {
+      float delta[kBlock];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i)
-      delta[i] = rates[i] * (values[i * kChunkTileColumns + lane] -
-                             decay_from_start[i] * key_state[i * kChunkTileColumns + lane]);
+      for (int r = 0; r < kBlock; ++r) delta[r] = corrected[(block + r) * kChunkTileColumns + lane];
 #pragma unroll
-    for (int m = 0; m < kChunk; ++m) {
-      corrected[m * kChunkTileColumns + lane] = delta[m];
+      for (int m = 0; m < kBlock; ++m)
 #pragma unroll
-      for (int i = m + 1; i < kChunk; ++i) delta[i] -= key_coefficients[i * kChunk + m] * delta[m];
+        for (int r = m + 1; r < kBlock; ++r)
+          delta[r] -= key_coefficients[(block + r) * kCStride + block + m] * delta[m];
+#pragma unroll
+      for (int r = 0; r < kBlock; ++r) corrected[(block + r) * kChunkTileColumns + lane] = delta[r];
     }
+    __syncthreads();
+    for (int i = block + kBlock + warp; i < kChunk; i += kChunkWarps) {
+      float delta = corrected[i * kChunkTileColumns + lane];
+#pragma unroll
+      for (int m = 0; m < kBlock; ++m)
+        delta -= key_coefficients[i * kCStride + block + m] * corrected[(block + m) * kChunkTileColumns + lane];
+      corrected[i * kChunkTileColumns + lane] = delta;
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   // The outputs (rows w, w + 8, …) and the chunk-end state (rows p of this warp's share).
   {
@@ -449,12 +471,18 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const floa
       const int i = warp + kChunkWarps * r;
       output[r] = decay_from_start[i] * query_state[i * kChunkTileColumns + lane];
     }
-    for (int m = 0; m < kChunk; ++m) {
-      const float delta = corrected[m * kChunkTileColumns + lane];
+    for (int m = 0; m < kChunk; m += 4) {
+      float delta[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) delta[e] = corrected[(m + e) * kChunkTileColumns + lane];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int i = warp + kChunkWarps * r;
-        if (m <= i) output[r] += query_coefficients[i * kChunk + m] * delta;
+        const float4 coefficient = *reinterpret_cast<const float4*>(query_coefficients + i * kCStride + m);
+        if (m + 0 <= i) output[r] += coefficient.x * delta[0];
+        if (m + 1 <= i) output[r] += coefficient.y * delta[1];
+        if (m + 2 <= i) output[r] += coefficient.z * delta[2];
+        if (m + 3 <= i) output[r] += coefficient.w * delta[3];
       }
     }
     if (b.column < b.value_dim)
@@ -537,7 +565,7 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
       cp_async_wait<0>();
     }
     __syncthreads();
-    chunk_kernel_step<T, kKeyDim>(b, head + c * kChunk, buffer(c), out);
+      chunk_kernel_step<T, kKeyDim>(b, head + c * kChunk, buffer(c), out);
   }
   chunk_kernel_recurrent<T, kKeyDim>(b, head + chunks * kChunk, span.tokens, out);
 
