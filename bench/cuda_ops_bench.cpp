@@ -6,19 +6,27 @@
 //     enough weight copies to exceed the 60 MB L2, so the figure is HBM bandwidth, not cache.
 //   prefill matmul (bf16, m = 512/4096): TFLOP/s.
 //   attention: decode (1 token per sequence, split-KV) in KV bytes per second; prefill TFLOP/s.
+//   cuBLAS (loaded at run time when libcublas.so.13 is there): whether a row of x·wᵀ keeps its
+//     bits as the row count changes — the invariance contract kiln's own GEMMs keep — and its
+//     TFLOP/s at the prefill shapes, the measured tensor-core peak the prefill target refers to.
 //   delta rule (Qwen3.5-9B's GDN heads): a prefill in the chunked form against every token
 //     recurrent, and a decode step; µs per call.
 //
 // Other times are host wall clock over many back-to-back launches between two synchronize() calls
 // (launches are queued asynchronously, so the device never waits on the host for these sizes).
 // Prints one table; figures go to docs/perf.md with the date, device and commit.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <cublas_v2.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
@@ -148,6 +156,81 @@ void bench_prefill_matmul() {
     std::printf("prefill matmul BF16 %-12s m=%-5lld %9.1f us %8.1f TFLOP/s\n", shape.what,
                 static_cast<long long>(shape.m), seconds * 1e6, tflops);
   }
+}
+
+// cuBLAS's bf16 GEMM (f32 accumulate, CUBLAS_GEMM_DEFAULT), as a user calling it gets it. The
+// library is opened at run time so that the bench runs where it is missing.
+void bench_cublas() {
+  void* library = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+  if (!library) {
+    std::printf("cublas: not loaded (%s): section skipped\n", dlerror());
+    return;
+  }
+  using Create = cublasStatus_t (*)(cublasHandle_t*);
+  using Destroy = cublasStatus_t (*)(cublasHandle_t);
+  using SetStream = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
+  using GemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                    const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                                    cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  auto create = reinterpret_cast<Create>(dlsym(library, "cublasCreate_v2"));
+  auto destroy = reinterpret_cast<Destroy>(dlsym(library, "cublasDestroy_v2"));
+  auto set_stream = reinterpret_cast<SetStream>(dlsym(library, "cublasSetStream_v2"));
+  auto gemm = reinterpret_cast<GemmEx>(dlsym(library, "cublasGemmEx"));
+  if (!create || !destroy || !set_stream || !gemm) fail("cublas: a symbol is missing from libcublas.so.13");
+  cublasHandle_t handle = nullptr;
+  if (create(&handle) != CUBLAS_STATUS_SUCCESS) fail("cublasCreate failed");
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) fail("cudaStreamCreate failed");
+  set_stream(handle, stream);
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(7);
+  const float one = 1.0f, zero = 0.0f;
+  // out [m, n] (f32, row-major) = x [m, k] · w [n, k]ᵀ, i.e. column-major outᵀ = w · xᵀ.
+  auto multiply = [&](const Tensor& x, const Tensor& w, Tensor& out, int64_t m) {
+    const int n = static_cast<int>(w.dim(0)), k = static_cast<int>(w.dim(1));
+    if (gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, static_cast<int>(m), k, &one, w.raw(), CUDA_R_16BF, k, x.raw(),
+             CUDA_R_16BF, k, &zero, out.raw(), CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) !=
+        CUBLAS_STATUS_SUCCESS)
+      fail("cublasGemmEx failed at m={}", m);
+  };
+  // Row 0 of x·wᵀ for growing m, against m = 1: the elements whose bits differ.
+  {
+    const int64_t n = 4096, k = 4096, max_m = 4096;
+    Tensor w = cuda->upload(random_host({n, k}, DType::BF16, random, 0.02f));
+    Tensor x = cuda->upload(random_host({max_m, k}, DType::BF16, random, 1.0f));
+    Tensor out = cuda->alloc({max_m, n}, DType::F32);
+    Tensor reference;
+    std::printf("cublas row 0 of x·wᵀ (4096×4096) against m=1, differing elements of 4096:");
+    for (int64_t m : {1, 2, 8, 16, 17, 64, 128, 512, 4096}) {
+      multiply(x, w, out, m);
+      if (cudaStreamSynchronize(stream) != cudaSuccess) fail("cublas: the GEMM failed");
+      Tensor row = cuda->download(out).slice_rows(0, 1);
+      if (m == 1) reference = row;
+      int differing = 0;
+      for (int64_t i = 0; i < n; ++i)
+        differing += std::memcmp(row.data<float>() + i, reference.data<float>() + i, sizeof(float)) != 0;
+      std::printf(" m=%lld: %d", static_cast<long long>(m), differing);
+    }
+    std::printf("\n");
+  }
+  for (const MatmulShape& shape : std::vector<MatmulShape>{{"4096x4096", 4096, 4096, 4096},
+                                                           {"14336x4096", 4096, 14336, 4096},
+                                                           {"4096x14336", 4096, 4096, 14336}}) {
+    Tensor w = cuda->upload(random_host({shape.n, shape.k}, DType::BF16, random, 0.02f));
+    Tensor x = cuda->upload(random_host({shape.m, shape.k}, DType::BF16, random, 1.0f));
+    Tensor out = cuda->alloc({shape.m, shape.n}, DType::F32);
+    for (int i = 0; i < 3; ++i) multiply(x, w, out, shape.m);
+    cudaStreamSynchronize(stream);
+    constexpr int kCalls = 20;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) multiply(x, w, out, shape.m);
+    if (cudaStreamSynchronize(stream) != cudaSuccess) fail("cublas: the GEMM failed");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kCalls;
+    std::printf("cublas matmul BF16 %-12s m=%-5lld %9.1f us %8.1f TFLOP/s\n", shape.what,
+                static_cast<long long>(shape.m), seconds * 1e6, 2.0 * shape.m * shape.n * shape.k / seconds / 1e12);
+  }
+  destroy(handle);
+  cudaStreamDestroy(stream);
 }
 
 void bench_attention(DType act, double copy_gbps) {
@@ -387,8 +470,8 @@ void bench_launch() {
 }  // namespace
 }  // namespace kiln
 
-// Sections to run: any of launch, decode, decode-shapes, decode-ops, prefill, attention, delta-rule
-// (default: all).
+// Sections to run: any of launch, decode, decode-shapes, decode-ops, prefill, cublas, attention,
+// delta-rule (default: all).
 int main(int argc, char** argv) {
   using namespace kiln;
   try {
@@ -412,6 +495,7 @@ int main(int argc, char** argv) {
     if (wanted("decode-shapes")) bench_decode_shapes(copy_gbps);
     if (wanted("decode-ops")) bench_decode_ops();
     if (wanted("prefill")) bench_prefill_matmul();
+    if (wanted("cublas")) bench_cublas();
     if (wanted("attention")) {
       bench_attention(DType::BF16, copy_gbps);
       bench_attention(DType::F32, copy_gbps);
