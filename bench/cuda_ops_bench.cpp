@@ -9,8 +9,7 @@
 //   cuBLAS (loaded at run time when libcublas.so.13 is there): whether a row of x·wᵀ keeps its
 //     bits as the row count changes — the invariance contract kiln's own GEMMs keep — and its
 //     TFLOP/s at the prefill shapes, the measured tensor-core peak the prefill target refers to.
-//   delta rule (Qwen3.5-9B's GDN heads): a prefill in the chunked form against every token
-//     recurrent, and a decode step; µs per call.
+//   delta rule (Qwen3.5-9B's GDN heads): a prefill (chunked form) and a decode step; µs per call.
 //
 // Other times are host wall clock over many back-to-back launches between two synchronize() calls
 // (launches are queued asynchronously, so the device never waits on the host for these sizes).
@@ -384,72 +383,39 @@ void bench_decode_ops() {
 }
 
 // The gated delta rule at Qwen3.5-9B's GDN heads (16 key heads, 32 value heads, 128 × 128 state):
-// one sequence's prefill from position 0 as the backend runs it (whole aligned 64-token chunks in
-// the chunked form) and with every token recurrent (what the recurrent kernel alone would do), then
-// a decode step of batch 1 and 8 in a graph.
+// one sequence's prefill from position 0 (whole aligned 64-token chunks in the chunked form), then
+// a decode step of batch 1 and 8 in a graph (the recurrent kernel).
 void bench_delta_rule() {
   std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
   HybridOps& hybrid = *cuda->hybrid_ops();
   std::mt19937 random(6);
   constexpr int64_t kKeyHeads = 16, kValueHeads = 32, kDim = 128;
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) fail("cudaStreamCreate failed");
-  for (int64_t tokens : {512, 8192}) {
+  // One call's tensors: `tokens` rows over `sequences` state slots.
+  auto run = [&](int64_t tokens, int64_t sequences, const std::vector<SequenceSpan>& spans, auto&& time) {
     Tensor q = cuda->upload(random_host({tokens, kKeyHeads, kDim}, DType::F32, random, 0.088f));
     Tensor k = cuda->upload(random_host({tokens, kKeyHeads, kDim}, DType::F32, random, 0.088f));
     Tensor v = cuda->upload(random_host({tokens, kValueHeads, kDim}, DType::F32, random, 1.0f));
     Tensor g = cuda->upload(random_host({tokens, kValueHeads}, DType::F32, random, 0.1f));
     Tensor beta = cuda->upload(random_host({tokens, kValueHeads}, DType::F32, random, 0.5f));
-    Tensor state = cuda->alloc({1, kValueHeads, kDim, kDim}, DType::F32);
+    Tensor state = cuda->alloc({sequences, kValueHeads, kDim, kDim}, DType::F32);
     Tensor out = cuda->alloc({tokens, kValueHeads, kDim}, DType::BF16);
-    const BatchLayout layout = cuda->make_layout({{0, 0, static_cast<int32_t>(tokens), 0}},
-                                                 std::vector<int32_t>(static_cast<size_t>(tokens), 0));
-    const double chunked = seconds_per_call(*cuda, 5, [&](int) {
-      hybrid.gated_delta_rule(q, k, v, g, beta, layout, state, out);
+    const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(static_cast<size_t>(tokens), 0));
+    return time([&](int) { hybrid.gated_delta_rule(q, k, v, g, beta, layout, state, out); });
+  };
+  for (int32_t tokens : {512, 8192}) {
+    const double seconds = run(tokens, 1, {{0, 0, tokens, 0}}, [&](auto&& body) {
+      return seconds_per_call(*cuda, 5, body);
     });
-    cuda::DeltaRuleArgs args;
-    args.q = q.data<float>();
-    args.k = k.data<float>();
-    args.v = v.data<float>();
-    args.g = g.data<float>();
-    args.beta = beta.data<float>();
-    args.spans = layout.spans_device.data<int32_t>();
-    args.states = state.data<float>();
-    args.out = out.raw();
-    args.span_count = 1;
-    args.key_heads = kKeyHeads;
-    args.value_heads = kValueHeads;
-    args.key_dim = kDim;
-    args.value_dim = kDim;
-    args.dtype = DType::BF16;
-    cuda->synchronize();
-    if (cuda::launch_gated_delta_rule(args, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess)
-      fail("the recurrent delta rule failed");
-    const auto start = std::chrono::steady_clock::now();
-    constexpr int kCalls = 5;
-    for (int call = 0; call < kCalls; ++call) cuda::launch_gated_delta_rule(args, stream);
-    if (cudaStreamSynchronize(stream) != cudaSuccess) fail("the recurrent delta rule failed");
-    const double recurrent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kCalls;
-    std::printf("delta rule prefill %5lld tokens: chunked %9.1f us, every token recurrent %9.1f us (%.1fx)\n",
-                static_cast<long long>(tokens), chunked * 1e6, recurrent * 1e6, recurrent / chunked);
+    std::printf("delta rule prefill %5d tokens: %9.1f us\n", tokens, seconds * 1e6);
   }
   for (int32_t batch : {1, 8}) {
-    Tensor q = cuda->upload(random_host({batch, kKeyHeads, kDim}, DType::F32, random, 0.088f));
-    Tensor k = cuda->upload(random_host({batch, kKeyHeads, kDim}, DType::F32, random, 0.088f));
-    Tensor v = cuda->upload(random_host({batch, kValueHeads, kDim}, DType::F32, random, 1.0f));
-    Tensor g = cuda->upload(random_host({batch, kValueHeads}, DType::F32, random, 0.1f));
-    Tensor beta = cuda->upload(random_host({batch, kValueHeads}, DType::F32, random, 0.5f));
-    Tensor state = cuda->alloc({batch, kValueHeads, kDim, kDim}, DType::F32);
-    Tensor out = cuda->alloc({batch, kValueHeads, kDim}, DType::BF16);
     std::vector<SequenceSpan> spans;
     for (int32_t i = 0; i < batch; ++i) spans.push_back({i, i, 1, 100});
-    const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(static_cast<size_t>(batch), 0));
-    const double step = seconds_per_captured_call(*cuda, 100, [&](int) {
-      hybrid.gated_delta_rule(q, k, v, g, beta, layout, state, out);
+    const double seconds = run(batch, batch, spans, [&](auto&& body) {
+      return seconds_per_captured_call(*cuda, 100, body);
     });
-    std::printf("delta rule decode batch %d: %.2f us (in a graph)\n", batch, step * 1e6);
+    std::printf("delta rule decode batch %d: %.2f us (in a graph)\n", batch, seconds * 1e6);
   }
-  cudaStreamDestroy(stream);
 }
 
 // Host-side cost per op: ops too small for the device to matter, back to back. Decode steps of
