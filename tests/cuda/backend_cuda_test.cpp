@@ -761,12 +761,14 @@ TEST(CudaDecodeShapes, EveryLaunchShapeGivesTheSameBits) {
 
 // The prefill GEMM's rows are the decode kernel's bits (each 16-row slice goes to the decode
 // kernel), with bias, bf16 and f32 output: partial blocks in both directions, a partial last
-// segment and chunk.
+// segment and chunk. The small grids split K across blocks (3 and 2 segments, kernels.h); the
+// 9 × 16-block grid of the last shape fills the H200 and does not.
 TEST(CudaPrefillGemm, RowsAreTheDecodeKernelsBits) {
   KILN_REQUIRE_CUDA();
   std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
   std::mt19937 random(17);
-  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {{17, 40, 72}, {300, 200, 2056}, {130, 520, 1032}};
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {17, 40, 72}, {300, 200, 2056}, {130, 520, 1032}, {1100, 2000, 1032}};
   for (const auto& [m, n, k] : shapes) {
     const Tensor x = f32_as(random_f32({m, k}, random), DType::BF16);
     const Tensor w = cuda->upload(f32_as(random_f32({n, k}, random, 0.03f), DType::BF16));

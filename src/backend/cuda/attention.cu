@@ -155,22 +155,24 @@ __device__ __forceinline__ void attend_tile(SplitState<kHeadDim>& state, const b
                                             float scale_log2) {
   constexpr int kStride = Bf16Config<kHeadDim>::kStride;
   const int lane = threadIdx.x % 32;
-  const int g = lane / 4, q = lane % 4;
+  const int q = lane % 4;
   float scores[8][4];
 #pragma unroll
   for (int t = 0; t < 8; ++t) scores[t][0] = scores[t][1] = scores[t][2] = scores[t][3] = 0.0f;
+  // Fragments by ldmatrix: lane ℓ addresses row ℓ % 8 of matrix ℓ / 8. The query A fragment's
+  // matrices are rows 0–7 / 8–15 by dims d / d + 8; two key tiles' B fragments are keys 8t / 8t + 8
+  // by dims d / d + 8 (the same operand values as 32-bit loads of the same elements).
+  const int matrix = lane / 8, matrix_row = lane % 8;
 #pragma unroll
   for (int d = 0; d < kHeadDim; d += 16) {
     uint32_t a[4];
-    a[0] = *reinterpret_cast<const uint32_t*>(queries + g * kStride + d + 2 * q);
-    a[1] = *reinterpret_cast<const uint32_t*>(queries + (g + 8) * kStride + d + 2 * q);
-    a[2] = *reinterpret_cast<const uint32_t*>(queries + g * kStride + d + 8 + 2 * q);
-    a[3] = *reinterpret_cast<const uint32_t*>(queries + (g + 8) * kStride + d + 8 + 2 * q);
+    ldmatrix_x4(a, queries + ((matrix % 2) * 8 + matrix_row) * kStride + d + (matrix / 2) * 8);
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      const bf16* key = keys + (t * 8 + g) * kStride + d;
-      mma_bf16_16816(scores[t], a, *reinterpret_cast<const uint32_t*>(key + 2 * q),
-                     *reinterpret_cast<const uint32_t*>(key + 8 + 2 * q));
+    for (int t = 0; t < 8; t += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, keys + ((t + matrix / 2) * 8 + matrix_row) * kStride + d + (matrix % 2) * 8);
+      mma_bf16_16816(scores[t], a, b[0], b[1]);
+      mma_bf16_16816(scores[t + 1], a, b[2], b[3]);
     }
   }
   // Scale into log2 units and mask keys past each row's position.
@@ -220,12 +222,13 @@ __device__ __forceinline__ void attend_tile(SplitState<kHeadDim>& state, const b
     a[1] = pack_bf16x2(scores[2 * step][2], scores[2 * step][3]);
     a[2] = pack_bf16x2(scores[2 * step + 1][0], scores[2 * step + 1][1]);
     a[3] = pack_bf16x2(scores[2 * step + 1][2], scores[2 * step + 1][3]);
-    const bf16* value_rows = values + (step * 16 + lane % 16) * kStride;
+    const bf16* value_rows = values + (step * 16 + lane % 16) * kStride + (lane / 16) * 8;
 #pragma unroll
-    for (int t = 0; t < kHeadDim / 8; ++t) {
-      uint32_t b0, b1;
-      ldmatrix_x2_trans(b0, b1, value_rows + t * 8);
-      mma_bf16_16816(state.acc[t], a, b0, b1);
+    for (int t = 0; t < kHeadDim / 8; t += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, value_rows + t * 8);
+      mma_bf16_16816(state.acc[t], a, b[0], b[1]);
+      mma_bf16_16816(state.acc[t + 1], a, b[2], b[3]);
     }
   }
 }

@@ -336,12 +336,14 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   }
 
   void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
-    const cuda::MatmulArgs args = matmul_args(x, w, bias, out);
+    cuda::MatmulArgs args = matmul_args(x, w, bias, out);
     activate();
-    if (activations_ == DType::F32)
+    if (activations_ == DType::F32) {
       launched(cuda::launch_matmul_f32(args, stream_), "matmul (f32)");
-    else
-      launched(cuda::launch_matmul_bf16(args, stream_), "matmul (bf16)");
+      return;
+    }
+    const Tensor partials = split_scratch(&args, 1);
+    launched(cuda::launch_matmul_bf16(args, stream_), "matmul (bf16)");
   }
 
   void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override {
@@ -356,8 +358,19 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
       for (size_t t = 0; t < targets.size(); ++t) launched(cuda::launch_matmul_f32(products[t], stream_), "matmul (f32)");
       return;
     }
+    const Tensor partials = split_scratch(products, static_cast<int>(targets.size()));
     launched(cuda::launch_matmul_bf16_group(products, static_cast<int>(targets.size()), stream_),
              "matmul_group (bf16)");
+  }
+
+  // The scratch a split prefill GEMM adds its segments from (kernels.h), lent to the products;
+  // the caller keeps it until the launches are queued (the allocator orders its reuse on the stream).
+  Tensor split_scratch(cuda::MatmulArgs* products, int count) {
+    const int64_t floats = cuda::matmul_bf16_partials_floats(products, count);
+    if (floats == 0) return Tensor();
+    Tensor partials = alloc({floats}, DType::F32);
+    for (int t = 0; t < count; ++t) products[t].partials = partials.data<float>();
+    return partials;
   }
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override {

@@ -152,12 +152,22 @@ cudaError_t launch_after_previous(void (*kernel)(Parameters...), dim3 grid, dim3
   return cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...);
 }
 
-// ldmatrix .x2 .trans: the B fragment (16 k-rows × 8 n-columns) of an mma from row-major [k][n]
-// shared memory; lanes 0..15 give the addresses of rows 0..15.
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& b0, uint32_t& b1, const void* row_address) {
+// ldmatrix .x4: four 8×8 b16 matrices from row-major shared memory; lanes 8j..8j+7 give the
+// addresses of matrix j's rows, and register j of lane (g, q) receives its row g, columns 2q, 2q+1
+// — an mma A fragment (matrices: rows 0–7 / 8–15 × columns 0–7 / 8–15), or two B fragments of
+// a K-major operand.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&fragments)[4], const void* row_address) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(b0), "=r"(b1)
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(fragments[0]), "=r"(fragments[1]), "=r"(fragments[2]), "=r"(fragments[3])
+               : "r"(address));
+}
+// The same, transposed: the B fragments (16 k-rows × 8 n-columns) of two adjacent column groups
+// from row-major [k][n]; lanes 0..15 address rows 0..15 of the first group, 16..31 of the second.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&fragments)[4], const void* row_address) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(fragments[0]), "=r"(fragments[1]), "=r"(fragments[2]), "=r"(fragments[3])
                : "r"(address));
 }
 

@@ -95,6 +95,7 @@ struct MatmulArgs {
   int64_t m = 0, n = 0, k = 0;
   DType x_dtype = DType::F32, w_dtype = DType::F32, bias_dtype = DType::F32, out_dtype = DType::F32;
   int multiprocessors = 0;     // the device's SM count (sizes grids; never changes arithmetic)
+  float* partials = nullptr;   // scratch of matmul_bf16_partials_floats floats (BF16 prefill GEMMs)
 };
 // F32 activations: CUDA-core FMA chains (x F32; w F32, BF16 or F16).
 cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream);
@@ -105,6 +106,11 @@ constexpr int kMatmulGroupMax = 4;  // = kiln::kMaxMatmulGroup (backend.h, which
 // Several BF16 products sharing x, m and k (up to kMatmulGroupMax): one decode launch for m ≤
 // kMatmulDecodeMaxRows, else one prefill GEMM each; every element as launch_matmul_bf16 computes it.
 cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cudaStream_t stream);
+// Floats of scratch (MatmulArgs::partials, shared by the products: they run one after another) that
+// launch_matmul_bf16_group needs for these products: a prefill GEMM whose grid would leave
+// multiprocessors idle splits K across blocks at segment boundaries and adds the segments' sums in
+// order afterwards — the same additions, so the same bits. 0 when nothing splits.
+int64_t matmul_bf16_partials_floats(const MatmulArgs* products, int count);
 // The decode kernel's launch shapes, for the kernel bench's sweep and the tests (launch_matmul_bf16
 // picks one itself): shape i < decode_launch_shape_count(m) of a group of products with m ≤
 // kMatmulDecodeMaxRows. Every shape gives the same bits.

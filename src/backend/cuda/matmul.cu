@@ -156,6 +156,20 @@ __device__ __forceinline__ void store_tile(const float (&acc)[4], int64_t column
   }
 }
 
+// Stores a 16×8 tile of one segment's sums, unbiased and unrounded, into that segment's
+// [m][n] plane of the split GEMM's scratch (the element mapping of store_tile).
+__device__ __forceinline__ void store_partial_tile(const float (&acc)[4], int64_t column_base, int64_t row_base,
+                                                   float* partial, int64_t m, int64_t n) {
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t column = column_base + g + (i >= 2 ? 8 : 0);
+    const int64_t row = row_base + 2 * q + (i & 1);
+    if (column < n && row < m) partial[row * n + column] = acc[i];
+  }
+}
+
 // --- prefill GEMM (wgmma, sm_90a): a block computes 128 weight rows × 128 x rows, a warpgroup 64 × 128 ---
 // wgmma reads both operands from shared memory in the 128-byte-swizzled K-major layout: a stage's
 // 64 k of a row fill one 128-byte line (16-byte unit u of line r at unit u ^ (r % 8)). Each k16
@@ -237,24 +251,33 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Split (partials non-null): block z takes segments [z·P, z·P + P) with P = segments_per_block
+// and writes each segment's sums to its plane of `partials`; fold_segments_kernel then adds the
+// planes in segment order from +0 and stores — the additions the unsplit kernel makes in registers.
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
     matmul_bf16_wgmma_kernel(const bf16* x, const bf16* w, const void* bias, DType bias_dtype, void* out,
-                             DType out_dtype, int64_t m, int64_t n, int64_t k) {
+                             DType out_dtype, int64_t m, int64_t n, int64_t k, float* partials,
+                             int segments_per_block) {
   extern __shared__ uint4 shared_words[];
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(shared_words)) + 1023u) & ~1023u;
   const int64_t column0 = static_cast<int64_t>(blockIdx.x) * kWgmmaRows;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kWgmmaTokens;
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warp_in_group = (static_cast<int>(threadIdx.x) % 128) / 32;
   float acc[64], total[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) total[i] = 0.0f;
-  const int64_t stages = (k + kWgmmaStageK - 1) / kWgmmaStageK;
+  const int64_t all_stages = (k + kWgmmaStageK - 1) / kWgmmaStageK;
+  const int64_t first_stage = static_cast<int64_t>(blockIdx.z) * segments_per_block * kWgmmaStagesPerSegment;
+  const int64_t stages = first_stage + static_cast<int64_t>(segments_per_block) * kWgmmaStagesPerSegment < all_stages
+                             ? first_stage + static_cast<int64_t>(segments_per_block) * kWgmmaStagesPerSegment
+                             : all_stages;
   auto load_stage = [&](int64_t s) {
     const uint32_t slot = base + static_cast<uint32_t>(s % kWgmmaStages) * kWgmmaStageBytes;
     load_wgmma_lines(slot, w, n, k, column0, s * kWgmmaStageK);
     load_wgmma_lines(slot + kWgmmaWeightBytes, x, m, k, row0, s * kWgmmaStageK);
   };
-  for (int s = 0; s < kWgmmaAhead; ++s) {
+  for (int64_t s = first_stage; s < first_stage + kWgmmaAhead; ++s) {
     if (s < stages) load_stage(s);
     cp_async_commit();
   }
@@ -263,7 +286,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   // and the segment result is added to a total that starts at +0, which erases that difference. No
   // instruction but wgmma then writes the accumulators inside the loop, so ptxas never has to
   // drain the wgmma pipeline there.
-  for (int64_t segment_start = 0; segment_start < stages; segment_start += kWgmmaStagesPerSegment) {
+  for (int64_t segment_start = first_stage; segment_start < stages; segment_start += kWgmmaStagesPerSegment) {
     const int64_t segment_end =
         segment_start + kWgmmaStagesPerSegment < stages ? segment_start + kWgmmaStagesPerSegment : stages;
     for (int64_t s = segment_start; s < segment_end; ++s) {
@@ -288,10 +311,19 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     fence_accumulators(acc);
+    if (partials) {
+      float* partial = partials + segment_start / kWgmmaStagesPerSegment * m * n;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) total[i] = total[i] + acc[i];
+      for (int j = 0; j < kWgmmaTokens / 8; ++j) {
+        const float tile[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+        store_partial_tile(tile, column0 + warpgroup * 64 + warp_in_group * 16, row0 + 8 * j, partial, m, n);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) total[i] = total[i] + acc[i];
+    }
   }
-  const int warp_in_group = (static_cast<int>(threadIdx.x) % 128) / 32;
+  if (partials) return;
 #pragma unroll
   for (int j = 0; j < kWgmmaTokens / 8; ++j) {
     const float tile[4] = {total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]};
@@ -300,16 +332,50 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   }
 }
 
+// The element-wise end of a split GEMM: each output element's segment planes added in order from
+// +0, then bias and rounding as store_tile does them.
+__global__ void fold_segments_kernel(const float* partials, int segments, const void* bias, DType bias_dtype,
+                                     void* out, DType out_dtype, int64_t m, int64_t n) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= m * n) return;
+  float total = 0.0f;
+  for (int segment = 0; segment < segments; ++segment) total = total + partials[segment * m * n + index];
+  store_output(out, index, out_dtype, with_bias(total, bias, bias_dtype, index % n));
+}
+
+// How a prefill GEMM splits K: grids of fewer blocks than multiprocessors take K in groups of whole
+// segments on as many blocks as still fit in one wave (batch-64 decode and short prompts of small
+// models leave most of the machine idle otherwise). segments_per_block = all segments: no split.
+struct WgmmaSplit {
+  int segments, segments_per_block, blocks_along_k;
+};
+WgmmaSplit wgmma_split(const MatmulArgs& args) {
+  const int segments = static_cast<int>((args.k + kMatmulSegmentK - 1) / kMatmulSegmentK);
+  const int64_t blocks = static_cast<int64_t>(blocks_for(args.n, kWgmmaRows)) * blocks_for(args.m, kWgmmaTokens);
+  const int64_t fit = args.multiprocessors / blocks;
+  const int splits = static_cast<int>(fit < segments ? fit : segments);
+  if (splits < 2) return {segments, segments, 1};
+  const int per_block = (segments + splits - 1) / splits;
+  return {segments, per_block, (segments + per_block - 1) / per_block};
+}
+
 cudaError_t launch_wgmma(const MatmulArgs& args, cudaStream_t stream) {
   auto* kernel = &matmul_bf16_wgmma_kernel;
   static std::atomic<uint64_t> opted_in{0};
   if (cudaError_t status = allow_dynamic_shared(kernel, kWgmmaSharedBytes, opted_in); status != cudaSuccess)
     return status;
-  const dim3 grid(blocks_for(args.n, kWgmmaRows), blocks_for(args.m, kWgmmaTokens));
-  kernel<<<grid, kWgmmaThreads, kWgmmaSharedBytes, stream>>>(static_cast<const bf16*>(args.x),
-                                                            static_cast<const bf16*>(args.w), args.bias,
-                                                            args.bias_dtype, args.out, args.out_dtype, args.m,
-                                                            args.n, args.k);
+  const WgmmaSplit split = wgmma_split(args);
+  const bool splits = split.blocks_along_k > 1;
+  if (splits && !args.partials) return cudaErrorInvalidValue;  // matmul_bf16_partials_floats asked for scratch
+  const dim3 grid(blocks_for(args.n, kWgmmaRows), blocks_for(args.m, kWgmmaTokens),
+                  static_cast<unsigned>(split.blocks_along_k));
+  kernel<<<grid, kWgmmaThreads, kWgmmaSharedBytes, stream>>>(
+      static_cast<const bf16*>(args.x), static_cast<const bf16*>(args.w), args.bias, args.bias_dtype, args.out,
+      args.out_dtype, args.m, args.n, args.k, splits ? args.partials : nullptr, split.segments_per_block);
+  if (!splits) return cudaGetLastError();
+  constexpr int kFoldThreads = 256;
+  fold_segments_kernel<<<blocks_for(args.m * args.n, kFoldThreads), kFoldThreads, 0, stream>>>(
+      args.partials, split.segments, args.bias, args.bias_dtype, args.out, args.out_dtype, args.m, args.n);
   return cudaGetLastError();
 }
 
@@ -545,6 +611,17 @@ cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream) {
 
 cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream) {
   return launch_matmul_bf16_group(&args, 1, stream);
+}
+
+int64_t matmul_bf16_partials_floats(const MatmulArgs* products, int count) {
+  int64_t floats = 0;
+  for (int t = 0; t < count; ++t) {
+    const MatmulArgs& args = products[t];
+    if (args.m <= kMatmulDecodeMaxRows || args.n == 0) continue;
+    const WgmmaSplit split = wgmma_split(args);
+    if (split.blocks_along_k > 1) floats = std::max<int64_t>(floats, split.segments * args.m * args.n);
+  }
+  return floats;
 }
 
 int decode_launch_shape_count(int64_t m) { return m > 8 ? 2 : static_cast<int>(std::size(kDecodeShapes)); }
