@@ -22,7 +22,9 @@
 //     16 weight rows (the launch shape, chosen by size), the warps taking the segments in turn
 //     through their own cp.async rings (the weights are read exactly once), warp 0 adding the
 //     segment results in order. A matmul group's products share one launch.
-//   larger m: the prefill GEMM (wgmma), 128 weight rows × 128 rows per block.
+//   larger m: the prefill GEMM (wgmma), 128 weight rows × 128 rows per block. A grid smaller than
+//     the machine spreads each block's segments over several blocks, which store the segment
+//     results for a fold kernel to add in the same order: more blocks, the same additions.
 #include <algorithm>
 
 #include "backend/cuda/device_math.cuh"
@@ -366,7 +368,7 @@ cudaError_t launch_wgmma(const MatmulArgs& args, cudaStream_t stream) {
     return status;
   const WgmmaSplit split = wgmma_split(args);
   const bool splits = split.blocks_along_k > 1;
-  if (splits && !args.partials) return cudaErrorInvalidValue;  // matmul_bf16_partials_floats asked for scratch
+  if (splits && !args.partials) return cudaErrorInvalidValue;  // the caller lends matmul_bf16_partials_floats
   const dim3 grid(blocks_for(args.n, kWgmmaRows), blocks_for(args.m, kWgmmaTokens),
                   static_cast<unsigned>(split.blocks_along_k));
   kernel<<<grid, kWgmmaThreads, kWgmmaSharedBytes, stream>>>(
