@@ -220,21 +220,21 @@ constexpr int kChunkTileColumns = 32;
 constexpr int kChunkWarps = 8;
 static_assert(kChunk == 64, "the chunk kernel's thread maps assume 64-token chunks");
 
-// The chunk kernel's shared memory, as offsets in floats. k and q rows are padded by 4 floats so
-// that the 16-byte reads of rows 4 apart fall on different banks.
+// The chunk kernel's shared memory, as offsets in floats. Rows of k and q are padded by 4 floats,
+// so that 16-byte reads of eight consecutive rows fall on different banks; rows of the coefficients
+// too, so that 32 threads writing one row each spread over 8 banks instead of 1.
 template <int kKeyDim>
 struct ChunkLayout {
   static constexpr int kRowStride = kKeyDim + 4;
+  static constexpr int kCoefficientStride = kChunk + 4;
   // One chunk's inputs (two buffers: the chunk computing and the next one arriving).
-  static constexpr int kKeys = 0;                                          // [64][dk] k (then k·Γ_63,m)
-  static constexpr int kQueries = kKeys + kChunk * kRowStride;             // [64][dk] q
+  static constexpr int kKeys = 0;                                          // [64][dk + 4] k (then k·Γ_63,m)
+  static constexpr int kQueries = kKeys + kChunk * kRowStride;             // [64][dk + 4] q
   static constexpr int kValues = kQueries + kChunk * kRowStride;           // [64][32] v
   static constexpr int kGates = kValues + kChunk * kChunkTileColumns;      // [64] g
   static constexpr int kRates = kGates + kChunk;                           // [64] β
   static constexpr int kBuffer = kRates + kChunk;
-  // The rest.
-  // Coefficient rows are padded by 4 floats: threads writing one row each hit 8 banks, not 1.
-  static constexpr int kCoefficientStride = kChunk + 4;
+  // The state tile and the chunk step's intermediates.
   static constexpr int kState = 2 * kBuffer;                                      // [dk][32]
   static constexpr int kKeyCoefficients = kState + kKeyDim * kChunkTileColumns;   // [64][68] Γ, then (β_i·k_i·k_j)·Γ_ij
   static constexpr int kQueryCoefficients = kKeyCoefficients + kChunk * kCoefficientStride;  // [64][68] (q_i·k_j)·Γ_ij
@@ -247,6 +247,8 @@ struct ChunkLayout {
   static constexpr int kFloats = kScratch + 2 * kKeyDim;
   static constexpr int kBytes = kFloats * static_cast<int>(sizeof(float));
 };
+// Hopper's opt-in limit of shared memory per block is 227 KB.
+static_assert(ChunkLayout<128>::kBytes <= 227 * 1024, "the dk = 128 chunk kernel must fit one block per SM");
 
 // What every phase of the chunk kernel reads: the op's tensors and this block's place in them.
 struct ChunkBlock {
