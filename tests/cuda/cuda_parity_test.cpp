@@ -2,7 +2,8 @@
 // loaded through the same path as the CLI:
 // F32 activations against transformers' float64 logits, BF16 activations no further from them
 // than transformers' own bf16 run, and a prompt's logits bit-identical whether it is prefilled in
-// one call, in 64-token chunks, or decoded one token at a time.
+// one call, in 64-token chunks, or decoded one token at a time (for the hybrid models, after the
+// last whole 64-token chunk).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
