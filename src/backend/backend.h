@@ -7,6 +7,7 @@
 // Each op has a parity test against the CPU backend (tests/backend_ops_test.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -173,6 +174,12 @@ inline constexpr float kGatedDeltaL2NormEps = 1e-6f;
 // FLA use 64 (spec A.6.5). Chunks fall on absolute multiples of it, which is what keeps a prefill
 // split at those multiples bit-identical to the one-shot prefill.
 inline constexpr int64_t kGatedDeltaChunk = 64;
+
+// The tokens at the head of a span that come before its first absolute multiple of `chunk`: every
+// backend takes them recurrently, then whole chunks, then a recurrent tail.
+inline int64_t gated_delta_head_tokens(const SequenceSpan& span, int64_t chunk = kGatedDeltaChunk) {
+  return std::min<int64_t>(span.tokens, (chunk - span.first_position % chunk) % chunk);
+}
 
 // The ops only the hybrid Qwen3.5 / Qwen3-Next graph needs (spec A.5, A.6), on the same tensors
 // and device as the Backend that provides them.

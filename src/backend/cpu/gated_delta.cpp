@@ -464,8 +464,7 @@ void gated_delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
       const HeadStream stream = head_stream(q, k, v, g, beta, state, out, shape, span, task % shape.value_heads);
       zero_state_of_fresh_sequence(stream, span);
       // Recurrent up to the first absolute chunk boundary, whole aligned chunks, recurrent tail.
-      const int64_t to_boundary = (chunk - span.first_position % chunk) % chunk;
-      const int64_t head_end = std::min<int64_t>(span.tokens, to_boundary);
+      const int64_t head_end = gated_delta_head_tokens(span, chunk);
       recurrent_steps(stream, 0, head_end, recurrent_scratch.data());
       int64_t t = head_end;
       for (; t + chunk <= span.tokens; t += chunk) chunk_step(stream, t, chunk, chunk_scratch);

@@ -712,8 +712,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     args.dtype = activations_;
     static_assert(cuda::kGatedDeltaChunkTokens == kGatedDeltaChunk);
     args.whole_chunks = std::any_of(layout.spans.begin(), layout.spans.end(), [](const SequenceSpan& span) {
-      const int64_t to_boundary = (kGatedDeltaChunk - span.first_position % kGatedDeltaChunk) % kGatedDeltaChunk;
-      return span.tokens >= to_boundary + kGatedDeltaChunk;
+      return span.tokens - gated_delta_head_tokens(span) >= kGatedDeltaChunk;
     });
     activate();
     launched(cuda::launch_gated_delta_rule(args, stream_), op);
