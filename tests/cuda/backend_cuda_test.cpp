@@ -917,7 +917,7 @@ TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) 
 // same final states, under the schedules the contract names: one shot, alone, in another order and
 // in prefill chunks of 64 all equal the one-shot batch (the conv also equals it token by token);
 // appends of 1..16 tokens equal decoding token by token (whole aligned chunks take the chunked
-// form, so token by token differs from one shot past position 64).
+// form, so token by token differs from one shot from position 64 on).
 TEST_P(CudaInvariance, GatedDeltaRowsAreBitIdenticalUnderEverySchedule) {
   KILN_REQUIRE_CUDA();
   const DType act = GetParam();

@@ -567,7 +567,7 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
       cp_async_wait<0>();
     }
     __syncthreads();
-      chunk_kernel_step<T, kKeyDim>(b, head + c * kChunk, buffer(c), out);
+    chunk_kernel_step<T, kKeyDim>(b, head + c * kChunk, buffer(c), out);
   }
   chunk_kernel_recurrent<T, kKeyDim>(b, head + chunks * kChunk, span.tokens, out);
 
