@@ -253,6 +253,27 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Which output tile a block computes. Blocks start in launch order (x fastest), so the plain
+// (blockIdx.x, blockIdx.y) mapping has each wave cover every weight tile of a wide product for one
+// or two x tiles: the 8B's 14336-row gate projection is 117 MB of weights, more than the L2 holds,
+// and was streamed from memory once per x tile. Launch order here walks kWgmmaTileGroup x tiles
+// for each weight tile before the next weight tile, so a wave of 132 blocks touches 8 x tiles and
+// about 17 weight tiles (~25 MB at K = 4,096), which stay in the L2 for the waves that follow.
+// Which block computes a tile does not change its arithmetic. 32-bit index math: with 64-bit
+// divisions here ptxas gave the kernel 250 registers and the GEMM ran 10–15 % slower (docs/perf.md).
+constexpr unsigned kWgmmaTileGroup = 8;
+struct WgmmaTile {
+  int64_t column, row;
+};
+__device__ __forceinline__ WgmmaTile wgmma_tile() {
+  const unsigned launch_index = blockIdx.y * gridDim.x + blockIdx.x;
+  const unsigned group = launch_index / (kWgmmaTileGroup * gridDim.x);
+  const unsigned first_row = group * kWgmmaTileGroup;
+  const unsigned rows_in_group = min(gridDim.y - first_row, kWgmmaTileGroup);
+  const unsigned in_group = launch_index - group * kWgmmaTileGroup * gridDim.x;
+  return {in_group / rows_in_group, first_row + in_group % rows_in_group};
+}
+
 // Split (partials non-null): block z takes segments [z·P, z·P + P) with P = segments_per_block
 // and writes each segment's sums to its plane of `partials`; fold_segments_kernel then adds the
 // planes in segment order from +0 and stores — the additions the unsplit kernel makes in registers.
@@ -262,8 +283,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
                              int segments_per_block) {
   extern __shared__ uint4 shared_words[];
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(shared_words)) + 1023u) & ~1023u;
-  const int64_t column0 = static_cast<int64_t>(blockIdx.x) * kWgmmaRows;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kWgmmaTokens;
+  const WgmmaTile tile = wgmma_tile();
+  const int64_t column0 = tile.column * kWgmmaRows;
+  const int64_t row0 = tile.row * kWgmmaTokens;
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp_in_group = (static_cast<int>(threadIdx.x) % 128) / 32;
   float acc[64], total[64];
