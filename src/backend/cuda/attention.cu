@@ -295,7 +295,9 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* span = spans + 4 * static_cast<int64_t>(blockIdx.y);
   const int64_t slot = span[0];
   const int64_t split = kSplitKV ? blockIdx.x % max_splits : 0;
-  const int64_t tile_index = kSplitKV ? blockIdx.x / max_splits : blockIdx.x;
+  // Prefill takes its row tiles last first: later rows attend to more keys, and blocks start in
+  // launch order, so the long tiles start early and the short ones fill the last wave.
+  const int64_t tile_index = kSplitKV ? blockIdx.x / max_splits : gridDim.x - 1 - blockIdx.x;
   RowTile tile{span[1], span[3], tile_index * kBlockRows, static_cast<int64_t>(span[2]) * group, group};
   if (tile.row_begin >= tile.rows) return;
   const int64_t last_row = (tile.rows - tile.row_begin < kBlockRows ? tile.rows - tile.row_begin : kBlockRows) - 1;
