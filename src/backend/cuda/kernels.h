@@ -104,7 +104,8 @@ cudaError_t launch_matmul_f32(const MatmulArgs& args, cudaStream_t stream);
 cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream);
 constexpr int kMatmulGroupMax = 4;  // = kiln::kMaxMatmulGroup (backend.h, which this layer does not include)
 // Several BF16 products sharing x, m and k (up to kMatmulGroupMax): one decode launch for m ≤
-// kMatmulDecodeMaxRows, else one prefill GEMM each; every element as launch_matmul_bf16 computes it.
+// kMatmulDecodeMaxRows, else one prefill GEMM each, or one shared GEMM where that takes fewer waves
+// of blocks; every element as launch_matmul_bf16 computes it.
 cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cudaStream_t stream);
 // Floats of scratch (MatmulArgs::partials, shared by the products: they run one after another) that
 // launch_matmul_bf16_group needs for these products: a prefill GEMM whose grid would leave

@@ -24,7 +24,8 @@
 //     segment results in order. A matmul group's products share one launch.
 //   larger m: the prefill GEMM (wgmma), 128 weight rows × 128 rows per block. A grid smaller than
 //     the machine spreads each block's segments over several blocks, which store the segment
-//     results for a fold kernel to add in the same order: more blocks, the same additions.
+//     results for a fold kernel to add in the same order: more blocks, the same additions. A
+//     group's products share one launch where that takes fewer waves of blocks.
 #include <algorithm>
 
 #include "backend/cuda/device_math.cuh"
@@ -172,6 +173,40 @@ __device__ __forceinline__ void store_partial_tile(const float (&acc)[4], int64_
   }
 }
 
+// The products one launch computes (a matmul group, or one matmul): column blocks
+// [first_block[t], first_block[t + 1]) take product t's weight rows, `rows_per_block` rows each.
+struct MatmulTargets {
+  const bf16* w[kMatmulGroupMax];
+  const void* bias[kMatmulGroupMax];
+  void* out[kMatmulGroupMax];
+  int64_t n[kMatmulGroupMax];
+  DType bias_dtype[kMatmulGroupMax];
+  DType out_dtype[kMatmulGroupMax];
+  int first_block[kMatmulGroupMax + 1];
+  int count;
+};
+
+MatmulTargets matmul_targets(const MatmulArgs* products, int count, int rows_per_block) {
+  MatmulTargets targets{};
+  targets.count = count;
+  for (int t = 0; t < count; ++t) {
+    targets.w[t] = static_cast<const bf16*>(products[t].w);
+    targets.bias[t] = products[t].bias;
+    targets.bias_dtype[t] = products[t].bias_dtype;
+    targets.out[t] = products[t].out;
+    targets.out_dtype[t] = products[t].out_dtype;
+    targets.n[t] = products[t].n;
+    targets.first_block[t + 1] = targets.first_block[t] + static_cast<int>(blocks_for(products[t].n, rows_per_block));
+  }
+  return targets;
+}
+
+__device__ __forceinline__ int target_of(const MatmulTargets& targets, int column_block) {
+  int target = 0;
+  while (target + 1 < targets.count && column_block >= targets.first_block[target + 1]) ++target;
+  return target;
+}
+
 // --- prefill GEMM (wgmma, sm_90a): a block computes 128 weight rows × 128 x rows, a warpgroup 64 × 128 ---
 // wgmma reads both operands from shared memory in the 128-byte-swizzled K-major layout: a stage's
 // 64 k of a row fill one 128-byte line (16-byte unit u of line r at unit u ^ (r % 8)). Each k16
@@ -278,13 +313,15 @@ __device__ __forceinline__ WgmmaTile wgmma_tile() {
 // and writes each segment's sums to its plane of `partials`; fold_segments_kernel then adds the
 // planes in segment order from +0 and stores — the additions the unsplit kernel makes in registers.
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
-    matmul_bf16_wgmma_kernel(const bf16* x, const bf16* w, const void* bias, DType bias_dtype, void* out,
-                             DType out_dtype, int64_t m, int64_t n, int64_t k, float* partials,
+    matmul_bf16_wgmma_kernel(const bf16* x, MatmulTargets targets, int64_t m, int64_t k, float* partials,
                              int segments_per_block) {
   extern __shared__ uint4 shared_words[];
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(shared_words)) + 1023u) & ~1023u;
   const WgmmaTile tile = wgmma_tile();
-  const int64_t column0 = tile.column * kWgmmaRows;
+  const int target = target_of(targets, static_cast<int>(tile.column));
+  const bf16* w = targets.w[target];
+  const int64_t n = targets.n[target];
+  const int64_t column0 = (tile.column - targets.first_block[target]) * kWgmmaRows;
   const int64_t row0 = tile.row * kWgmmaTokens;
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp_in_group = (static_cast<int>(threadIdx.x) % 128) / 32;
@@ -351,8 +388,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
 #pragma unroll
   for (int j = 0; j < kWgmmaTokens / 8; ++j) {
     const float tile[4] = {total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]};
-    store_tile(tile, column0 + warpgroup * 64 + warp_in_group * 16, row0 + 8 * j, true, bias, bias_dtype, out,
-               out_dtype, m, n);
+    store_tile(tile, column0 + warpgroup * 64 + warp_in_group * 16, row0 + 8 * j, true, targets.bias[target],
+               targets.bias_dtype[target], targets.out[target], targets.out_dtype[target], m, n);
   }
 }
 
@@ -367,35 +404,64 @@ __global__ void fold_segments_kernel(const float* partials, int segments, const 
   store_output(out, index, out_dtype, with_bias(total, bias, bias_dtype, index % n));
 }
 
-// How a prefill GEMM splits K: grids of fewer blocks than multiprocessors take K in groups of whole
-// segments on as many blocks as still fit in one wave (batch-64 decode and short prompts of small
-// models leave most of the machine idle otherwise). segments_per_block = all segments: no split.
+// How a prefill GEMM launch splits K: grids of fewer blocks than multiprocessors take K in groups
+// of whole segments on as many blocks as still fit in one wave (batch-64 decode and short prompts
+// of small models leave most of the machine idle otherwise). segments_per_block = all segments: no
+// split.
 struct WgmmaSplit {
   int segments, segments_per_block, blocks_along_k;
 };
-WgmmaSplit wgmma_split(const MatmulArgs& args) {
-  const int segments = static_cast<int>((args.k + kMatmulSegmentK - 1) / kMatmulSegmentK);
-  const int64_t blocks = static_cast<int64_t>(blocks_for(args.n, kWgmmaRows)) * blocks_for(args.m, kWgmmaTokens);
-  const int64_t fit = args.multiprocessors / blocks;
+WgmmaSplit wgmma_split(int64_t blocks, int64_t k, int multiprocessors) {
+  const int segments = static_cast<int>((k + kMatmulSegmentK - 1) / kMatmulSegmentK);
+  const int64_t fit = multiprocessors / blocks;
   const int splits = static_cast<int>(fit < segments ? fit : segments);
   if (splits < 2) return {segments, segments, 1};
   const int per_block = (segments + splits - 1) / splits;
   return {segments, per_block, (segments + per_block - 1) / per_block};
 }
+int64_t wgmma_blocks(const MatmulArgs& args) {
+  return static_cast<int64_t>(blocks_for(args.n, kWgmmaRows)) * blocks_for(args.m, kWgmmaTokens);
+}
+WgmmaSplit wgmma_split(const MatmulArgs& args) { return wgmma_split(wgmma_blocks(args), args.k, args.multiprocessors); }
 
-cudaError_t launch_wgmma(const MatmulArgs& args, cudaStream_t stream) {
+// Whether a group's products share one prefill launch: when that takes fewer waves of blocks than
+// launching them one by one (each with its own split). The 8B's gate and up projections at 512
+// rows are 448 blocks each, 4 waves apiece on 132 multiprocessors, and 7 waves together; q, k and
+// v at 512 rows (128 + 32 + 32 blocks) take 1 + ¼ + ¼ waves alone, split, and 2 together.
+bool wgmma_shares_launch(const MatmulArgs* products, int count) {
+  if (count < 2) return false;
+  const int64_t sms = products[0].multiprocessors;
+  int64_t blocks = 0;
+  double alone = 0.0;
+  for (int t = 0; t < count; ++t) {
+    const int64_t product_blocks = wgmma_blocks(products[t]);
+    if (product_blocks == 0) continue;
+    const int splits = wgmma_split(products[t]).blocks_along_k;
+    alone += static_cast<double>((product_blocks * splits + sms - 1) / sms) / splits;
+    blocks += product_blocks;
+  }
+  return blocks >= sms && static_cast<double>((blocks + sms - 1) / sms) < alone;
+}
+
+// One launch for products[0..count) (a shared launch never splits: it only exists when its grid
+// fills the machine).
+cudaError_t launch_wgmma(const MatmulArgs* products, int count, cudaStream_t stream) {
   auto* kernel = &matmul_bf16_wgmma_kernel;
   static std::atomic<uint64_t> opted_in{0};
   if (cudaError_t status = allow_dynamic_shared(kernel, kWgmmaSharedBytes, opted_in); status != cudaSuccess)
     return status;
-  const WgmmaSplit split = wgmma_split(args);
+  const MatmulArgs& args = products[0];  // x, m and k are shared
+  const MatmulTargets targets = matmul_targets(products, count, kWgmmaRows);
+  const unsigned column_blocks = static_cast<unsigned>(targets.first_block[count]);
+  const unsigned row_blocks = blocks_for(args.m, kWgmmaTokens);
+  const WgmmaSplit split = wgmma_split(int64_t{column_blocks} * row_blocks, args.k, args.multiprocessors);
   const bool splits = split.blocks_along_k > 1;
-  if (splits && !args.partials) return cudaErrorInvalidValue;  // the caller lends matmul_bf16_partials_floats
-  const dim3 grid(blocks_for(args.n, kWgmmaRows), blocks_for(args.m, kWgmmaTokens),
-                  static_cast<unsigned>(split.blocks_along_k));
-  kernel<<<grid, kWgmmaThreads, kWgmmaSharedBytes, stream>>>(
-      static_cast<const bf16*>(args.x), static_cast<const bf16*>(args.w), args.bias, args.bias_dtype, args.out,
-      args.out_dtype, args.m, args.n, args.k, splits ? args.partials : nullptr, split.segments_per_block);
+  // A split needs the scratch the caller lends (matmul_bf16_partials_floats), for one product.
+  if (splits && (count > 1 || !args.partials)) return cudaErrorInvalidValue;
+  const dim3 grid(column_blocks, row_blocks, static_cast<unsigned>(split.blocks_along_k));
+  kernel<<<grid, kWgmmaThreads, kWgmmaSharedBytes, stream>>>(static_cast<const bf16*>(args.x), targets, args.m,
+                                                             args.k, splits ? args.partials : nullptr,
+                                                             split.segments_per_block);
   if (!splits) return cudaGetLastError();
   constexpr int kFoldThreads = 256;
   fold_segments_kernel<<<blocks_for(args.m * args.n, kFoldThreads), kFoldThreads, 0, stream>>>(
@@ -456,29 +522,15 @@ __device__ __forceinline__ void load_decode_inputs(uint8_t* stage, const bf16* x
   }
 }
 
-// The products one decode launch computes (a matmul group, or one matmul): blocks
-// [first_block[t], first_block[t + 1]) take product t's weight rows.
-struct DecodeTargets {
-  const bf16* w[kMatmulGroupMax];
-  const void* bias[kMatmulGroupMax];
-  void* out[kMatmulGroupMax];
-  int64_t n[kMatmulGroupMax];
-  DType bias_dtype[kMatmulGroupMax];
-  DType out_dtype[kMatmulGroupMax];
-  int first_block[kMatmulGroupMax + 1];
-  int count;
-};
-
 // Warp w computes segments w, w + kWarps, … of the block's rows: each segment is an mma
 // chain from zero over its 1024 k, streamed through the warp's own cp.async ring (the pipeline runs
 // across the warp's segments without draining). Warp 0 then adds the segments in order.
 template <int kColumns, int kRowTiles, int kStages, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
-    matmul_bf16_decode_kernel(const bf16* x, DecodeTargets targets, int64_t m, int64_t k) {
+    matmul_bf16_decode_kernel(const bf16* x, MatmulTargets targets, int64_t m, int64_t k) {
   using Config = DecodeConfig<kColumns, kRowTiles, kStages, kWarps>;
   extern __shared__ uint4 shared_words[];
-  int target = 0;
-  while (target + 1 < targets.count && static_cast<int>(blockIdx.x) >= targets.first_block[target + 1]) ++target;
+  const int target = target_of(targets, static_cast<int>(blockIdx.x));
   const bf16* w = targets.w[target];
   const void* bias = targets.bias[target];
   const DType bias_dtype = targets.bias_dtype[target];
@@ -579,17 +631,7 @@ cudaError_t launch_decode(const MatmulArgs* products, int count, cudaStream_t st
   if (cudaError_t status = allow_dynamic_shared(kernel, max_shared, opted_in); status != cudaSuccess) return status;
   const int segments = static_cast<int>((args.k + kMatmulSegmentK - 1) / kMatmulSegmentK);
   const int shared = Config::rings_bytes(args.m) + segments * Config::kSegmentBytes;
-  DecodeTargets targets{};
-  targets.count = count;
-  for (int t = 0; t < count; ++t) {
-    targets.w[t] = static_cast<const bf16*>(products[t].w);
-    targets.bias[t] = products[t].bias;
-    targets.bias_dtype[t] = products[t].bias_dtype;
-    targets.out[t] = products[t].out;
-    targets.out_dtype[t] = products[t].out_dtype;
-    targets.n[t] = products[t].n;
-    targets.first_block[t + 1] = targets.first_block[t] + static_cast<int>(blocks_for(products[t].n, kColumns));
-  }
+  const MatmulTargets targets = matmul_targets(products, count, kColumns);
   // The blocks may start (and request their first weights) while the previous kernel on the stream
   // finishes; the kernel waits for it before touching x or out.
   return launch_after_previous(kernel, dim3(static_cast<unsigned>(targets.first_block[count])), dim3(kWarps * 32),
@@ -689,9 +731,10 @@ cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cuda
     const bool narrow = 2 * wide_blocks < 3 * sms || wide_blocks > 8 * sms;
     return launch_decode_shape(products, count, narrow ? 3 : 2, stream);
   }
+  if (wgmma_shares_launch(products, count)) return launch_wgmma(products, count, stream);
   for (int t = 0; t < count; ++t) {
     if (products[t].n == 0) continue;
-    if (const cudaError_t status = launch_wgmma(products[t], stream); status != cudaSuccess) return status;
+    if (const cudaError_t status = launch_wgmma(&products[t], 1, stream); status != cudaSuccess) return status;
   }
   return cudaSuccess;
 }
