@@ -12,6 +12,7 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int64_t kRopeDecodeMaxTokens = 16;  // at most this many tokens: one head per block
 
 // Rotates the pair (i, i + R/2) of one head (R/2 = half_rotary, i = pair) as the file comment says;
 // the rotated values are written to `head` and, when given, to `copy` (the KV-cache row).
@@ -48,15 +49,17 @@ __global__ void rope_kernel(T* x, int64_t tokens, int64_t heads, int64_t head_di
   }
 }
 
-// One block per (token, head), query heads first: a query head is rotated in place; a key head is
-// rotated in place and into the cache row (slot, position), whose other dims and the head's value
-// row are copied. A decode step is one token, so the heads are what spreads it over the device.
+// A block per token and blockDim.y heads (thread row y takes head blockIdx.y · blockDim.y + y),
+// query heads first: a query head is rotated in place; a key head is rotated in place and into the
+// cache row (slot, position), whose other dims and the head's value row are copied.
 template <typename T>
 __global__ void rope_kv_write_kernel(T* q, T* k, const T* v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                      int64_t half_rotary, const int32_t* positions, const int32_t* slots,
                                      const float* inv_freq, int64_t capacity, T* k_cache, T* v_cache) {
   follow_previous_grid();
-  const int64_t token = blockIdx.x, head = blockIdx.y;
+  const int64_t token = blockIdx.x;
+  const int64_t head = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+  if (head >= q_heads + kv_heads) return;
   const int32_t position = positions[token];
   if (head < q_heads) {
     T* q_head = q + (token * q_heads + head) * head_dim;
@@ -98,10 +101,17 @@ cudaError_t launch_rope(void* x, DType dtype, int64_t tokens, int64_t heads, int
 cudaError_t launch_rope_kv_write(const RopeKvWriteArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return cudaSuccess;
   constexpr int kHeadThreads = 64;
-  const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.q_heads + args.kv_heads));
+  // A decode step's few tokens spread over the device by head, one head per block. A prefill has
+  // tokens enough: eight heads per block there (one per block made ~330,000 blocks of 64 threads
+  // for 8,192 tokens of Llama-3-8B, whose scheduling, not their memory traffic, set the time:
+  // ~400 µs a layer on the H200, where the bytes take ~45 µs).
+  const int64_t heads = args.q_heads + args.kv_heads;
+  const unsigned heads_per_block = args.tokens > kRopeDecodeMaxTokens ? 8 : 1;
+  const dim3 grid(static_cast<unsigned>(args.tokens), blocks_for(heads, static_cast<int>(heads_per_block)));
+  const dim3 block(kHeadThreads, heads_per_block);
   const bool dispatched = dispatch_activation(args.dtype, [&](auto tag) {
     using T = decltype(tag);
-    launch_after_previous(&rope_kv_write_kernel<T>, grid, kHeadThreads, 0, stream, static_cast<T*>(args.q),
+    launch_after_previous(&rope_kv_write_kernel<T>, grid, block, 0, stream, static_cast<T*>(args.q),
                           static_cast<T*>(args.k), static_cast<const T*>(args.v), args.q_heads, args.kv_heads,
                           args.head_dim, args.rotary_dim / 2, args.positions, args.slots, args.inv_freq, args.capacity,
                           static_cast<T*>(args.k_cache), static_cast<T*>(args.v_cache));
