@@ -260,14 +260,15 @@ struct RowTile {
   __device__ __forceinline__ int64_t head_in_group(int row) const { return (row_begin + row) % group; }
 };
 
-// Copies keys [key_base, key_base + 64) of (slot, kv_head) into shared rows, zeros past kv_length.
+// Copies keys [key_base + first_row, key_base + end_row) of (slot, kv_head) into shared rows
+// first_row..end_row − 1, zeros past kv_length.
 template <int kHeadDim>
 __device__ __forceinline__ void load_key_tile(bf16* destination, const bf16* cache, int64_t slot_base,
                                               int64_t kv_heads, int64_t kv_head, int64_t key_base,
-                                              int64_t kv_length) {
+                                              int64_t kv_length, int first_row = 0, int end_row = kKeyTile) {
   constexpr int kStride = Bf16Config<kHeadDim>::kStride;
   constexpr int kPieces = kHeadDim / 8;
-  for (int piece = threadIdx.x; piece < kKeyTile * kPieces; piece += kThreads) {
+  for (int piece = first_row * kPieces + threadIdx.x; piece < end_row * kPieces; piece += kThreads) {
     const int key = piece / kPieces, part = piece % kPieces;
     const bool valid = key_base + key < kv_length;
     const bf16* source = valid ? cache + ((slot_base + key_base + key) * kv_heads + kv_head) * kHeadDim + part * 8 : cache;
@@ -282,7 +283,6 @@ __global__ void __launch_bounds__(kThreads)
     attention_bf16_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* spans,
                           int64_t heads, int64_t kv_heads, int64_t capacity, int64_t max_splits, float scale_log2,
                           bf16* out, float* partials) {
-  follow_previous_grid();
   using Config = Bf16Config<kHeadDim>;
   constexpr int kStride = Config::kStride;
   extern __shared__ uint4 shared_words[];
@@ -299,15 +299,28 @@ __global__ void __launch_bounds__(kThreads)
   // launch order, so the long tiles start early and the short ones fill the last wave.
   const int64_t tile_index = kSplitKV ? blockIdx.x / max_splits : gridDim.x - 1 - blockIdx.x;
   RowTile tile{span[1], span[3], tile_index * kBlockRows, static_cast<int64_t>(span[2]) * group, group};
-  if (tile.row_begin >= tile.rows) return;
   const int64_t last_row = (tile.rows - tile.row_begin < kBlockRows ? tile.rows - tile.row_begin : kBlockRows) - 1;
   const int64_t kv_length = tile.position(static_cast<int>(last_row)) + 1;
   const int64_t key_begin = kSplitKV ? split * kAttentionSplitKeys : 0;
-  if (key_begin >= kv_length) return;
+  const bool has_work = tile.row_begin < tile.rows && key_begin < kv_length;
   const int64_t key_end = kSplitKV && key_begin + kAttentionSplitKeys < kv_length ? key_begin + kAttentionSplitKeys
                                                                                  : kv_length;
   const int64_t tiles = (key_end - key_begin + kKeyTile - 1) / kKeyTile;
   const int64_t slot_base = slot * capacity;
+  // Decode: cache rows before the span's first position were written by earlier steps, so a split
+  // requests them before waiting for the kernel before it (which writes this step's rows); their
+  // latency then overlaps that kernel's end. Every block still waits before it exits.
+  int prefetched_rows = 0;
+  if (kSplitKV && has_work) {
+    const int64_t earlier_rows = tile.first_position - key_begin;
+    prefetched_rows = static_cast<int>(earlier_rows < 0 ? 0 : (earlier_rows < kKeyTile ? earlier_rows : kKeyTile));
+    load_key_tile<kHeadDim>(key_tiles, k_cache, slot_base, kv_heads, kv_head, key_begin, kv_length, 0,
+                            prefetched_rows);
+    load_key_tile<kHeadDim>(key_tiles + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, key_begin,
+                            kv_length, 0, prefetched_rows);
+  }
+  follow_previous_grid();
+  if (!has_work) return;
 
   // Queries of the block's rows (zeros for padding rows).
   for (int piece = threadIdx.x; piece < kBlockRows * (kHeadDim / 8); piece += kThreads) {
@@ -320,8 +333,10 @@ __global__ void __launch_bounds__(kThreads)
   auto issue_tile = [&](int64_t index) {
     bf16* buffer = key_tiles + (index % Config::kKeyBuffers) * 2 * kKeyTile * kStride;
     const int64_t key_base = key_begin + index * kKeyTile;
-    load_key_tile<kHeadDim>(buffer, k_cache, slot_base, kv_heads, kv_head, key_base, kv_length);
-    load_key_tile<kHeadDim>(buffer + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, key_base, kv_length);
+    const int first_row = index == 0 ? prefetched_rows : 0;
+    load_key_tile<kHeadDim>(buffer, k_cache, slot_base, kv_heads, kv_head, key_base, kv_length, first_row);
+    load_key_tile<kHeadDim>(buffer + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, key_base, kv_length,
+                            first_row);
     cp_async_commit();
   };
 
