@@ -171,4 +171,36 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&fragments)[4], cons
                : "r"(address));
 }
 
+// --- wgmma (sm_90a): operands in shared memory in the 128-byte-swizzled K-major layout. Row r's
+// 64 k of a 64-k block fill one 128-byte line, its 16-byte unit u stored at position u ^ (r % 8);
+// an operand's lines follow each other, and each 8-line swizzle atom is 1,024-byte aligned. ---
+constexpr int kSwizzleLineBytes = 128;
+__device__ __forceinline__ uint32_t swizzled_unit(int row, int unit) {
+  return static_cast<uint32_t>(row * kSwizzleLineBytes + ((unit ^ (row % 8)) * 16));
+}
+// A shared-memory matrix descriptor: start address, leading offset 16 bytes (unused by swizzled
+// K-major operands), 1,024 bytes between 8-line swizzle atoms, 128-byte swizzle. A k16 step
+// further along the lines is +2 (32 bytes).
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t shared_address) {
+  return static_cast<uint64_t>((shared_address & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) |
+         (uint64_t{(8 * kSwizzleLineBytes) >> 4} << 32) | (uint64_t{1} << 62);
+}
+// Pins accumulators in place around an asynchronous wgmma (the compiler must neither read them
+// early nor move other writes across).
+template <int kCount>
+__device__ __forceinline__ void fence_accumulators(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// cp.async (the generic proxy) wrote shared memory that wgmma (the async proxy) reads next.
+__device__ __forceinline__ void fence_shared_for_wgmma() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 }  // namespace kiln::cuda

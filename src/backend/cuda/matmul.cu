@@ -220,6 +220,7 @@ constexpr int kWgmmaTokens = 128;     // x rows per block (the wgmma N)
 constexpr int kWgmmaThreads = 256;
 constexpr int kWgmmaStageK = 64;      // one 128-byte line of bf16 per row
 constexpr int kWgmmaLineBytes = kWgmmaStageK * 2;
+static_assert(kWgmmaLineBytes == kSwizzleLineBytes, "a stage's k of one row fill one swizzled line");
 constexpr int kWgmmaStages = 6;
 // Stages loaded ahead: one stage group of wgmma stays in flight and a slot is refilled only after
 // its group retired (two in flight measured the same, docs/perf.md).
@@ -237,7 +238,7 @@ __device__ __forceinline__ void load_wgmma_lines(uint32_t lines, const bf16* mat
   constexpr int kLinesPerPass = kWgmmaThreads / kUnitsPerLine;  // a multiple of 8: same swizzle each pass
   const int first_line = static_cast<int>(threadIdx.x) / kUnitsPerLine;
   const int unit = static_cast<int>(threadIdx.x) % kUnitsPerLine;
-  const uint32_t destination = lines + first_line * kWgmmaLineBytes + (unit ^ (first_line % 8)) * 16;
+  const uint32_t destination = lines + swizzled_unit(first_line, unit);
   const int64_t global_k = k_base + unit * 8;
   const bf16* source = matrix + (row0 + first_line) * k + global_k;
 #pragma unroll
@@ -246,13 +247,6 @@ __device__ __forceinline__ void load_wgmma_lines(uint32_t lines, const bf16* mat
     cp_async_16(destination + pass * kLinesPerPass * kWgmmaLineBytes,
                 valid ? source + pass * kLinesPerPass * k : matrix, valid);
   }
-}
-
-// A shared-memory matrix descriptor: start address, leading offset 16 bytes (unused by swizzled
-// K-major operands), 1,024 bytes between 8-line swizzle atoms, 128-byte swizzle.
-__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t shared_address) {
-  return static_cast<uint64_t>((shared_address & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) |
-         (uint64_t{(8 * kWgmmaLineBytes) >> 4} << 32) | (uint64_t{1} << 62);
 }
 
 // d (64 × 128, f32) = a (64 × 16) · b (128 × 16)ᵀ (+ d when `accumulate`), bf16 in shared memory,
@@ -279,13 +273,6 @@ __device__ __forceinline__ void wgmma_step(float (&d)[64], uint64_t a, uint64_t 
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// Pins the accumulators in place around the asynchronous wgmma (the compiler must neither read
-// them early nor move other writes across).
-__device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // Which output tile a block computes. Blocks start in launch order (x fastest), so the plain
@@ -352,7 +339,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
         segment_start + kWgmmaStagesPerSegment < stages ? segment_start + kWgmmaStagesPerSegment : stages;
     for (int64_t s = segment_start; s < segment_end; ++s) {
       cp_async_wait<kWgmmaAhead - 1>();
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async wrote, wgmma reads
+      fence_shared_for_wgmma();
       __syncthreads();
       if (s + kWgmmaAhead < stages) load_stage(s + kWgmmaAhead);
       cp_async_commit();
@@ -362,15 +349,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
       // Past K both operands are zero-filled: a step there adds only zero products, which leaves a
       // nonzero accumulator as it is, so it needs no skipping.
       fence_accumulators(acc);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kWgmmaStageK / 16; ++step)  // each step 32 bytes further along the lines
         wgmma_step(acc, a + 2 * step, b + 2 * step, s == segment_start && step == 0 ? 0 : 1);
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      wgmma_commit();
+      wgmma_wait<1>();
       fence_accumulators(acc);
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_wait<0>();
     fence_accumulators(acc);
     if (partials) {
       float* partial = partials + segment_start / kWgmmaStagesPerSegment * m * n;
