@@ -262,7 +262,7 @@ void bench_attention(DType act, double copy_gbps) {
     }
   }
   if (act != DType::BF16) return;
-  for (int64_t tokens : {1024, 4096}) {
+  for (int64_t tokens : {1024, 4096, 8192}) {
     Tensor k_cache = cuda->alloc({1, tokens, kv_heads, head_dim}, act);
     Tensor v_cache = cuda->alloc({1, tokens, kv_heads, head_dim}, act);
     Tensor k = cuda->upload(random_host({tokens, kv_heads, head_dim}, act, random, 1.0f));
