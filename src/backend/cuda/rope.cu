@@ -104,7 +104,7 @@ cudaError_t launch_rope_kv_write(const RopeKvWriteArgs& args, cudaStream_t strea
   // A decode step's few tokens spread over the device by head, one head per block. A prefill has
   // tokens enough: eight heads per block there (one per block made ~330,000 blocks of 64 threads
   // for 8,192 tokens of Llama-3-8B, whose scheduling, not their memory traffic, set the time:
-  // ~400 µs a layer on the H200, where the bytes take ~45 µs).
+  // ~400 µs a layer on the H200 under ncu, where the ~200 MB it moves take ~50 µs; docs/perf.md).
   const int64_t heads = args.q_heads + args.kv_heads;
   const unsigned heads_per_block = args.tokens > kRopeDecodeMaxTokens ? 8 : 1;
   const dim3 grid(static_cast<unsigned>(args.tokens), blocks_for(heads, static_cast<int>(heads_per_block)));
