@@ -158,9 +158,9 @@ cudaError_t launch_swiglu(const void* gate, const void* up, void* out, int64_t c
     using T = decltype(tag);
     constexpr int kWide = 16 / sizeof(T);
     const bool wide = count % kWide == 0 && aligned_16(gate) && aligned_16(up) && aligned_16(out);
-    launch_after_previous(wide ? &swiglu_kernel<T, kWide> : &swiglu_kernel<T, 1>, flat_blocks(wide ? count / kWide : count),
-                          kThreads, 0, stream, static_cast<const T*>(gate), static_cast<const T*>(up),
-                          static_cast<T*>(out), count);
+    launch_after_previous(wide ? &swiglu_kernel<T, kWide> : &swiglu_kernel<T, 1>,
+                          flat_blocks(wide ? count / kWide : count), kThreads, 0, stream, static_cast<const T*>(gate),
+                          static_cast<const T*>(up), static_cast<T*>(out), count);
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
 }

@@ -208,11 +208,11 @@ __device__ __forceinline__ int target_of(const MatmulTargets& targets, int colum
 }
 
 // --- prefill GEMM (wgmma, sm_90a): a block computes 128 weight rows × 128 x rows, a warpgroup 64 × 128 ---
-// wgmma reads both operands from shared memory in the 128-byte-swizzled K-major layout: a stage's
-// 64 k of a row fill one 128-byte line (16-byte unit u of line r at unit u ^ (r % 8)). Each k16
-// step multiplies 16 consecutive k, the elements mma_chunk's step takes; the tensor core sums a
-// step's products the same whichever positions they sit in (the CUDA invariance tests hold this
-// kernel to the decode kernel's bits), so the steps agree bit for bit. A 128 × 256 tile (segment
+// wgmma reads both operands from shared memory in the swizzled K-major layout of device_math.cuh:
+// a stage's 64 k of a row fill one 128-byte line. Each k16 step multiplies 16 consecutive k, the
+// elements mma_chunk's step takes; the tensor core sums a step's products the same whichever
+// positions they sit in (the CUDA invariance tests hold this kernel to the decode kernel's bits),
+// so the steps agree bit for bit. A 128 × 256 tile (segment
 // totals in shared memory, 64-byte lines) and 64 × 64 mma.sync tiles were measured slower at every
 // m from 32 to 1,024 (docs/perf.md), so this one kernel takes every m above the decode kernel's.
 constexpr int kWgmmaRows = 128;       // weight rows per block: two warpgroups of 64
@@ -667,6 +667,7 @@ cudaError_t launch_matmul_bf16(const MatmulArgs& args, cudaStream_t stream) {
 }
 
 int64_t matmul_bf16_partials_floats(const MatmulArgs* products, int count) {
+  if (wgmma_shares_launch(products, count)) return 0;  // a shared launch never splits
   int64_t floats = 0;
   for (int t = 0; t < count; ++t) {
     const MatmulArgs& args = products[t];
