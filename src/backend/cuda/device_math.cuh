@@ -198,9 +198,54 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// cp.async (the generic proxy) wrote shared memory that wgmma (the async proxy) reads next.
-__device__ __forceinline__ void fence_shared_for_wgmma() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+
+// --- mbarriers (shared-memory barriers counting arrivals and copied bytes) and the bulk tensor
+// copy engine (TMA), which writes shared memory in the async proxy that wgmma reads: a barrier's
+// phase completes when its arrivals and expected bytes are all in; waiting names the parity of the
+// phase waited for (a fresh barrier's previous phase, parity 1, counts as complete). ---
+__device__ __forceinline__ void mbarrier_init(uint32_t barrier, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(arrivals) : "memory");
+}
+// Makes the initialised barriers visible to the copy engine (before the block barrier that
+// publishes them to the other threads).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier) : "memory");
+}
+// One arrival that also announces `bytes` the copy engine will deliver to this phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint32_t barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "waiting:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra waiting;\n"
+      "}\n" ::"r"(barrier),
+      "r"(parity)
+      : "memory");
+}
+// The box at (inner, outer) of a 2-d tensor map (a __grid_constant__ kernel parameter) into
+// shared memory, its bytes counted on `barrier`.
+__device__ __forceinline__ void tma_load_2d(uint32_t destination, const void* tensor_map, int inner, int outer,
+                                            uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(destination),
+      "l"(tensor_map), "r"(inner), "r"(outer), "r"(barrier)
+      : "memory");
+}
+// A warpgroup's registers per thread (sm_90a; the kernel needs __launch_bounds__(threads, 1)).
+template <int kRegisters>
+__device__ __forceinline__ void set_max_registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void set_max_registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
 }  // namespace kiln::cuda

@@ -22,11 +22,15 @@
 //     16 weight rows (the launch shape, chosen by size), the warps taking the segments in turn
 //     through their own cp.async rings (the weights are read exactly once), warp 0 adding the
 //     segment results in order. A matmul group's products share one launch.
-//   larger m: the prefill GEMM (wgmma), 128 weight rows × 128 rows per block. A grid smaller than
+//   larger m: the prefill GEMM (wgmma fed by the bulk tensor copy engine), 128 weight rows × 128
+//     rows per block. A grid smaller than
 //     the machine spreads each block's segments over several blocks, which store the segment
 //     results for a fold kernel to add in the same order: more blocks, the same additions. A
 //     group's products share one launch where that takes fewer waves of blocks.
 #include <algorithm>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
@@ -207,48 +211,71 @@ __device__ __forceinline__ int target_of(const MatmulTargets& targets, int colum
   return target;
 }
 
-// --- prefill GEMM (wgmma, sm_90a): a block computes 128 weight rows × 128 x rows, a warpgroup 64 × 128 ---
-// wgmma reads both operands from shared memory in the swizzled K-major layout of device_math.cuh:
-// a stage's 64 k of a row fill one 128-byte line. Each k16 step multiplies 16 consecutive k, the
-// elements mma_chunk's step takes; the tensor core sums a step's products the same whichever
-// positions they sit in (the CUDA invariance tests hold this kernel to the decode kernel's bits),
-// so the steps agree bit for bit. A 128 × 256 tile (segment
-// totals in shared memory, 64-byte lines) and 64 × 64 mma.sync tiles were measured slower at every
-// m from 32 to 1,024 (docs/perf.md), so this one kernel takes every m above the decode kernel's.
-constexpr int kWgmmaRows = 128;       // weight rows per block: two warpgroups of 64
+// --- prefill GEMM (wgmma, sm_90a): a block computes 128 weight rows × 128 x rows ---
+// Warp-specialised: warpgroup 0 is the producer, one thread of which has the bulk tensor copy
+// engine (TMA) bring each stage's operands into shared memory, completing on the stage's `full`
+// mbarrier; warpgroups 1 and 2 do the math, 64 weight rows × 128 x rows each, and free a stage by
+// arriving on its `empty` mbarrier once their wgmma on it retired. The math warps issue no loads
+// and meet at no block barrier, and setmaxnreg moves the producer's registers to them (the segment
+// totals hold 64 per thread beside the 64 accumulators).
+// wgmma reads both operands from shared memory in the swizzled K-major layout of device_math.cuh,
+// which is the copy engine's 128-byte swizzle: a stage's 64 k of a row fill one 128-byte line.
+// Each k16 step multiplies 16 consecutive k, the elements mma_chunk's step takes; the tensor core
+// sums a step's products the same whichever positions they sit in (the CUDA invariance tests hold
+// this kernel to the decode kernel's bits), so the steps agree bit for bit. A 128 × 256 tile
+// (segment totals in shared memory, 64-byte lines) and 64 × 64 mma.sync tiles were measured slower
+// at every m from 32 to 1,024 (docs/perf.md), so this one kernel takes every m above the decode
+// kernel's.
+constexpr int kWgmmaRows = 128;       // weight rows per block: two math warpgroups of 64
 constexpr int kWgmmaTokens = 128;     // x rows per block (the wgmma N)
-constexpr int kWgmmaThreads = 256;
+constexpr int kWgmmaThreads = 384;    // the producer warpgroup, then the two math warpgroups
+constexpr int kWgmmaMathWarps = 8;
 constexpr int kWgmmaStageK = 64;      // one 128-byte line of bf16 per row
 constexpr int kWgmmaLineBytes = kWgmmaStageK * 2;
 static_assert(kWgmmaLineBytes == kSwizzleLineBytes, "a stage's k of one row fill one swizzled line");
 constexpr int kWgmmaStages = 6;
-// Stages loaded ahead: one stage group of wgmma stays in flight and a slot is refilled only after
-// its group retired (two in flight measured the same, docs/perf.md).
-constexpr int kWgmmaAhead = kWgmmaStages - 2;
 constexpr int kWgmmaWeightBytes = kWgmmaRows * kWgmmaLineBytes;
 constexpr int kWgmmaStageBytes = kWgmmaWeightBytes + kWgmmaTokens * kWgmmaLineBytes;
 constexpr int kWgmmaStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kWgmmaStageK;
-constexpr int kWgmmaSharedBytes = kWgmmaStages * kWgmmaStageBytes + 1024;  // + alignment of the swizzle atoms
+// The stages, each 1,024-byte aligned (swizzle atoms), then a full and an empty barrier per stage.
+constexpr int kWgmmaSharedBytes = kWgmmaStages * kWgmmaStageBytes + 1024 + 2 * kWgmmaStages * 8;
+// Registers per thread after setmaxnreg: 128 × 40 + 256 × 232 fits the SM's 65,536.
+constexpr int kWgmmaProducerRegisters = 40;
+constexpr int kWgmmaMathRegisters = 232;
 
-// Rows [row0, row0 + 128) × k [k_base, k_base + 64) of a K-major matrix into one operand's lines,
-// zero past its rows or K.
-__device__ __forceinline__ void load_wgmma_lines(uint32_t lines, const bf16* matrix, int64_t rows, int64_t k,
-                                                 int64_t row0, int64_t k_base) {
-  constexpr int kUnitsPerLine = kWgmmaLineBytes / 16;
-  constexpr int kLinesPerPass = kWgmmaThreads / kUnitsPerLine;  // a multiple of 8: same swizzle each pass
-  const int first_line = static_cast<int>(threadIdx.x) / kUnitsPerLine;
-  const int unit = static_cast<int>(threadIdx.x) % kUnitsPerLine;
-  const uint32_t destination = lines + swizzled_unit(first_line, unit);
-  const int64_t global_k = k_base + unit * 8;
-  const bf16* source = matrix + (row0 + first_line) * k + global_k;
-#pragma unroll
-  for (int pass = 0; pass < kWgmmaTokens / kLinesPerPass; ++pass) {
-    const bool valid = row0 + first_line + pass * kLinesPerPass < rows && global_k < k;
-    cp_async_16(destination + pass * kLinesPerPass * kWgmmaLineBytes,
-                valid ? source + pass * kLinesPerPass * k : matrix, valid);
-  }
+// The copy engine's view of the operands: x and each product's weights as 2-d bf16 tensors
+// [rows, k], read in boxes of 64 k × 128 rows, zero-filled past the rows or K (as the decode
+// kernel's copies are), 128-byte swizzled.
+struct WgmmaOperandMaps {
+  CUtensorMap x;
+  CUtensorMap w[kMatmulGroupMax];
+};
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found);
+    return status == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function)
+               : nullptr;
+  }();
+  return encoder;
 }
 
+bool encode_operand_map(CUtensorMap& map, const void* matrix, int64_t rows, int64_t k) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return false;
+  const cuuint64_t sizes[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kWgmmaStageK, kWgmmaRows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  static_assert(kWgmmaRows == kWgmmaTokens, "one box shape for both operands");
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(matrix), sizes, row_bytes, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 // d (64 × 128, f32) = a (64 × 16) · b (128 × 16)ᵀ (+ d when `accumulate`), bf16 in shared memory,
 // K-major.
 __device__ __forceinline__ void wgmma_step(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
@@ -300,83 +327,103 @@ __device__ __forceinline__ WgmmaTile wgmma_tile() {
 // and writes each segment's sums to its plane of `partials`; fold_segments_kernel then adds the
 // planes in segment order from +0 and stores — the additions the unsplit kernel makes in registers.
 __global__ void __launch_bounds__(kWgmmaThreads, 1)
-    matmul_bf16_wgmma_kernel(const bf16* x, MatmulTargets targets, int64_t m, int64_t k, float* partials,
-                             int segments_per_block) {
+    matmul_bf16_wgmma_kernel(const __grid_constant__ WgmmaOperandMaps maps, MatmulTargets targets, int64_t m,
+                             int64_t k, float* partials, int segments_per_block) {
   extern __shared__ uint4 shared_words[];
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(shared_words)) + 1023u) & ~1023u;
+  const uint32_t full_barriers = base + kWgmmaStages * kWgmmaStageBytes;
+  const uint32_t empty_barriers = full_barriers + kWgmmaStages * 8;
   const WgmmaTile tile = wgmma_tile();
   const int target = target_of(targets, static_cast<int>(tile.column));
-  const bf16* w = targets.w[target];
   const int64_t n = targets.n[target];
   const int64_t column0 = (tile.column - targets.first_block[target]) * kWgmmaRows;
   const int64_t row0 = tile.row * kWgmmaTokens;
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
-  const int warp_in_group = (static_cast<int>(threadIdx.x) % 128) / 32;
-  float acc[64], total[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) total[i] = 0.0f;
-  const int64_t all_stages = (k + kWgmmaStageK - 1) / kWgmmaStageK;
-  const int64_t first_stage = static_cast<int64_t>(blockIdx.z) * segments_per_block * kWgmmaStagesPerSegment;
-  const int64_t stages = first_stage + static_cast<int64_t>(segments_per_block) * kWgmmaStagesPerSegment < all_stages
-                             ? first_stage + static_cast<int64_t>(segments_per_block) * kWgmmaStagesPerSegment
-                             : all_stages;
-  auto load_stage = [&](int64_t s) {
-    const uint32_t slot = base + static_cast<uint32_t>(s % kWgmmaStages) * kWgmmaStageBytes;
-    load_wgmma_lines(slot, w, n, k, column0, s * kWgmmaStageK);
-    load_wgmma_lines(slot + kWgmmaWeightBytes, x, m, k, row0, s * kWgmmaStageK);
-  };
-  for (int64_t s = first_stage; s < first_stage + kWgmmaAhead; ++s) {
-    if (s < stages) load_stage(s);
-    cp_async_commit();
-  }
-  // A segment's first step overwrites the accumulators (scale-d 0) instead of adding to zeroed
-  // ones: the same sum, except that a step of zero products could leave -0 where 0 + (-0) is +0,
-  // and the segment result is added to a total that starts at +0, which erases that difference. No
-  // instruction but wgmma then writes the accumulators inside the loop, so ptxas never has to
-  // drain the wgmma pipeline there.
-  for (int64_t segment_start = first_stage; segment_start < stages; segment_start += kWgmmaStagesPerSegment) {
-    const int64_t segment_end =
-        segment_start + kWgmmaStagesPerSegment < stages ? segment_start + kWgmmaStagesPerSegment : stages;
-    for (int64_t s = segment_start; s < segment_end; ++s) {
-      cp_async_wait<kWgmmaAhead - 1>();
-      fence_shared_for_wgmma();
-      __syncthreads();
-      if (s + kWgmmaAhead < stages) load_stage(s + kWgmmaAhead);
-      cp_async_commit();
-      const uint32_t slot = base + static_cast<uint32_t>(s % kWgmmaStages) * kWgmmaStageBytes;
-      const uint64_t a = wgmma_descriptor(slot + warpgroup * 64 * kWgmmaLineBytes);
-      const uint64_t b = wgmma_descriptor(slot + kWgmmaWeightBytes);
-      // Past K both operands are zero-filled: a step there adds only zero products, which leaves a
-      // nonzero accumulator as it is, so it needs no skipping.
-      fence_accumulators(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kWgmmaStageK / 16; ++step)  // each step 32 bytes further along the lines
-        wgmma_step(acc, a + 2 * step, b + 2 * step, s == segment_start && step == 0 ? 0 : 1);
-      wgmma_commit();
-      wgmma_wait<1>();
-      fence_accumulators(acc);
+  const int all_stages = static_cast<int>((k + kWgmmaStageK - 1) / kWgmmaStageK);
+  const int first_stage = static_cast<int>(blockIdx.z) * segments_per_block * kWgmmaStagesPerSegment;
+  const int end_stage = min(first_stage + segments_per_block * kWgmmaStagesPerSegment, all_stages);
+  if (threadIdx.x == 0) {
+    for (int slot = 0; slot < kWgmmaStages; ++slot) {
+      mbarrier_init(full_barriers + 8 * slot, 1);
+      mbarrier_init(empty_barriers + 8 * slot, kWgmmaMathWarps);
     }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    if (partials) {
-      float* partial = partials + segment_start / kWgmmaStagesPerSegment * m * n;
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    set_max_registers_decrease<kWgmmaProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    // Stage i of the block uses slot i % kWgmmaStages; its j-th use (j = i / kWgmmaStages) waits
+    // for the math warps' j-th release of the slot (a fresh barrier counts as released once).
+    const void* weights = &maps.w[target];
+    for (int i = 0; i < end_stage - first_stage; ++i) {
+      const int slot = i % kWgmmaStages;
+      mbarrier_wait(empty_barriers + 8 * slot, ((i / kWgmmaStages) & 1) ^ 1);
+      const uint32_t full = full_barriers + 8 * slot;
+      const uint32_t destination = base + slot * kWgmmaStageBytes;
+      const int k_base = (first_stage + i) * kWgmmaStageK;
+      mbarrier_arrive_expect_bytes(full, kWgmmaStageBytes);
+      tma_load_2d(destination, weights, k_base, static_cast<int>(column0), full);
+      tma_load_2d(destination + kWgmmaWeightBytes, &maps.x, k_base, static_cast<int>(row0), full);
+    }
+  } else {
+    set_max_registers_increase<kWgmmaMathRegisters>();
+    const int warpgroup = static_cast<int>(threadIdx.x) / 128 - 1;
+    const int warp_in_group = (static_cast<int>(threadIdx.x) % 128) / 32;
+    const bool signals = threadIdx.x % 32 == 0;
+    auto release = [&](int i) {
+      if (signals) mbarrier_arrive(empty_barriers + 8 * (i % kWgmmaStages));
+    };
+    float acc[64], total[64];
 #pragma unroll
-      for (int j = 0; j < kWgmmaTokens / 8; ++j) {
-        const float tile[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-        store_partial_tile(tile, column0 + warpgroup * 64 + warp_in_group * 16, row0 + 8 * j, partial, m, n);
+    for (int e = 0; e < 64; ++e) total[e] = 0.0f;
+    // A segment's first step overwrites the accumulators (scale-d 0) instead of adding to zeroed
+    // ones: the same sum, except that a step of zero products could leave -0 where 0 + (-0) is +0,
+    // and the segment result is added to a total that starts at +0, which erases that difference.
+    // No instruction but wgmma then writes the accumulators inside the loop, so ptxas never has to
+    // drain the wgmma pipeline there.
+    int i = 0;  // the block's stage count so far
+    for (int segment_start = first_stage; segment_start < end_stage; segment_start += kWgmmaStagesPerSegment) {
+      const int segment_end = min(segment_start + kWgmmaStagesPerSegment, end_stage);
+      for (int s = segment_start; s < segment_end; ++s, ++i) {
+        mbarrier_wait(full_barriers + 8 * (i % kWgmmaStages), (i / kWgmmaStages) & 1);
+        const uint32_t slot = base + static_cast<uint32_t>(i % kWgmmaStages) * kWgmmaStageBytes;
+        const uint64_t a = wgmma_descriptor(slot + warpgroup * 64 * kWgmmaLineBytes);
+        const uint64_t b = wgmma_descriptor(slot + kWgmmaWeightBytes);
+        // Past K both operands are zero-filled: a step there adds only zero products, which leaves
+        // a nonzero accumulator as it is, so it needs no skipping.
+        fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int step = 0; step < kWgmmaStageK / 16; ++step)  // each step 32 bytes further along the lines
+          wgmma_step(acc, a + 2 * step, b + 2 * step, s == segment_start && step == 0 ? 0 : 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_accumulators(acc);
+        if (s > segment_start) release(i - 1);  // that stage's wgmma has retired
       }
-    } else {
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      release(i - 1);
+      if (partials) {
+        float* partial = partials + static_cast<int64_t>(segment_start / kWgmmaStagesPerSegment) * m * n;
 #pragma unroll
-      for (int i = 0; i < 64; ++i) total[i] = total[i] + acc[i];
+        for (int j = 0; j < kWgmmaTokens / 8; ++j) {
+          const float tile_sums[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+          store_partial_tile(tile_sums, column0 + warpgroup * 64 + warp_in_group * 16, row0 + 8 * j, partial, m, n);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 64; ++e) total[e] = total[e] + acc[e];
+      }
     }
-  }
-  if (partials) return;
+    if (partials) return;
 #pragma unroll
-  for (int j = 0; j < kWgmmaTokens / 8; ++j) {
-    const float tile[4] = {total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]};
-    store_tile(tile, column0 + warpgroup * 64 + warp_in_group * 16, row0 + 8 * j, true, targets.bias[target],
-               targets.bias_dtype[target], targets.out[target], targets.out_dtype[target], m, n);
+    for (int j = 0; j < kWgmmaTokens / 8; ++j) {
+      const float tile_sums[4] = {total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]};
+      store_tile(tile_sums, column0 + warpgroup * 64 + warp_in_group * 16, row0 + 8 * j, true, targets.bias[target],
+                 targets.bias_dtype[target], targets.out[target], targets.out_dtype[target], m, n);
+    }
   }
 }
 
@@ -445,9 +492,13 @@ cudaError_t launch_wgmma(const MatmulArgs* products, int count, cudaStream_t str
   const bool splits = split.blocks_along_k > 1;
   // A split needs the scratch the caller lends (matmul_bf16_partials_floats), for one product.
   if (splits && (count > 1 || !args.partials)) return cudaErrorInvalidValue;
+  WgmmaOperandMaps maps;
+  if (!encode_operand_map(maps.x, args.x, args.m, args.k)) return cudaErrorInvalidValue;
+  for (int t = 0; t < count; ++t)
+    if (!encode_operand_map(maps.w[t], products[t].w, products[t].n, args.k)) return cudaErrorInvalidValue;
   const dim3 grid(column_blocks, row_blocks, static_cast<unsigned>(split.blocks_along_k));
-  kernel<<<grid, kWgmmaThreads, kWgmmaSharedBytes, stream>>>(static_cast<const bf16*>(args.x), targets, args.m,
-                                                             args.k, splits ? args.partials : nullptr,
+  kernel<<<grid, kWgmmaThreads, kWgmmaSharedBytes, stream>>>(maps, targets, args.m, args.k,
+                                                             splits ? args.partials : nullptr,
                                                              split.segments_per_block);
   if (!splits) return cudaGetLastError();
   constexpr int kFoldThreads = 256;
