@@ -143,7 +143,11 @@ void bench_decode_matmul(DType act, double copy_gbps) {
 void bench_prefill_matmul() {
   std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
   std::mt19937 random(2);
-  for (const MatmulShape& shape : std::vector<MatmulShape>{{"4096x4096", 512, 4096, 4096},
+  // m = 64 (batch-64 decode) streams its weights: its figure is also given as weight bytes per second.
+  for (const MatmulShape& shape : std::vector<MatmulShape>{{"4096x4096", 64, 4096, 4096},
+                                                           {"14336x4096", 64, 14336, 4096},
+                                                           {"4096x14336", 64, 4096, 14336},
+                                                           {"4096x4096", 512, 4096, 4096},
                                                            {"4096x4096", 4096, 4096, 4096},
                                                            {"14336x4096", 4096, 14336, 4096},
                                                            {"4096x14336", 4096, 4096, 14336}}) {
@@ -152,8 +156,9 @@ void bench_prefill_matmul() {
     Tensor out = cuda->alloc({shape.m, shape.n}, DType::BF16);
     const double seconds = seconds_per_call(*cuda, 20, [&](int) { cuda->matmul(x, w, nullptr, out); });
     const double tflops = 2.0 * shape.m * shape.n * shape.k / seconds / 1e12;
-    std::printf("prefill matmul BF16 %-12s m=%-5lld %9.1f us %8.1f TFLOP/s\n", shape.what,
-                static_cast<long long>(shape.m), seconds * 1e6, tflops);
+    const double weight_gbps = 2.0 * shape.n * shape.k / seconds / 1e9;
+    std::printf("prefill matmul BF16 %-12s m=%-5lld %9.1f us %8.1f TFLOP/s %8.1f GB/s of weights\n", shape.what,
+                static_cast<long long>(shape.m), seconds * 1e6, tflops, weight_gbps);
   }
 }
 

@@ -238,6 +238,10 @@ __device__ __forceinline__ void tma_load_2d(uint32_t destination, const void* te
       "l"(tensor_map), "r"(inner), "r"(outer), "r"(barrier)
       : "memory");
 }
+// Brings a tensor map's descriptor into the cache ahead of its first copy.
+__device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");
+}
 // A warpgroup's registers per thread (sm_90a; the kernel needs __launch_bounds__(threads, 1)).
 template <int kRegisters>
 __device__ __forceinline__ void set_max_registers_decrease() {

@@ -342,6 +342,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   const int first_stage = static_cast<int>(blockIdx.z) * segments_per_block * kWgmmaStagesPerSegment;
   const int end_stage = min(first_stage + segments_per_block * kWgmmaStagesPerSegment, all_stages);
   if (threadIdx.x == 0) {
+    prefetch_tensor_map(&maps.x);
+    prefetch_tensor_map(&maps.w[target]);
     for (int slot = 0; slot < kWgmmaStages; ++slot) {
       mbarrier_init(full_barriers + 8 * slot, 1);
       mbarrier_init(empty_barriers + 8 * slot, kWgmmaMathWarps);
