@@ -23,10 +23,10 @@
 //     through their own cp.async rings (the weights are read exactly once), warp 0 adding the
 //     segment results in order. A matmul group's products share one launch.
 //   larger m: the prefill GEMM (wgmma fed by the bulk tensor copy engine), 128 weight rows × 128
-//     rows per block. A grid smaller than
-//     the machine spreads each block's segments over several blocks, which store the segment
-//     results for a fold kernel to add in the same order: more blocks, the same additions. A
-//     group's products share one launch where that takes fewer waves of blocks.
+//     rows per block. A grid smaller than the machine spreads each block's segments over several
+//     blocks, which store the segment results for a fold kernel to add in the same order: more
+//     blocks, the same additions. A group's products share one launch where that takes fewer
+//     waves of blocks.
 #include <algorithm>
 
 #include <cuda.h>
@@ -276,6 +276,7 @@ bool encode_operand_map(CUtensorMap& map, const void* matrix, int64_t rows, int6
                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+
 // d (64 × 128, f32) = a (64 × 16) · b (128 × 16)ᵀ (+ d when `accumulate`), bf16 in shared memory,
 // K-major.
 __device__ __forceinline__ void wgmma_step(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
