@@ -323,7 +323,7 @@ void bench_decode_shapes(double copy_gbps) {
       }
     cuda->synchronize();
     std::printf("decode shapes %-11s", products.what);
-    for (int shape = 0; shape < cuda::decode_launch_shape_count(1); ++shape) {
+    for (int shape = 0; shape < cuda::decode_launch_shape_count(); ++shape) {
       constexpr int kCalls = 60, kReplays = 20;
       cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
@@ -343,7 +343,7 @@ void bench_decode_shapes(double copy_gbps) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / (kCalls * kReplays);
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
-      const cuda::DecodeLaunchShape launch = cuda::decode_launch_shape(1, shape);
+      const cuda::DecodeLaunchShape launch = cuda::decode_launch_shape(shape);
       std::printf("  %dx%dx%d %5.1fus %4.1f%%", launch.columns, launch.warps, launch.stages, seconds * 1e6,
                   100 * bytes / seconds / 1e9 / copy_gbps);
     }

@@ -117,8 +117,8 @@ std::vector<OpCase> matmul_cases(std::mt19937& random) {
     int64_t m, n, k;
     bool bias, f32_out;
   };
-  // Row counts 1 / 8 / 16 take the decode kernel (8- or 16-column warps), the others the prefill
-  // GEMM; k = 72, 200 end in a partial 32-element chunk.
+  // Row counts 1 and 3 take the decode kernel (8- or 16-column warps), the others the prefill
+  // GEMM (64-row x tiles up to m = 64, then 128); k = 72, 200 end in a partial 32-element chunk.
   const std::vector<Shape> shapes = {{1, 64, 64, false, false},    {1, 512, 64, false, true},
                                      {3, 130, 72, true, false},    {8, 33, 200, false, false},
                                      {16, 300, 520, true, true},   {17, 96, 160, false, false},
@@ -722,7 +722,7 @@ TEST_P(CudaInvariance, MatmulGroupEqualsOneMatmulPerProductBitForBit) {
 }
 
 // Every decode launch shape (the grid layout launch_matmul_bf16 picks by size) gives the bits of
-// the backend's matmul, for one and two row tiles and a group of two products.
+// the backend's matmul, for one to kMatmulDecodeMaxRows rows and a group of two products.
 TEST(CudaDecodeShapes, EveryLaunchShapeGivesTheSameBits) {
   KILN_REQUIRE_CUDA();
   std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
@@ -731,7 +731,7 @@ TEST(CudaDecodeShapes, EveryLaunchShapeGivesTheSameBits) {
   const std::vector<int64_t> widths = {300, 40};
   std::vector<Tensor> weights;
   for (int64_t n : widths) weights.push_back(cuda->upload(f32_as(random_f32({n, k}, random, 0.03f), DType::BF16)));
-  for (int64_t m : {1, 5, 12}) {
+  for (int64_t m : {int64_t{1}, int64_t{3}, cuda::kMatmulDecodeMaxRows}) {
     const Tensor x = cuda->upload(f32_as(random_f32({m, k}, random), DType::BF16));
     std::vector<Tensor> expected;
     for (size_t t = 0; t < widths.size(); ++t) {
@@ -739,7 +739,7 @@ TEST(CudaDecodeShapes, EveryLaunchShapeGivesTheSameBits) {
       cuda->matmul(x, weights[t], nullptr, expected[t]);
       expected[t] = cuda->download(expected[t]);
     }
-    for (int shape = 0; shape < cuda::decode_launch_shape_count(m); ++shape) {
+    for (int shape = 0; shape < cuda::decode_launch_shape_count(); ++shape) {
       std::vector<Tensor> outs;
       std::vector<cuda::MatmulArgs> products;
       for (size_t t = 0; t < widths.size(); ++t) {

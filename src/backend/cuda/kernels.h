@@ -113,17 +113,20 @@ cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cuda
 // order afterwards — the same additions, so the same bits. 0 when nothing splits.
 int64_t matmul_bf16_partials_floats(const MatmulArgs* products, int count);
 // The decode kernel's launch shapes, for the kernel bench's sweep and the tests (launch_matmul_bf16
-// picks one itself): shape i < decode_launch_shape_count(m) of a group of products with m ≤
+// picks one itself): shape i < decode_launch_shape_count() of a group of products with m ≤
 // kMatmulDecodeMaxRows. Every shape gives the same bits.
 struct DecodeLaunchShape {
   int columns, warps, stages;  // weight rows per block, warps per block, ring stages per warp
 };
-int decode_launch_shape_count(int64_t m);
-DecodeLaunchShape decode_launch_shape(int64_t m, int shape);
+int decode_launch_shape_count();
+DecodeLaunchShape decode_launch_shape(int shape);
 cudaError_t launch_matmul_bf16_decode(const MatmulArgs* products, int count, int shape, cudaStream_t stream);
 // The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the prefill GEMM.
 // Both give bit-identical elements (the same segments and 16-k steps per element; matmul.cu).
-constexpr int64_t kMatmulDecodeMaxRows = 16;
+// At m = 8 the GEMM's 64-row tiles stream the 8B's 14336×4096 product in 35.0 µs against this
+// kernel's 40.4 (70.5 at m = 16; batch-8 decode 49.8 → 58.3 % of roofline, docs/perf.md); at m = 1
+// this kernel is the faster (93.8 % of the copy bandwidth for the 8B's gate/up).
+constexpr int64_t kMatmulDecodeMaxRows = 4;
 // The BF16 path sums K in segments of this many elements (each an mma chain from zero, the
 // segments then added in order), so that decode can spread one row's K over several warps.
 constexpr int64_t kMatmulSegmentK = 1024;

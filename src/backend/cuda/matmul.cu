@@ -23,9 +23,9 @@
 //     through their own cp.async rings (the weights are read exactly once), warp 0 adding the
 //     segment results in order. A matmul group's products share one launch.
 //   larger m: the prefill GEMM (wgmma fed by the bulk tensor copy engine), 128 weight rows × 128
-//     rows per block (× 64 rows for m ≤ 64). A grid smaller than the machine spreads each block's segments over several
-//     blocks, which store the segment results for a fold kernel to add in the same order: more
-//     blocks, the same additions. A group's products share one launch where that takes fewer
+//     rows per block (× 64 rows for m ≤ 64). A grid smaller than the machine spreads each block's
+//     segments over several blocks, which store the segment results for a fold kernel to add in
+//     the same order: more blocks, the same additions. A group's products share one launch where that takes fewer
 //     waves of blocks.
 #include <algorithm>
 
@@ -238,7 +238,8 @@ constexpr int kWgmmaStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kWgmm
 // x rows per block (the wgmma N): 128, or 64 where m ≤ 64 (batch-64 decode, short prompts). There
 // a 128-row box would be half zero fill, and the smaller stage leaves room for nine stages of
 // weights in flight instead of six: such grids stream their weights (the 8B's 14336×4096 product
-// at m = 64 took 48.5 µs with 128-row tiles, 39.4 µs with the cp.async GEMM before; docs/perf.md).
+// at m = 64 takes 35.8 µs with these, took 48.5 µs with 128-row tiles and 39.4 µs with the cp.async
+// GEMM before; docs/perf.md).
 // The stages are each 1,024-byte aligned (swizzle atoms), then a full and an empty barrier per stage.
 template <int kTokens>
 struct WgmmaTiling {
@@ -552,11 +553,11 @@ constexpr int kDecodeStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kDec
 
 // Shared memory: kWarps per-warp rings of kStages stages, each stage the weights [chunk][column][32 k]
 // then the m rows of x [chunk][row][32 k] (only as many rows as there are: m is small), then each
-// segment's partial sums [segment][row tile][element][lane].
-template <int kColumns, int kRowTiles, int kStages, int kWarps>
+// segment's partial sums [segment][element][lane].
+template <int kColumns, int kStages, int kWarps>
 struct DecodeConfig {
   static constexpr int kWeightStageBytes = kDecodeChunksPerStage * kColumns * kChunkBytes;
-  static constexpr int kSegmentBytes = kRowTiles * 4 * 32 * 4;
+  static constexpr int kSegmentBytes = 4 * 32 * 4;
   __host__ __device__ static int stage_bytes(int64_t m) {
     return kWeightStageBytes + kDecodeChunksPerStage * static_cast<int>(m) * kChunkBytes;
   }
@@ -601,10 +602,10 @@ __device__ __forceinline__ void load_decode_inputs(uint8_t* stage, const bf16* x
 // Warp w computes segments w, w + kWarps, … of the block's rows: each segment is an mma
 // chain from zero over its 1024 k, streamed through the warp's own cp.async ring (the pipeline runs
 // across the warp's segments without draining). Warp 0 then adds the segments in order.
-template <int kColumns, int kRowTiles, int kStages, int kWarps>
+template <int kColumns, int kStages, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     matmul_bf16_decode_kernel(const bf16* x, MatmulTargets targets, int64_t m, int64_t k) {
-  using Config = DecodeConfig<kColumns, kRowTiles, kStages, kWarps>;
+  using Config = DecodeConfig<kColumns, kStages, kWarps>;
   extern __shared__ uint4 shared_words[];
   const int target = target_of(targets, static_cast<int>(blockIdx.x));
   const bf16* w = targets.w[target];
@@ -643,7 +644,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     cp_async_commit();
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  float acc[kRowTiles][4] = {};
+  float acc[4] = {};
   for (int64_t i = 0; i < my_stages; ++i) {
     cp_async_wait<kStages - 2>();
     __syncwarp();
@@ -663,47 +664,38 @@ __global__ void __launch_bounds__(kWarps * 32)
       const uint8_t* inputs = stage + Config::kWeightStageBytes + chunk * m * kChunkBytes;
       const uint4 upper = load_chunk_words(weights, g, q);
       const uint4 lower = kColumns == 16 ? load_chunk_words(weights, g + 8, q) : zero;
-#pragma unroll
-      for (int rt = 0; rt < kRowTiles; ++rt) {
-        // B columns past m repeat row m − 1: they only feed outputs that are never stored.
-        const int64_t row = rt * 8 + g < m ? rt * 8 + g : m - 1;
-        mma_chunk(acc[rt], upper, lower, load_chunk_words(inputs, static_cast<int>(row), q));
-      }
+      // B columns past m repeat row m − 1: they only feed outputs that are never stored.
+      const int row = g < m ? g : static_cast<int>(m) - 1;
+      mma_chunk(acc, upper, lower, load_chunk_words(inputs, row, q));
     }
     const bool segment_ends = (i + 1) % kDecodeStagesPerSegment == 0 || i + 1 == my_stages;
     if (segment_ends) {
       const int segment = segment_of(i);
 #pragma unroll
-      for (int rt = 0; rt < kRowTiles; ++rt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          segment_sums[((segment * kRowTiles + rt) * 4 + e) * 32 + lane] = acc[rt][e];
-          acc[rt][e] = 0.0f;
-        }
+      for (int e = 0; e < 4; ++e) {
+        segment_sums[(segment * 4 + e) * 32 + lane] = acc[e];
+        acc[e] = 0.0f;
+      }
     }
   }
   cp_async_wait<0>();
   __syncthreads();
   if (warp != 0) return;
-  float total[kRowTiles][4] = {};
+  float total[4] = {};
   for (int segment = 0; segment < segments; ++segment)
 #pragma unroll
-    for (int rt = 0; rt < kRowTiles; ++rt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) total[rt][e] = total[rt][e] + segment_sums[((segment * kRowTiles + rt) * 4 + e) * 32 + lane];
-#pragma unroll
-  for (int rt = 0; rt < kRowTiles; ++rt)
-    store_tile(total[rt], column0, rt * 8, kColumns == 16, bias, bias_dtype, out, out_dtype, m, n);
+    for (int e = 0; e < 4; ++e) total[e] = total[e] + segment_sums[(segment * 4 + e) * 32 + lane];
+  store_tile(total, column0, 0, kColumns == 16, bias, bias_dtype, out, out_dtype, m, n);
 }
 
-template <int kColumns, int kRowTiles, int kStages, int kWarps>
+template <int kColumns, int kStages, int kWarps>
 cudaError_t launch_decode(const MatmulArgs* products, int count, cudaStream_t stream) {
   const MatmulArgs& args = products[0];  // x, m and k are shared
-  using Config = DecodeConfig<kColumns, kRowTiles, kStages, kWarps>;
-  auto* kernel = &matmul_bf16_decode_kernel<kColumns, kRowTiles, kStages, kWarps>;
+  using Config = DecodeConfig<kColumns, kStages, kWarps>;
+  auto* kernel = &matmul_bf16_decode_kernel<kColumns, kStages, kWarps>;
   static std::atomic<uint64_t> opted_in{0};
   const int max_shared =
-      Config::rings_bytes(kRowTiles * 8) + static_cast<int>(kMatmulMaxSegments) * Config::kSegmentBytes;
+      Config::rings_bytes(kMatmulDecodeMaxRows) + static_cast<int>(kMatmulMaxSegments) * Config::kSegmentBytes;
   if (cudaError_t status = allow_dynamic_shared(kernel, max_shared, opted_in); status != cudaSuccess) return status;
   const int segments = static_cast<int>((args.k + kMatmulSegmentK - 1) / kMatmulSegmentK);
   const int shared = Config::rings_bytes(args.m) + segments * Config::kSegmentBytes;
@@ -715,24 +707,18 @@ cudaError_t launch_decode(const MatmulArgs* products, int count, cudaStream_t st
                                args.k);
 }
 
-// The decode launch shapes (weight rows per block, warps per block, ring stages per warp) for m ≤ 8;
-// m = 9..16 use the first two with 4 stages (their x rows double a stage's size). Every shape
-// gives the same bits; they differ in how the grid fills the multiprocessors.
+// The decode launch shapes (weight rows per block, warps per block, ring stages per warp). Every
+// shape gives the same bits; they differ in how the grid fills the multiprocessors.
 constexpr DecodeLaunchShape kDecodeShapes[] = {{16, 4, 6}, {8, 4, 6}, {16, 4, 3}, {8, 4, 3}, {16, 8, 3}, {8, 8, 4}};
 
 cudaError_t launch_decode_shape(const MatmulArgs* products, int count, int shape, cudaStream_t stream) {
-  if (products[0].m > 8) {
-    if (shape == 0) return launch_decode<16, 2, 4, 4>(products, count, stream);
-    if (shape == 1) return launch_decode<8, 2, 4, 4>(products, count, stream);
-    return cudaErrorInvalidValue;
-  }
   switch (shape) {
-    case 0: return launch_decode<16, 1, 6, 4>(products, count, stream);
-    case 1: return launch_decode<8, 1, 6, 4>(products, count, stream);
-    case 2: return launch_decode<16, 1, 3, 4>(products, count, stream);
-    case 3: return launch_decode<8, 1, 3, 4>(products, count, stream);
-    case 4: return launch_decode<16, 1, 3, 8>(products, count, stream);
-    case 5: return launch_decode<8, 1, 4, 8>(products, count, stream);
+    case 0: return launch_decode<16, 6, 4>(products, count, stream);
+    case 1: return launch_decode<8, 6, 4>(products, count, stream);
+    case 2: return launch_decode<16, 3, 4>(products, count, stream);
+    case 3: return launch_decode<8, 3, 4>(products, count, stream);
+    case 4: return launch_decode<16, 3, 8>(products, count, stream);
+    case 5: return launch_decode<8, 4, 8>(products, count, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -767,16 +753,12 @@ int64_t matmul_bf16_partials_floats(const MatmulArgs* products, int count) {
   return floats;
 }
 
-int decode_launch_shape_count(int64_t m) { return m > 8 ? 2 : static_cast<int>(std::size(kDecodeShapes)); }
-DecodeLaunchShape decode_launch_shape(int64_t m, int shape) {
-  DecodeLaunchShape result = kDecodeShapes[shape];
-  if (m > 8) result.stages = 4;
-  return result;
-}
+int decode_launch_shape_count() { return static_cast<int>(std::size(kDecodeShapes)); }
+DecodeLaunchShape decode_launch_shape(int shape) { return kDecodeShapes[shape]; }
 
 cudaError_t launch_matmul_bf16_decode(const MatmulArgs* products, int count, int shape, cudaStream_t stream) {
   if (count < 1 || count > kMatmulGroupMax || products[0].m < 1 || products[0].m > kMatmulDecodeMaxRows ||
-      shape < 0 || shape >= decode_launch_shape_count(products[0].m))
+      shape < 0 || shape >= decode_launch_shape_count())
     return cudaErrorInvalidValue;
   return launch_decode_shape(products, count, shape, stream);
 }
@@ -794,7 +776,6 @@ cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cuda
   if (first.m <= kMatmulDecodeMaxRows) {
     const int64_t sms = first.multiprocessors;
     const int64_t wide_blocks = (total_n + 15) / 16;
-    if (first.m > 8) return launch_decode_shape(products, count, wide_blocks < sms ? 1 : 0, stream);
     // From the launch-shape sweep on the H200 (kiln_cuda_bench decode-shapes, docs/perf.md): K of
     // eight or more segments wants eight warps per block (16 rows when 16-row blocks are fewer
     // than the multiprocessors, else 8); shorter K wants four warps with three stages, in 8-row
