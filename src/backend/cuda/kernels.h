@@ -116,7 +116,8 @@ int64_t matmul_bf16_partials_floats(const MatmulArgs* products, int count);
 // picks one itself): shape i < decode_launch_shape_count() of a group of products with m ≤
 // kMatmulDecodeMaxRows. Every shape gives the same bits.
 struct DecodeLaunchShape {
-  int columns, warps, stages;  // weight rows per block, warps per block, ring stages per warp
+  // Weight rows per block, warps per block (no more than K has segments), ring stages per warp.
+  int columns, warps, stages;
 };
 int decode_launch_shape_count();
 DecodeLaunchShape decode_launch_shape(int shape);

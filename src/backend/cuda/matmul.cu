@@ -551,17 +551,17 @@ constexpr int kDecodeChunksPerStage = 4;
 constexpr int kDecodeStageK = kChunk * kDecodeChunksPerStage;
 constexpr int kDecodeStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kDecodeStageK;
 
-// Shared memory: kWarps per-warp rings of kStages stages, each stage the weights [chunk][column][32 k]
+// Shared memory: one ring of kStages stages per warp, each stage the weights [chunk][column][32 k]
 // then the m rows of x [chunk][row][32 k] (only as many rows as there are: m is small), then each
 // segment's partial sums [segment][element][lane].
-template <int kColumns, int kStages, int kWarps>
+template <int kColumns, int kStages>
 struct DecodeConfig {
   static constexpr int kWeightStageBytes = kDecodeChunksPerStage * kColumns * kChunkBytes;
   static constexpr int kSegmentBytes = 4 * 32 * 4;
   __host__ __device__ static int stage_bytes(int64_t m) {
     return kWeightStageBytes + kDecodeChunksPerStage * static_cast<int>(m) * kChunkBytes;
   }
-  __host__ __device__ static int rings_bytes(int64_t m) { return kWarps * kStages * stage_bytes(m); }
+  __host__ __device__ static int rings_bytes(int warps, int64_t m) { return warps * kStages * stage_bytes(m); }
 };
 
 template <int kColumns>
@@ -599,13 +599,14 @@ __device__ __forceinline__ void load_decode_inputs(uint8_t* stage, const bf16* x
   }
 }
 
-// Warp w computes segments w, w + kWarps, … of the block's rows: each segment is an mma
-// chain from zero over its 1024 k, streamed through the warp's own cp.async ring (the pipeline runs
-// across the warp's segments without draining). Warp 0 then adds the segments in order.
+// Of the block's `warps` (at most kWarps, and no more than K has segments), warp w computes
+// segments w, w + warps, … of the block's rows: each segment is an mma chain from zero over its
+// 1024 k, streamed through the warp's own cp.async ring (the pipeline runs across the warp's
+// segments without draining). Warp 0 then adds the segments in order.
 template <int kColumns, int kStages, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     matmul_bf16_decode_kernel(const bf16* x, MatmulTargets targets, int64_t m, int64_t k) {
-  using Config = DecodeConfig<kColumns, kStages, kWarps>;
+  using Config = DecodeConfig<kColumns, kStages>;
   extern __shared__ uint4 shared_words[];
   const int target = target_of(targets, static_cast<int>(blockIdx.x));
   const bf16* w = targets.w[target];
@@ -615,7 +616,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const DType out_dtype = targets.out_dtype[target];
   const int64_t n = targets.n[target];
   const int stage_bytes = Config::stage_bytes(m);
-  float* segment_sums = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(shared_words) + Config::rings_bytes(m));
+  const int warps = static_cast<int>(blockDim.x) / 32;
+  float* segment_sums =
+      reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(shared_words) + Config::rings_bytes(warps, m));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* ring = reinterpret_cast<uint8_t*>(shared_words) + warp * kStages * stage_bytes;
   const int64_t column0 = static_cast<int64_t>(static_cast<int>(blockIdx.x) - targets.first_block[target]) * kColumns;
@@ -623,14 +626,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t total_stages = (k + kDecodeStageK - 1) / kDecodeStageK;
   const int segments = static_cast<int>((total_stages + kDecodeStagesPerSegment - 1) / kDecodeStagesPerSegment);
   // The warp's stages, flattened over its segments: the i-th is stage stage_of(i) of K.
-  const int my_segments = segments > warp ? (segments - warp + kWarps - 1) / kWarps : 0;
-  auto segment_of = [&](int64_t i) { return warp + static_cast<int>(i / kDecodeStagesPerSegment) * kWarps; };
+  const int my_segments = segments > warp ? (segments - warp + warps - 1) / warps : 0;
+  auto segment_of = [&](int64_t i) { return warp + static_cast<int>(i / kDecodeStagesPerSegment) * warps; };
   auto stage_of = [&](int64_t i) {
     return static_cast<int64_t>(segment_of(i)) * kDecodeStagesPerSegment + i % kDecodeStagesPerSegment;
   };
   int64_t my_stages = 0;
   for (int i = 0; i < my_segments; ++i) {
-    const int64_t first = static_cast<int64_t>(warp + i * kWarps) * kDecodeStagesPerSegment;
+    const int64_t first = static_cast<int64_t>(warp + i * warps) * kDecodeStagesPerSegment;
     my_stages += (total_stages - first < kDecodeStagesPerSegment ? total_stages - first : kDecodeStagesPerSegment);
   }
   // The first stages' weights are requested before waiting for the previous kernel (they are
@@ -691,18 +694,21 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int kColumns, int kStages, int kWarps>
 cudaError_t launch_decode(const MatmulArgs* products, int count, cudaStream_t stream) {
   const MatmulArgs& args = products[0];  // x, m and k are shared
-  using Config = DecodeConfig<kColumns, kStages, kWarps>;
+  using Config = DecodeConfig<kColumns, kStages>;
   auto* kernel = &matmul_bf16_decode_kernel<kColumns, kStages, kWarps>;
   static std::atomic<uint64_t> opted_in{0};
-  const int max_shared =
-      Config::rings_bytes(kMatmulDecodeMaxRows) + static_cast<int>(kMatmulMaxSegments) * Config::kSegmentBytes;
+  const int max_shared = Config::rings_bytes(kWarps, kMatmulDecodeMaxRows) +
+                         static_cast<int>(kMatmulMaxSegments) * Config::kSegmentBytes;
   if (cudaError_t status = allow_dynamic_shared(kernel, max_shared, opted_in); status != cudaSuccess) return status;
   const int segments = static_cast<int>((args.k + kMatmulSegmentK - 1) / kMatmulSegmentK);
-  const int shared = Config::rings_bytes(args.m) + segments * Config::kSegmentBytes;
+  // A warp without a segment would hold an idle ring: shorter K runs fewer warps per block, so
+  // that more blocks (and more bytes in flight) fit on a multiprocessor.
+  const int warps = std::max(1, std::min(kWarps, segments));
+  const int shared = Config::rings_bytes(warps, args.m) + segments * Config::kSegmentBytes;
   const MatmulTargets targets = matmul_targets(products, count, kColumns);
   // The blocks may start (and request their first weights) while the previous kernel on the stream
   // finishes; the kernel waits for it before touching x or out.
-  return launch_after_previous(kernel, dim3(static_cast<unsigned>(targets.first_block[count])), dim3(kWarps * 32),
+  return launch_after_previous(kernel, dim3(static_cast<unsigned>(targets.first_block[count])), dim3(warps * 32),
                                static_cast<size_t>(shared), stream, static_cast<const bf16*>(args.x), targets, args.m,
                                args.k);
 }
