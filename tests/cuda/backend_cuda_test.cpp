@@ -722,43 +722,46 @@ TEST_P(CudaInvariance, MatmulGroupEqualsOneMatmulPerProductBitForBit) {
 }
 
 // Every decode launch shape (the grid layout launch_matmul_bf16 picks by size) gives the bits of
-// the backend's matmul, for one to kMatmulDecodeMaxRows rows and a group of two products.
+// the backend's matmul, for one to kMatmulDecodeMaxRows rows and a group of two products. K of
+// three segments runs three warps in every shape; nine segments give some warps two or three.
 TEST(CudaDecodeShapes, EveryLaunchShapeGivesTheSameBits) {
   KILN_REQUIRE_CUDA();
   std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
   std::mt19937 random(15);
-  const int64_t k = 2056;  // three segments, the last partial
   const std::vector<int64_t> widths = {300, 40};
-  std::vector<Tensor> weights;
-  for (int64_t n : widths) weights.push_back(cuda->upload(f32_as(random_f32({n, k}, random, 0.03f), DType::BF16)));
-  for (int64_t m : {int64_t{1}, int64_t{3}, cuda::kMatmulDecodeMaxRows}) {
-    const Tensor x = cuda->upload(f32_as(random_f32({m, k}, random), DType::BF16));
-    std::vector<Tensor> expected;
-    for (size_t t = 0; t < widths.size(); ++t) {
-      expected.push_back(cuda->alloc({m, widths[t]}, DType::BF16));
-      cuda->matmul(x, weights[t], nullptr, expected[t]);
-      expected[t] = cuda->download(expected[t]);
-    }
-    for (int shape = 0; shape < cuda::decode_launch_shape_count(); ++shape) {
-      std::vector<Tensor> outs;
-      std::vector<cuda::MatmulArgs> products;
+  for (int64_t k : {int64_t{2056}, int64_t{9224}}) {  // the last segment partial in both
+    std::vector<Tensor> weights;
+    for (int64_t n : widths) weights.push_back(cuda->upload(f32_as(random_f32({n, k}, random, 0.03f), DType::BF16)));
+    for (int64_t m : {int64_t{1}, int64_t{3}, cuda::kMatmulDecodeMaxRows}) {
+      const Tensor x = cuda->upload(f32_as(random_f32({m, k}, random), DType::BF16));
+      std::vector<Tensor> expected;
       for (size_t t = 0; t < widths.size(); ++t) {
-        outs.push_back(cuda->alloc({m, widths[t]}, DType::BF16));
-        cuda::MatmulArgs args;
-        args.x = x.raw();
-        args.w = weights[t].raw();
-        args.out = outs[t].raw();
-        args.m = m, args.n = widths[t], args.k = k;
-        args.x_dtype = args.w_dtype = args.out_dtype = DType::BF16;
-        products.push_back(args);
+        expected.push_back(cuda->alloc({m, widths[t]}, DType::BF16));
+        cuda->matmul(x, weights[t], nullptr, expected[t]);
+        expected[t] = cuda->download(expected[t]);
       }
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ASSERT_EQ(cuda::launch_matmul_bf16_decode(products.data(), 2, shape, nullptr), cudaSuccess) << "shape " << shape;
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      for (size_t t = 0; t < widths.size(); ++t) {
-        const Tensor actual = cuda->download(outs[t]);
-        EXPECT_EQ(std::memcmp(actual.raw(), expected[t].raw(), actual.nbytes()), 0)
-            << "m=" << m << " shape " << shape << " product " << t;
+      for (int shape = 0; shape < cuda::decode_launch_shape_count(); ++shape) {
+        std::vector<Tensor> outs;
+        std::vector<cuda::MatmulArgs> products;
+        for (size_t t = 0; t < widths.size(); ++t) {
+          outs.push_back(cuda->alloc({m, widths[t]}, DType::BF16));
+          cuda::MatmulArgs args;
+          args.x = x.raw();
+          args.w = weights[t].raw();
+          args.out = outs[t].raw();
+          args.m = m, args.n = widths[t], args.k = k;
+          args.x_dtype = args.w_dtype = args.out_dtype = DType::BF16;
+          products.push_back(args);
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(cuda::launch_matmul_bf16_decode(products.data(), 2, shape, nullptr), cudaSuccess)
+            << "shape " << shape;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        for (size_t t = 0; t < widths.size(); ++t) {
+          const Tensor actual = cuda->download(outs[t]);
+          EXPECT_EQ(std::memcmp(actual.raw(), expected[t].raw(), actual.nbytes()), 0)
+              << "k=" << k << " m=" << m << " shape " << shape << " product " << t;
+        }
       }
     }
   }

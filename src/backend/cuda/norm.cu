@@ -12,6 +12,8 @@
 // with inv = 1 / sqrt(Σx² / D + eps) in f32, ⟦·⟧ rounding to the output's dtype T and ⟦·⟧ₛ to the
 // residual stream's dtype S (the input x / residual / delta): S is f32 or T (models keep the
 // stream in f32, so ⟦·⟧ₛ is the identity there).
+#include <type_traits>
+
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -25,22 +27,28 @@ constexpr int64_t kWarpRowMaxWidth = 1024;
 constexpr int kBlockThreads = 1024;
 constexpr int kWarpRowsPerBlock = 8;
 
-template <typename T, typename W>
-__device__ __forceinline__ float normalise(float x, float inv, const W* weight, int64_t column, bool zero_centred) {
-  const float w = to_float(weight[column]);
+// Elements per thread held in registers: a block row (D ≤ 8 × 1024 — hidden sizes up to 8 k) or
+// a warp row (D ≤ 4 × 32, per-head norms, or D ≤ 32 × 32). Wider rows (kHeld = 0) are read twice.
+constexpr int kBlockHeld = 8;
+constexpr int kNarrowWarpHeld = 4;
+constexpr int kWarpHeld = static_cast<int>(kWarpRowMaxWidth) / 32;
+
+template <typename T>
+__device__ __forceinline__ float normalise(float x, float inv, float w, bool zero_centred) {
   if (zero_centred) return (x * inv) * (1.0f + w);
   return w * round_to<T>(x * inv);
 }
 
-// Sum of squares of this thread's elements (x_i for i = first, first + stride, …).
-template <typename S>
-__device__ __forceinline__ float thread_squares(const S* row, int64_t width, int first, int stride) {
-  float sum = 0.0f;
-  for (int64_t column = first; column < width; column += stride) {
-    const float value = to_float(row[column]);
-    sum = fmaf(value, value, sum);
+// A thread's weights: the weights are constant during the step, so they are read before waiting
+// for the previous kernel (device_math.cuh) and their latency overlaps its end.
+template <int kHeld, typename W>
+__device__ __forceinline__ void load_weights(float (&held)[kHeld > 0 ? kHeld : 1], const W* weight, int64_t width,
+                                             int first, int stride) {
+#pragma unroll
+  for (int i = 0; i < kHeld; ++i) {
+    const int64_t column = first + static_cast<int64_t>(i) * stride;
+    held[i] = column < width ? to_float(weight[column]) : 0.0f;
   }
-  return sum;
 }
 
 // Folds per-thread sums into the row total (every thread gets it), as the file comment says.
@@ -63,46 +71,98 @@ __device__ __forceinline__ float row_total(float partial) {
   return total;
 }
 
-// One row per warp (kWholeBlock false) or per block (true).
-template <typename S, typename T, typename W, bool kWholeBlock>
+// One row per warp (kWholeBlock false) or per block (true). With kHeld > 0 the row's width is at
+// most kHeld × the threads per row, and each thread keeps its elements in registers between the
+// sum of squares and the normalisation; otherwise it reads them again (same arithmetic).
+template <typename S, typename T, typename W, bool kWholeBlock, int kHeld>
 __global__ void rms_norm_kernel(const S* x, const W* weight, T* out, int64_t rows, int64_t width, float eps,
                                 bool zero_centred) {
-  follow_previous_grid();  // launched after the previous kernel (device_math.cuh)
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
+  float weights[kHeld > 0 ? kHeld : 1];
+  load_weights<kHeld>(weights, weight, width, lane, stride);
+  follow_previous_grid();  // launched after the previous kernel (device_math.cuh)
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
   if (!kWholeBlock && row >= rows) return;
   const S* source = x + row * width;
   T* destination = out + row * width;
-  const float total = row_total<kWholeBlock>(thread_squares(source, width, lane, stride));
+  float values[kHeld > 0 ? kHeld : 1];
+  float partial = 0.0f;
+  if constexpr (kHeld > 0) {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int64_t column = lane + static_cast<int64_t>(i) * stride;
+      values[i] = column < width ? to_float(source[column]) : 0.0f;
+      if (column < width) partial = fmaf(values[i], values[i], partial);
+    }
+  } else {
+    for (int64_t column = lane; column < width; column += stride) {
+      const float value = to_float(source[column]);
+      partial = fmaf(value, value, partial);
+    }
+  }
+  const float total = row_total<kWholeBlock>(partial);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
   // Each thread rewrites only the elements it read, so out may alias x.
-  for (int64_t column = lane; column < width; column += stride)
-    destination[column] = from_float<T>(normalise<T>(to_float(source[column]), inv, weight, column, zero_centred));
+  if constexpr (kHeld > 0) {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int64_t column = lane + static_cast<int64_t>(i) * stride;
+      if (column < width) destination[column] = from_float<T>(normalise<T>(values[i], inv, weights[i], zero_centred));
+    }
+  } else {
+    for (int64_t column = lane; column < width; column += stride)
+      destination[column] =
+          from_float<T>(normalise<T>(to_float(source[column]), inv, to_float(weight[column]), zero_centred));
+  }
 }
 
-template <typename S, typename T, typename W, bool kWholeBlock>
+template <typename S, typename T, typename W, bool kWholeBlock, int kHeld>
 __global__ void add_rms_norm_kernel(S* residual, const S* delta, const W* weight, T* out, int64_t rows,
                                     int64_t width, float eps, bool zero_centred) {
-  follow_previous_grid();  // launched after the previous kernel (device_math.cuh)
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
+  float weights[kHeld > 0 ? kHeld : 1];
+  load_weights<kHeld>(weights, weight, width, lane, stride);
+  follow_previous_grid();  // launched after the previous kernel (device_math.cuh)
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
   if (!kWholeBlock && row >= rows) return;
   S* stream = residual + row * width;
   const S* added = delta + row * width;
   T* destination = out + row * width;
+  float values[kHeld > 0 ? kHeld : 1];
   float partial = 0.0f;
-  for (int64_t column = lane; column < width; column += stride) {
-    const S sum = from_float<S>(to_float(stream[column]) + to_float(added[column]));
-    stream[column] = sum;
-    const float value = to_float(sum);
-    partial = fmaf(value, value, partial);
+  if constexpr (kHeld > 0) {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int64_t column = lane + static_cast<int64_t>(i) * stride;
+      if (column >= width) continue;
+      const S sum = from_float<S>(to_float(stream[column]) + to_float(added[column]));
+      stream[column] = sum;
+      values[i] = to_float(sum);
+      partial = fmaf(values[i], values[i], partial);
+    }
+  } else {
+    for (int64_t column = lane; column < width; column += stride) {
+      const S sum = from_float<S>(to_float(stream[column]) + to_float(added[column]));
+      stream[column] = sum;
+      const float value = to_float(sum);
+      partial = fmaf(value, value, partial);
+    }
   }
   const float total = row_total<kWholeBlock>(partial);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
-  for (int64_t column = lane; column < width; column += stride)
-    destination[column] = from_float<T>(normalise<T>(to_float(stream[column]), inv, weight, column, zero_centred));
+  if constexpr (kHeld > 0) {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int64_t column = lane + static_cast<int64_t>(i) * stride;
+      if (column < width) destination[column] = from_float<T>(normalise<T>(values[i], inv, weights[i], zero_centred));
+    }
+  } else {
+    for (int64_t column = lane; column < width; column += stride)
+      destination[column] =
+          from_float<T>(normalise<T>(to_float(stream[column]), inv, to_float(weight[column]), zero_centred));
+  }
 }
 
 template <typename Launch>
@@ -124,11 +184,25 @@ dim3 norm_grid(const NormArgs& args, bool whole_block) {
   return dim3(blocks_for(args.rows, kWarpRowsPerBlock));
 }
 
+// Calls launch(kernel-choosing tag) with the row layout and register-held width for args.width.
+template <typename Launch>
+void dispatch_held(int64_t width, Launch&& launch) {
+  if (width > kWarpRowMaxWidth) {
+    if (width <= kBlockHeld * kBlockThreads)
+      launch(std::true_type{}, std::integral_constant<int, kBlockHeld>{});
+    else
+      launch(std::true_type{}, std::integral_constant<int, 0>{});
+  } else if (width <= kNarrowWarpHeld * 32) {
+    launch(std::false_type{}, std::integral_constant<int, kNarrowWarpHeld>{});
+  } else {
+    launch(std::false_type{}, std::integral_constant<int, kWarpHeld>{});
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
-  const bool whole_block = args.width > kWarpRowMaxWidth;
   return dispatch_norm(args, [&](auto stream_tag, auto act_tag, auto weight_tag) {
     using S = decltype(stream_tag);
     using T = decltype(act_tag);
@@ -136,18 +210,17 @@ cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) {
     const auto* x = static_cast<const S*>(args.x);
     const auto* weight = static_cast<const W*>(args.weight);
     auto* out = static_cast<T*>(args.out);
-    if (whole_block)
-      launch_after_previous(&rms_norm_kernel<S, T, W, true>, norm_grid(args, true), kBlockThreads, 0, stream, x, weight,
-                            out, args.rows, args.width, args.eps, args.zero_centred);
-    else
-      launch_after_previous(&rms_norm_kernel<S, T, W, false>, norm_grid(args, false), kWarpRowsPerBlock * 32, 0, stream,
-                            x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+    dispatch_held(args.width, [&](auto whole_block, auto held) {
+      constexpr bool kWholeBlock = decltype(whole_block)::value;
+      launch_after_previous(&rms_norm_kernel<S, T, W, kWholeBlock, decltype(held)::value>,
+                            norm_grid(args, kWholeBlock), kWholeBlock ? kBlockThreads : kWarpRowsPerBlock * 32, 0,
+                            stream, x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+    });
   });
 }
 
 cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
-  const bool whole_block = args.width > kWarpRowMaxWidth;
   return dispatch_norm(args, [&](auto stream_tag, auto act_tag, auto weight_tag) {
     using S = decltype(stream_tag);
     using T = decltype(act_tag);
@@ -156,12 +229,12 @@ cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream) {
     const auto* delta = static_cast<const S*>(args.delta);
     const auto* weight = static_cast<const W*>(args.weight);
     auto* out = static_cast<T*>(args.out);
-    if (whole_block)
-      launch_after_previous(&add_rms_norm_kernel<S, T, W, true>, norm_grid(args, true), kBlockThreads, 0, stream,
-                            residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
-    else
-      launch_after_previous(&add_rms_norm_kernel<S, T, W, false>, norm_grid(args, false), kWarpRowsPerBlock * 32, 0,
+    dispatch_held(args.width, [&](auto whole_block, auto held) {
+      constexpr bool kWholeBlock = decltype(whole_block)::value;
+      launch_after_previous(&add_rms_norm_kernel<S, T, W, kWholeBlock, decltype(held)::value>,
+                            norm_grid(args, kWholeBlock), kWholeBlock ? kBlockThreads : kWarpRowsPerBlock * 32, 0,
                             stream, residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+    });
   });
 }
 
