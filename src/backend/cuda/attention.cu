@@ -438,15 +438,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Folds the decode partials of each (token, head) in split order; one thread per head dim.
+// Folds the decode partials of each (token, head) in split order; one thread per head dim. The
+// positions are step inputs no kernel writes, so the split count is read before waiting for the
+// split kernel (device_math.cuh).
 template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim)
     attention_combine_kernel(const float* partials, const int32_t* positions, int64_t heads, int64_t max_splits,
                              bf16* out) {
-  follow_previous_grid();
   const int64_t token = blockIdx.x, head = blockIdx.y;
   const int d = threadIdx.x;
   const int64_t splits = positions[token] / kAttentionSplitKeys + 1;
+  follow_previous_grid();
   const float* row = partials + (token * heads + head) * max_splits * (kHeadDim + 2);
   float total_max = -INFINITY, total_sum = 0.0f, total = 0.0f;
   for (int64_t split = 0; split < splits; ++split) {

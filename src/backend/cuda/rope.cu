@@ -14,16 +14,24 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kRopeDecodeMaxTokens = 16;  // at most this many tokens: one head per block
 
+// ⟦cos φ⟧ and ⟦sin φ⟧ of pair i at `position`, as the file comment says.
+template <typename T>
+struct RopeFactors {
+  float c, s;
+  __device__ __forceinline__ RopeFactors(int32_t position, float inv_freq) {
+    float sine, cosine;
+    sincosf(static_cast<float>(position) * inv_freq, &sine, &cosine);
+    c = round_to<T>(cosine);
+    s = round_to<T>(sine);
+  }
+};
+
 // Rotates the pair (i, i + R/2) of one head (R/2 = half_rotary, i = pair) as the file comment says;
 // the rotated values are written to `head` and, when given, to `copy` (the KV-cache row).
 template <typename T>
-__device__ __forceinline__ void rotate_pair(T* head, T* copy, int64_t pair, int64_t half_rotary, int32_t position,
-                                            const float* inv_freq) {
-  const float angle = static_cast<float>(position) * inv_freq[pair];
-  float sine, cosine;
-  sincosf(angle, &sine, &cosine);
-  const float c = round_to<T>(cosine);
-  const float s = round_to<T>(sine);
+__device__ __forceinline__ void rotate_pair(T* head, T* copy, int64_t pair, int64_t half_rotary,
+                                            const RopeFactors<T>& factors) {
+  const float c = factors.c, s = factors.s;
   const float first = to_float(head[pair]);
   const float second = to_float(head[pair + half_rotary]);
   const T rotated_first = from_float<T>(round_to<T>(first * c) - round_to<T>(second * s));
@@ -44,27 +52,37 @@ __global__ void rope_kernel(T* x, int64_t tokens, int64_t heads, int64_t head_di
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < pairs;
        index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t head_row = index / half_rotary;  // token · heads + head
-    rotate_pair<T>(x + head_row * head_dim, static_cast<T*>(nullptr), index % half_rotary, half_rotary,
-                   positions[head_row / heads], inv_freq);
+    const int64_t pair = index % half_rotary;
+    rotate_pair<T>(x + head_row * head_dim, static_cast<T*>(nullptr), pair, half_rotary,
+                   RopeFactors<T>(positions[head_row / heads], inv_freq[pair]));
   }
 }
 
 // A block per token and blockDim.y heads (thread row y takes head blockIdx.y · blockDim.y + y),
 // query heads first: a query head is rotated in place; a key head is rotated in place and into the
 // cache row (slot, position), whose other dims and the head's value row are copied.
+// Positions, slots and inverse frequencies are step inputs that no kernel writes (uploaded before
+// the step), so each thread reads them and computes its first pair's factors before waiting for
+// the previous kernel (device_math.cuh): that latency overlaps the kernel before it.
 template <typename T>
 __global__ void rope_kv_write_kernel(T* q, T* k, const T* v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                      int64_t half_rotary, const int32_t* positions, const int32_t* slots,
                                      const float* inv_freq, int64_t capacity, T* k_cache, T* v_cache) {
-  follow_previous_grid();
   const int64_t token = blockIdx.x;
   const int64_t head = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
-  if (head >= q_heads + kv_heads) return;
-  const int32_t position = positions[token];
+  const bool has_head = head < q_heads + kv_heads;
+  const int32_t position = has_head ? positions[token] : 0;
+  const int64_t first_pair = threadIdx.x;
+  const RopeFactors<T> first_factors(position, has_head && first_pair < half_rotary ? inv_freq[first_pair] : 0.0f);
+  auto factors = [&](int64_t pair) {
+    return pair == first_pair ? first_factors : RopeFactors<T>(position, inv_freq[pair]);
+  };
+  follow_previous_grid();
+  if (!has_head) return;
   if (head < q_heads) {
     T* q_head = q + (token * q_heads + head) * head_dim;
     for (int64_t pair = threadIdx.x; pair < half_rotary; pair += blockDim.x)
-      rotate_pair<T>(q_head, static_cast<T*>(nullptr), pair, half_rotary, position, inv_freq);
+      rotate_pair<T>(q_head, static_cast<T*>(nullptr), pair, half_rotary, factors(pair));
     return;
   }
   const int64_t kv_head = head - q_heads;
@@ -75,7 +93,7 @@ __global__ void rope_kv_write_kernel(T* q, T* k, const T* v, int64_t q_heads, in
   const T* v_head = v + token * row_elements + kv_head * head_dim;
   for (int64_t dim = threadIdx.x; dim < head_dim; dim += blockDim.x) {
     if (dim < half_rotary)
-      rotate_pair<T>(k_head, k_cache + cache_offset, dim, half_rotary, position, inv_freq);
+      rotate_pair<T>(k_head, k_cache + cache_offset, dim, half_rotary, factors(dim));
     else if (dim >= 2 * half_rotary)
       k_cache[cache_offset + dim] = k_head[dim];  // past the rotary dims (the pair's owner wrote the others)
     v_cache[cache_offset + dim] = v_head[dim];
