@@ -78,12 +78,17 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     errors_owner_ = allocator_->allocate(sizeof(cuda::DeviceErrorRecord));
     errors_ = static_cast<cuda::DeviceErrorRecord*>(errors_owner_.get());
     check_cuda(cudaMemsetAsync(errors_, 0, sizeof(cuda::DeviceErrorRecord), stream_), "cudaMemsetAsync");
+    check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host_errors_), sizeof(cuda::DeviceErrorRecord)),
+               "cudaMallocHost (error record)");
+    check_cuda(cudaMallocHost(&staging_, kStagingBytes), "cudaMallocHost (download staging)");
   }
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
+    cudaFreeHost(host_errors_);
+    cudaFreeHost(staging_);
   }
 
   GraphOps* graph_ops() override { return this; }
@@ -132,8 +137,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   void synchronize() override {
     refuse_while_recording("synchronize");
     activate();
-    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    check_device_errors();
+    synchronize_and_check("cudaStreamSynchronize");
   }
 
   // --- memory ---
@@ -165,11 +169,15 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     refuse_while_recording("download");
     activate();
     Tensor host = Tensor::empty(tensor.shape(), tensor.dtype());
+    // Small downloads (a decode step's token ids) go through pinned staging: the copy is then a
+    // plain asynchronous DMA that the one synchronisation below waits for.
+    const bool staged = tensor.nbytes() <= kStagingBytes;
     if (tensor.nbytes())
-      check_cuda(cudaMemcpyAsync(host.raw(), tensor.raw(), tensor.nbytes(), cudaMemcpyDeviceToHost, stream_),
+      check_cuda(cudaMemcpyAsync(staged ? staging_ : host.raw(), tensor.raw(), tensor.nbytes(), cudaMemcpyDeviceToHost,
+                                 stream_),
                  "cudaMemcpyAsync (download)");
-    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
-    check_device_errors();
+    synchronize_and_check("cudaStreamSynchronize (download)");
+    if (staged && tensor.nbytes()) std::memcpy(host.raw(), staging_, tensor.nbytes());
     return host;
   }
 
@@ -765,11 +773,16 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   }
 
   // Reads back what kernels recorded about bad data since the last check (call after a sync).
-  void check_device_errors() {
-    cuda::DeviceErrorRecord record;
-    check_cuda(cudaMemcpy(&record, errors_, sizeof record, cudaMemcpyDeviceToHost), "cudaMemcpy (error record)");
+  // Waits for the stream and fails with the first error a kernel recorded. The record comes back
+  // in the same wait (an asynchronous copy queued behind the work), not in a second round trip.
+  void synchronize_and_check(const char* what) {
+    check_cuda(cudaMemcpyAsync(host_errors_, errors_, sizeof *host_errors_, cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync (error record)");
+    check_cuda(cudaStreamSynchronize(stream_), what);
+    const cuda::DeviceErrorRecord record = *host_errors_;
     if (record.code == cuda::kNoDeviceError) return;
-    check_cuda(cudaMemset(errors_, 0, sizeof record), "cudaMemset (error record)");
+    check_cuda(cudaMemsetAsync(errors_, 0, sizeof record, stream_), "cudaMemsetAsync (error record)");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (error record)");
     if (record.code == cuda::kEmbeddingIdOutOfRange)
       fail("CUDA embedding: token id {} is outside the embedding table's {} rows", record.value, record.limit);
     if (record.code == cuda::kGatherRowOutOfRange)
@@ -944,6 +957,9 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   std::shared_ptr<cuda::DeviceAllocator> allocator_;
   std::shared_ptr<void> errors_owner_;
   cuda::DeviceErrorRecord* errors_ = nullptr;
+  cuda::DeviceErrorRecord* host_errors_ = nullptr;  // pinned
+  static constexpr size_t kStagingBytes = 64 << 10;
+  void* staging_ = nullptr;                          // pinned, kStagingBytes
   bool graph_mode_ = false;  // inside capture(): its real run or its recording
   bool recording_ = false;   // inside capture()'s recording
 };
