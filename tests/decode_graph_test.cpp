@@ -4,6 +4,7 @@
 // CUDA graphs themselves run in tests/cuda/decode_graph_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "engine/decode_graph.h"
+#include "engine/generation.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/loader.h"
@@ -104,6 +106,25 @@ class ReplayingCpuBackend final : public Backend, public GraphOps {
       logprobs.data<float>()[row] = token.logprob;
     }
   }
+
+  void feed_tokens(const Tensor& previous, const Tensor& feed, Tensor& token_ids) override {
+    for (int64_t i = 0; i < feed.numel(); ++i) {
+      const int32_t row = feed.data<int32_t>()[i];
+      if (row < 0) continue;
+      ASSERT_LT(row, previous.numel()) << "feed row " << i;
+      token_ids.data<int32_t>()[i] = previous.data<int32_t>()[row];
+    }
+  }
+  // The CPU has run every op by the time it returns, so the copy is made at once.
+  std::unique_ptr<PendingDownload> download_later(const Tensor& device, Tensor& host) override {
+    struct Done final : PendingDownload {
+      void wait() override {}
+    };
+    EXPECT_EQ(host.nbytes(), device.nbytes());
+    std::memcpy(host.raw(), device.raw(), device.nbytes());
+    return std::make_unique<Done>();
+  }
+  Tensor alloc_pinned(const Shape& shape, DType dtype) override { return Tensor::empty(shape, dtype); }
 
   int captures = 0;
   int replays = 0;
@@ -216,6 +237,116 @@ TEST(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
     EXPECT_EQ(tokens, solo[i]) << "request " << i;
   }
   EXPECT_GT(backend.replays, solo_replays) << "the scheduler's decode steps replayed captured work";
+}
+
+// Steps queued ahead (launch, collect) whose rows take the previous step's tokens on the device
+// (fed_from) give the tokens and logprobs of one step at a time with the tokens from the host —
+// also when the rows change order and the batch shrinks to another bucket between steps.
+TEST(DecodeGraphsWithReplayingBackend, QueuedFedStepsEqualStepsWithHostTokens) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
+  ReplayingCpuBackend backend;
+  auto model = load_model(fixture / "f32", backend, LoadOptions{});
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  const std::vector<int> lengths = {9, 14, 5};
+  auto stepped_cache = model->make_cache(4, 64);
+  auto queued_cache = model->make_cache(4, 64);
+  std::vector<SequenceStep> prefill;
+  for (int32_t slot = 0; slot < 3; ++slot)
+    prefill.push_back({slot, 0, std::vector<int32_t>(prompt.begin(), prompt.begin() + lengths[slot]), false});
+  const Tensor logits = run_step(*model, *stepped_cache, prefill);
+  run_step(*model, *queued_cache, prefill);
+  std::vector<int32_t> first(3);
+  for (int32_t slot = 0; slot < 3; ++slot)
+    first[slot] = argmax({logits.data<float>() + slot * logits.dim(1), static_cast<size_t>(logits.dim(1))});
+
+  // Step k's rows: slots in a rotating order; from step 4 on, slot 1 has finished.
+  constexpr int kSteps = 8;
+  auto slots_of_step = [](int step) {
+    std::vector<int32_t> slots = step < 4 ? std::vector<int32_t>{0, 1, 2} : std::vector<int32_t>{0, 2};
+    std::rotate(slots.begin(), slots.begin() + step % slots.size(), slots.end());
+    return slots;
+  };
+  DecodeGraphs stepped(*model, *stepped_cache);
+  std::vector<int32_t> next = first;  // by slot
+  std::vector<std::vector<SampledToken>> expected;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<DecodeRow> rows;
+    for (int32_t slot : slots_of_step(step)) rows.push_back({slot, lengths[slot] + step, next[slot], nullptr});
+    expected.push_back(stepped.step(rows));
+    for (size_t row = 0; row < rows.size(); ++row) next[rows[row].slot] = expected.back()[row].token;
+  }
+
+  DecodeGraphs queued(*model, *queued_cache);
+  std::vector<std::vector<SampledToken>> actual;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<DecodeRow> rows;
+    const std::vector<int32_t> previous = step > 0 ? slots_of_step(step - 1) : std::vector<int32_t>{};
+    for (int32_t slot : slots_of_step(step)) {
+      const auto found = std::find(previous.begin(), previous.end(), slot);
+      const int32_t fed_from = step > 0 ? static_cast<int32_t>(found - previous.begin()) : -1;
+      rows.push_back({slot, lengths[slot] + step, step > 0 ? -1 : first[slot], nullptr, fed_from});
+    }
+    queued.launch(rows);
+    if (queued.queued() == DecodeGraphs::kMaxQueuedSteps) actual.push_back(queued.collect());
+  }
+  while (queued.queued() > 0) actual.push_back(queued.collect());
+  ASSERT_EQ(actual.size(), expected.size());
+  for (int step = 0; step < kSteps; ++step) {
+    ASSERT_EQ(actual[step].size(), expected[step].size()) << "step " << step;
+    for (size_t row = 0; row < actual[step].size(); ++row) {
+      EXPECT_EQ(actual[step][row].token, expected[step][row].token) << "step " << step << " row " << row;
+      EXPECT_EQ(actual[step][row].logprob, expected[step][row].logprob) << "step " << step << " row " << row;
+    }
+  }
+}
+
+TEST(DecodeGraphsWithReplayingBackend, QueueLimitsAndFeedRowsAreChecked) {
+  KILN_REQUIRE_SHARED(shared);
+  ReplayingCpuBackend backend;
+  auto model = load_model(shared / "fixtures/tiny/llama3-tiny/f32", backend, LoadOptions{});
+  auto cache = model->make_cache(2, 16);
+  DecodeGraphs graphs(*model, *cache);
+  expect_error_mentions([&] { graphs.collect(); }, {"no launched step"});
+  expect_error_mentions([&] { graphs.launch({DecodeRow{0, 0, 1, nullptr, 0}}); },
+                        {"row 0 of the previous step, which had 0 rows"});
+  graphs.launch({DecodeRow{0, 0, 1, nullptr}});
+  graphs.launch({DecodeRow{0, 1, 0, nullptr, 0}});
+  expect_error_mentions([&] { graphs.launch({DecodeRow{0, 2, 0, nullptr, 0}}); }, {"2 steps are queued"});
+  expect_error_mentions([&] { graphs.step({DecodeRow{0, 2, 0, nullptr, 0}}); }, {"still to be collected"});
+  graphs.collect();
+  expect_error_mentions([&] { graphs.launch({DecodeRow{1, 2, 0, nullptr, 1}}); },
+                        {"row 1 of the previous step, which had 1 rows"});
+  graphs.collect();
+}
+
+// generate() on a backend with GraphOps queues each step before reading the previous one's token
+// (and drops the step queued past a stop); it must emit what the CPU's direct loop emits.
+TEST(DecodeGraphsWithReplayingBackend, GenerateEqualsTheDirectLoop) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
+  ReplayingCpuBackend backend;
+  auto replaying = load_model(fixture / "f32", backend, LoadOptions{});
+  TestModel direct = open_cpu_model(fixture / "f32");
+  const std::vector<int32_t> full_prompt = fixture_prompt(fixture);
+  const std::vector<int32_t> prompt(full_prompt.begin(), full_prompt.begin() + 12);
+  GenerationOptions greedy;
+  greedy.max_tokens = 10;
+  greedy.sampling.temperature = 0.0f;
+  GenerationOptions sampled = greedy;
+  sampled.sampling = {0.9f, 40, 0.95f, 0.0f, 42};
+  const GenerationResult reference = generate(*direct.model, prompt, greedy);
+  GenerationOptions stopping = greedy;
+  stopping.stop_ids = {reference.tokens.at(4)};
+  for (const GenerationOptions& options : {greedy, sampled, stopping}) {
+    const int replays = backend.replays;
+    const GenerationResult expected = generate(*direct.model, prompt, options);
+    const GenerationResult actual = generate(*replaying, prompt, options);
+    EXPECT_EQ(actual.tokens, expected.tokens);
+    EXPECT_EQ(actual.finish_reason, expected.finish_reason);
+    EXPECT_GT(backend.replays, replays) << "the decode steps replayed captured work";
+  }
+  EXPECT_LT(generate(*direct.model, prompt, stopping).tokens.size(), 10u) << "the stop id ends generation early";
 }
 
 }  // namespace

@@ -134,6 +134,15 @@ class CapturedWork {
 //          request's host Sampler so that host and device share one random stream.
 constexpr int64_t kSamplingSettingsWords = 6;
 
+// A device-to-host copy queued on the backend's stream (GraphOps::download_later).
+class PendingDownload {
+ public:
+  virtual ~PendingDownload() = default;
+  // Waits for the copy (and the work queued before it); fails, as Backend::download does, when a
+  // kernel recorded an error.
+  virtual void wait() = 0;
+};
+
 // The ops a backend needs to run decode steps as captured graphs and sample on the device.
 class GraphOps {
  public:
@@ -159,6 +168,18 @@ class GraphOps {
   // logit) are [rows]. `sorting` false promises every row is greedy (no sort is queued).
   virtual void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
                              Tensor& logprobs) = 0;
+  // token_ids[i] ← previous[feed[i]] for every i with feed[i] ≥ 0; the other rows keep their
+  // token (all I32 on the device; the caller keeps feed[i] below previous's size). A decode step
+  // takes the token the step before it sampled this way, without the host reading it first.
+  virtual void feed_tokens(const Tensor& previous, const Tensor& feed, Tensor& token_ids) = 0;
+  // Queues a copy of a device tensor into `host` (from alloc_pinned, the same dtype and size) and
+  // returns at once; `host` holds the copy after the returned download's wait(). At most
+  // kMaxPendingDownloads may be pending at a time.
+  static constexpr int kMaxPendingDownloads = 4;
+  virtual std::unique_ptr<PendingDownload> download_later(const Tensor& device, Tensor& host) = 0;
+  // A host (CPU) tensor in page-locked memory: upload_into copies from it without staging, so the
+  // copy is asynchronous and the caller must not rewrite it until the work queued after has run.
+  virtual Tensor alloc_pinned(const Shape& shape, DType dtype) = 0;
 };
 
 // For ops over per-sequence recurrent state (the hybrid ops): every span lies inside the batch's

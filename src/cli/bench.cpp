@@ -103,12 +103,16 @@ RegisterCommand register_bench([](CLI::App& app) {
       for (int32_t slot = 0; slot < batch; ++slot)
         prefill.push_back({slot, 0, random_tokens(context, config.vocab_size, random), false});
       run_step(model, *cache, prefill);
-      auto decode_step = [&](int64_t position) {
+      // Graph steps run as generate() runs them: each queued before the previous step's tokens
+      // are read, taking those tokens on the device (engine/decode_graph.h).
+      auto decode_step = [&](int64_t position, bool fed) {
         if (decode_graphs) {
           std::vector<DecodeRow> rows;
           for (int32_t slot = 0; slot < batch; ++slot)
-            rows.push_back({slot, static_cast<int32_t>(position), random_tokens(1, config.vocab_size, random)[0], nullptr});
-          decode_graphs->step(rows);
+            rows.push_back({slot, static_cast<int32_t>(position), random_tokens(1, config.vocab_size, random)[0],
+                            nullptr, fed ? slot : -1});
+          decode_graphs->launch(rows);
+          if (decode_graphs->queued() == DecodeGraphs::kMaxQueuedSteps || !fed) decode_graphs->collect();
           return;
         }
         std::vector<SequenceStep> step;
@@ -116,10 +120,11 @@ RegisterCommand register_bench([](CLI::App& app) {
           step.push_back({slot, static_cast<int32_t>(position), random_tokens(1, config.vocab_size, random), false});
         run_step(model, *cache, step);
       };
-      decode_step(context);  // warm-up
+      decode_step(context, false);  // warm-up
       backend.synchronize();
       const auto start = std::chrono::steady_clock::now();
-      for (int64_t i = 1; i <= options->decode_tokens; ++i) decode_step(context + i);
+      for (int64_t i = 1; i <= options->decode_tokens; ++i) decode_step(context + i, true);
+      while (decode_graphs && decode_graphs->queued() > 0) decode_graphs->collect();
       backend.synchronize();
       const double seconds = seconds_since(start);
       const double steps_per_second = options->decode_tokens / seconds;

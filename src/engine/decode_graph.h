@@ -9,6 +9,12 @@
 // from device memory (the layout's device tensors), so a replay gives the same bits as running
 // the step directly (tests/cuda/decode_graph_test.cpp).
 //
+// Steps can be queued ahead (launch, then collect): a row may take its token from a row of the
+// step launched just before (DecodeRow::fed_from), which the graph copies on the device, so the
+// next step is queued before the host has read the previous one's tokens and the device does not
+// wait for the host between steps. Every step's token ids and logprobs go to one device buffer
+// that the next step's feed reads; each step's copy back to the host is queued right behind it.
+//
 // Buckets are 1, 2, 4, 8 and then multiples of 8, not exact sizes: each captured size keeps its
 // own scratch, including the sort buffers of sampling (rows × vocab × 24 bytes), so exact sizes
 // up to a server's max batch of 64 would hold 64 graphs whose sort buffers alone sum to
@@ -23,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -45,7 +52,10 @@ struct DecodeRow {
   int32_t slot = 0;
   int32_t position = 0;  // position of `token` in its sequence
   int32_t token = 0;
-  Sampler* sampler = nullptr;  // the row's request sampler (null: greedy); a non-greedy one gives one draw
+  Sampler* sampler = nullptr;  // the row's request sampler (null: greedy); a non-greedy one gives one draw,
+                               // at launch
+  int32_t fed_from = -1;       // ≥ 0: the token is the one row `fed_from` of the previous launched step
+                               // samples (`token` is then ignored)
 };
 
 class DecodeGraphs {
@@ -60,11 +70,21 @@ class DecodeGraphs {
   static bool supported(const Model& model);
 
   // Runs one decode step over `rows` (distinct slots, at least one) and returns each row's token
-  // and its log-probability, in order.
+  // and its log-probability, in order. No launched step may be waiting to be collected.
   std::vector<SampledToken> step(const std::vector<DecodeRow>& rows);
 
+  // Queues one decode step over `rows` and returns at once; collect() returns its tokens. At most
+  // kMaxQueuedSteps steps are queued and not yet collected.
+  static constexpr int kMaxQueuedSteps = 2;
+  void launch(const std::vector<DecodeRow>& rows);
+  // Waits for the oldest queued step and returns its rows' tokens and log-probabilities, in order.
+  std::vector<SampledToken> collect();
+  // Steps launched and not yet collected.
+  int queued() const { return static_cast<int>(queued_.size()); }
+
   // The last step's logits on the device, [bucket, vocab]: row i belongs to rows[i] of that step
-  // (rows past its row count are padding). Valid until the next step.
+  // (rows past its row count are padding). Valid after that step is collected, until the next
+  // launch.
   const Tensor& last_logits() const;
 
   // How many graphs exist (one per bucket and greedy/sampling kind used so far).
@@ -74,10 +94,26 @@ class DecodeGraphs {
   struct Graph;
   Graph& graph_for(int64_t bucket, bool sorting);
 
+  struct Queued {
+    int64_t rows = 0;
+    int buffer = 0;  // which of host_outputs_ receives its tokens
+    std::unique_ptr<PendingDownload> download;
+  };
+
   Model& model_;
   ModelCache& cache_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> graphs_;
   const Graph* last_ = nullptr;
+  // [2, cache slots] I32 on the device: every step's token ids, then its logprobs' bits; the next
+  // step's feed reads the ids.
+  Tensor outputs_;
+  // Page-locked host buffers, two of each so that one can be filled while the other is in use:
+  // the packed inputs of a step (kRowWords × cache slots) and the copy of outputs_.
+  Tensor host_inputs_[kMaxQueuedSteps];
+  Tensor host_outputs_[kMaxQueuedSteps];
+  int64_t launches_ = 0;
+  int64_t previous_rows_ = 0;  // rows of the last launched step (0 before any)
+  std::deque<Queued> queued_;
 };
 
 }  // namespace kiln

@@ -81,27 +81,41 @@ GenerationResult generate(Model& model, const std::vector<int32_t>& prompt, cons
   start = Clock::now();
   result.finish_reason = "length";
   int64_t position = prompt_length;
-  // The first token comes from the prefill's logits on the host; decode steps run as captured
-  // graphs that sample on the device where the backend can (the same random stream either way).
-  std::unique_ptr<DecodeGraphs> graphs;
-  if (DecodeGraphs::supported(model)) graphs = std::make_unique<DecodeGraphs>(model, *cache);
-  SampledToken next = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
-  while (static_cast<int64_t>(result.tokens.size()) < budget) {
-    result.tokens.push_back(next.token);
-    const bool keep_going = on_token ? on_token(next) : true;
-    const bool stop_id = std::find(options.stop_ids.begin(), options.stop_ids.end(), next.token) != options.stop_ids.end();
+  // Takes one generated token; false when generation ends with it.
+  auto accept = [&](const SampledToken& token) {
+    result.tokens.push_back(token.token);
+    const bool keep_going = on_token ? on_token(token) : true;
+    const bool stop_id =
+        std::find(options.stop_ids.begin(), options.stop_ids.end(), token.token) != options.stop_ids.end();
     if (stop_id || !keep_going) {
       result.finish_reason = "stop";
-      break;
+      return false;
     }
-    if (static_cast<int64_t>(result.tokens.size()) == budget) break;
-    if (graphs) {
-      next = graphs->step({DecodeRow{0, static_cast<int32_t>(position), next.token, &sampler}}).front();
+    return static_cast<int64_t>(result.tokens.size()) < budget;
+  };
+  // The first token comes from the prefill's logits on the host; decode steps run as captured
+  // graphs that sample on the device where the backend can (the same random stream either way).
+  SampledToken first = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
+  if (budget > 0 && accept(first)) {
+    if (DecodeGraphs::supported(model)) {
+      // Each step is queued before the previous step's token is read: it takes that token on the
+      // device (DecodeRow::fed_from), so the device never waits for the host between steps. The
+      // step queued past a stop is collected and dropped (it wrote one cache row past the end).
+      DecodeGraphs graphs(model, *cache);
+      graphs.launch({DecodeRow{0, static_cast<int32_t>(position++), first.token, &sampler}});
+      for (;;) {
+        if (static_cast<int64_t>(result.tokens.size()) + graphs.queued() < budget)
+          graphs.launch({DecodeRow{0, static_cast<int32_t>(position++), 0, &sampler, 0}});
+        if (!accept(graphs.collect().front())) break;
+      }
+      while (graphs.queued() > 0) graphs.collect();
     } else {
-      logits = run_step(model, *cache, {SequenceStep{0, static_cast<int32_t>(position), {next.token}, false}});
-      next = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
+      SampledToken next = first;
+      do {
+        logits = run_step(model, *cache, {SequenceStep{0, static_cast<int32_t>(position++), {next.token}, false}});
+        next = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
+      } while (accept(next));
     }
-    ++position;
   }
   result.decode_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;

@@ -1,7 +1,8 @@
 // Decode steps as captured CUDA graphs (engine/decode_graph.h) and token choice on the device
 // (GraphOps::sample_tokens): a replayed step gives the bits of the same step run directly, the
-// device sampler picks the host Sampler's tokens, and generate() on the graph path emits the
-// tokens of a direct decode loop with the host sampler.
+// device sampler picks the host Sampler's tokens, a step takes the previous step's tokens on the
+// device (feed_tokens), and generate() on the graph path — each step queued before the previous
+// one's token is read — emits the tokens of a direct decode loop with the host sampler.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -178,6 +179,35 @@ TEST(DeviceSamplerErrors, ASamplingRowWithoutSortingIsReported) {
   backend->graph_ops()->sample_tokens(backend->upload(random_logits(1, 100, random)), backend->upload(settings),
                                       false, tokens, logprobs);
   EXPECT_THROW(backend->download(tokens), Error);
+}
+
+Tensor int_tensor(const std::vector<int32_t>& values) {
+  Tensor host = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);
+  std::copy(values.begin(), values.end(), host.data<int32_t>());
+  return host;
+}
+
+// feed_tokens takes the rows a feed names from the previous tokens and keeps the others; a feed
+// index past the previous tokens is reported at the next wait; download_later's copy lands in
+// page-locked memory by the time wait() returns.
+TEST(DeviceFeed, FedRowsTakeThePreviousTokens) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::BF16);
+  GraphOps& ops = *backend->graph_ops();
+  const Tensor previous = backend->upload(int_tensor({7, 8, 9}));
+  Tensor tokens = backend->upload(int_tensor({1, 2, 3, 4}));
+  ops.feed_tokens(previous, backend->upload(int_tensor({2, -1, 0, -1})), tokens);
+  Tensor pinned = ops.alloc_pinned({4}, DType::I32);
+  ops.download_later(tokens, pinned)->wait();
+  const int32_t* fed = pinned.data<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(fed, fed + 4), (std::vector<int32_t>{9, 2, 7, 4}));
+
+  Tensor one = backend->upload(int_tensor({5}));
+  ops.feed_tokens(previous, backend->upload(int_tensor({3})), one);
+  Tensor one_back = ops.alloc_pinned({1}, DType::I32);
+  expect_error_mentions([&] { ops.download_later(one, one_back)->wait(); },
+                        {"feed_tokens", "feed index 3 is past the previous step's 3 tokens"});
+  EXPECT_EQ(backend->download(one).data<int32_t>()[0], 5) << "the error was cleared and the row kept its token";
 }
 
 // generate() decodes through captured graphs on CUDA, sampling on the device; a direct loop with

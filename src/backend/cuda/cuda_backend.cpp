@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -78,8 +79,12 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     errors_owner_ = allocator_->allocate(sizeof(cuda::DeviceErrorRecord));
     errors_ = static_cast<cuda::DeviceErrorRecord*>(errors_owner_.get());
     check_cuda(cudaMemsetAsync(errors_, 0, sizeof(cuda::DeviceErrorRecord), stream_), "cudaMemsetAsync");
-    check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host_errors_), sizeof(cuda::DeviceErrorRecord)),
-               "cudaMallocHost (error record)");
+    // One record for synchronize_and_check, then one per pending download.
+    check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host_errors_),
+                              (1 + kMaxPendingDownloads) * sizeof(cuda::DeviceErrorRecord)),
+               "cudaMallocHost (error records)");
+    for (cudaEvent_t& event : download_events_)
+      check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate (download_later)");
     check_cuda(cudaMallocHost(&staging_, kStagingBytes), "cudaMallocHost (download staging)");
   }
 
@@ -89,6 +94,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     cudaStreamDestroy(stream_);
     cudaFreeHost(host_errors_);
     cudaFreeHost(staging_);
+    for (cudaEvent_t event : download_events_) cudaEventDestroy(event);
   }
 
   GraphOps* graph_ops() override { return this; }
@@ -322,6 +328,56 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     }
     activate();
     launched(cuda::launch_sample_tokens(args, stream_), "sample_tokens");
+  }
+
+  void feed_tokens(const Tensor& previous, const Tensor& feed, Tensor& token_ids) override {
+    constexpr const char* op = "feed_tokens";
+    require_device(previous, op, "previous");
+    require_device(feed, op, "feed");
+    require_device(token_ids, op, "token_ids");
+    require_dtype(previous, DType::I32, op, "previous");
+    require_dtype(feed, DType::I32, op, "feed");
+    require_dtype(token_ids, DType::I32, op, "token_ids");
+    if (feed.numel() != token_ids.numel())
+      fail("CUDA feed_tokens: feed {} and token_ids {} must have one entry per row", shape_string(feed.shape()),
+           shape_string(token_ids.shape()));
+    activate();
+    launched(cuda::launch_feed_tokens(previous.data<int32_t>(), previous.numel(), feed.data<int32_t>(), feed.numel(),
+                                      token_ids.data<int32_t>(), errors_, stream_),
+             op);
+  }
+
+  std::unique_ptr<PendingDownload> download_later(const Tensor& device, Tensor& host) override {
+    require_device(device, "download_later", "device");
+    refuse_while_recording("download_later");
+    if (host.device() != Device::CPU || host.dtype() != device.dtype() || host.numel() != device.numel())
+      fail("CUDA download_later: host {} {} does not match device {} {}", dtype_name(host.dtype()),
+           shape_string(host.shape()), dtype_name(device.dtype()), shape_string(device.shape()));
+    const auto free_slot = std::find(download_slot_busy_.begin(), download_slot_busy_.end(), false);
+    if (free_slot == download_slot_busy_.end())
+      fail("CUDA download_later: {} downloads are already pending (wait for one first)", kMaxPendingDownloads);
+    const auto slot = static_cast<int>(free_slot - download_slot_busy_.begin());
+    activate();
+    if (device.nbytes())
+      check_cuda(cudaMemcpyAsync(host.raw(), device.raw(), device.nbytes(), cudaMemcpyDeviceToHost, stream_),
+                 "cudaMemcpyAsync (download_later)");
+    check_cuda(cudaMemcpyAsync(host_errors_ + 1 + slot, errors_, sizeof(cuda::DeviceErrorRecord),
+                               cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync (error record)");
+    check_cuda(cudaEventRecord(download_events_[slot], stream_), "cudaEventRecord (download_later)");
+    download_slot_busy_[slot] = true;
+    return std::make_unique<CudaPendingDownload>(*this, slot);
+  }
+
+  Tensor alloc_pinned(const Shape& shape, DType dtype) override {
+    for (int64_t extent : shape)
+      if (extent < 0) fail("CUDA alloc_pinned: shape {} has a negative extent", shape_string(shape));
+    activate();
+    const size_t bytes = std::max<size_t>(1, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+    void* data = nullptr;
+    check_cuda(cudaMallocHost(&data, bytes), "cudaMallocHost");
+    std::shared_ptr<const void> owner(data, [](const void* block) { cudaFreeHost(const_cast<void*>(block)); });
+    return Tensor::borrow(data, shape, dtype, std::move(owner), Device::CPU);
   }
 
   // --- ops ---
@@ -779,7 +835,33 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     check_cuda(cudaMemcpyAsync(host_errors_, errors_, sizeof *host_errors_, cudaMemcpyDeviceToHost, stream_),
                "cudaMemcpyAsync (error record)");
     check_cuda(cudaStreamSynchronize(stream_), what);
-    const cuda::DeviceErrorRecord record = *host_errors_;
+    fail_on_device_error(*host_errors_);
+  }
+
+  class CudaPendingDownload final : public PendingDownload {
+   public:
+    CudaPendingDownload(CudaBackend& backend, int slot) : backend_(backend), slot_(slot) {}
+    ~CudaPendingDownload() override {
+      if (!waited_) cudaEventSynchronize(backend_.download_events_[slot_]);
+      backend_.download_slot_busy_[slot_] = false;
+    }
+    CudaPendingDownload(const CudaPendingDownload&) = delete;
+    CudaPendingDownload& operator=(const CudaPendingDownload&) = delete;
+    void wait() override {
+      if (waited_) return;
+      check_cuda(cudaEventSynchronize(backend_.download_events_[slot_]), "cudaEventSynchronize (download_later)");
+      waited_ = true;
+      backend_.fail_on_device_error(backend_.host_errors_[1 + slot_]);
+    }
+
+   private:
+    CudaBackend& backend_;
+    int slot_;
+    bool waited_ = false;
+  };
+
+  // Fails with a recorded kernel error (after clearing the device's record for later work).
+  void fail_on_device_error(const cuda::DeviceErrorRecord record) {
     if (record.code == cuda::kNoDeviceError) return;
     check_cuda(cudaMemsetAsync(errors_, 0, sizeof record, stream_), "cudaMemsetAsync (error record)");
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (error record)");
@@ -787,6 +869,8 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
       fail("CUDA embedding: token id {} is outside the embedding table's {} rows", record.value, record.limit);
     if (record.code == cuda::kGatherRowOutOfRange)
       fail("CUDA gather_rows: row index {} is outside x's {} rows", record.value, record.limit);
+    if (record.code == cuda::kFeedRowOutOfRange)
+      fail("CUDA feed_tokens: feed index {} is past the previous step's {} tokens", record.value, record.limit);
     if (record.code == cuda::kSamplingRowNotSorted)
       fail("CUDA sample_tokens: row {} has a temperature but the call was made without sorting", record.value);
     fail("CUDA kernel reported error code {}", record.code);
@@ -957,7 +1041,9 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   std::shared_ptr<cuda::DeviceAllocator> allocator_;
   std::shared_ptr<void> errors_owner_;
   cuda::DeviceErrorRecord* errors_ = nullptr;
-  cuda::DeviceErrorRecord* host_errors_ = nullptr;  // pinned
+  cuda::DeviceErrorRecord* host_errors_ = nullptr;  // pinned: 1 + kMaxPendingDownloads records
+  std::array<cudaEvent_t, kMaxPendingDownloads> download_events_{};
+  std::array<bool, kMaxPendingDownloads> download_slot_busy_{};
   static constexpr size_t kStagingBytes = 64 << 10;
   void* staging_ = nullptr;                          // pinned, kStagingBytes
   bool graph_mode_ = false;  // inside capture(): its real run or its recording

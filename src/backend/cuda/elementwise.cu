@@ -50,6 +50,21 @@ __global__ void gather_rows_kernel(const Word* x, int64_t x_rows, int64_t row_wo
     out[index * row_words + word] = x[row * row_words + word];
 }
 
+__global__ void feed_tokens_kernel(const int32_t* previous, int64_t previous_count, const int32_t* feed,
+                                   int64_t count, int32_t* tokens, DeviceErrorRecord* errors) {
+  follow_previous_grid();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t row = feed[i];
+    if (row < 0) continue;
+    if (row >= previous_count) {
+      record_error(errors, kFeedRowOutOfRange, row, static_cast<int32_t>(previous_count));
+      continue;
+    }
+    tokens[i] = previous[row];
+  }
+}
+
 template <typename T>
 __global__ void add_kernel(T* a, const T* b, int64_t count) {
   follow_previous_grid();
@@ -126,6 +141,14 @@ cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table
     });
   });
   return dispatched ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t launch_feed_tokens(const int32_t* previous, int64_t previous_count, const int32_t* feed, int64_t count,
+                               int32_t* tokens, DeviceErrorRecord* errors, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  launch_after_previous(&feed_tokens_kernel, blocks_for(count, kThreads), kThreads, 0, stream, previous,
+                        previous_count, feed, count, tokens, errors);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_gather_rows(const void* x, int64_t x_rows, int64_t row_bytes, const int32_t* rows,

@@ -25,6 +25,7 @@ enum DeviceErrorCode : int32_t {
   kEmbeddingIdOutOfRange = 1,
   kGatherRowOutOfRange = 2,
   kSamplingRowNotSorted = 3,  // a row asked for sampling in a call made without sorting (value: the row)
+  kFeedRowOutOfRange = 4,     // feed_tokens: a feed index past the previous tokens
 };
 
 // out[t, :] = table[ids[t], :], converted to out_dtype.
@@ -35,6 +36,10 @@ cudaError_t launch_embedding(const void* table, DType table_dtype, int64_t table
 // out[r, :] = x[rows[r], :] for row_bytes-wide rows.
 cudaError_t launch_gather_rows(const void* x, int64_t x_rows, int64_t row_bytes, const int32_t* rows,
                                int64_t count, void* out, DeviceErrorRecord* errors, cudaStream_t stream);
+
+// tokens[i] = previous[feed[i]] where feed[i] ≥ 0 (GraphOps::feed_tokens).
+cudaError_t launch_feed_tokens(const int32_t* previous, int64_t previous_count, const int32_t* feed, int64_t count,
+                               int32_t* tokens, DeviceErrorRecord* errors, cudaStream_t stream);
 
 // a += b elementwise (both `dtype`), rounded once to dtype.
 cudaError_t launch_add(void* a, const void* b, int64_t count, DType dtype, cudaStream_t stream);
