@@ -71,39 +71,15 @@ __device__ __forceinline__ float row_total(float partial) {
   return total;
 }
 
-// One row per warp (kWholeBlock false) or per block (true). With kHeld > 0 the row's width is at
-// most kHeld × the threads per row, and each thread keeps its elements in registers between the
-// sum of squares and the normalisation; otherwise it reads them again (same arithmetic).
-template <typename S, typename T, typename W, bool kWholeBlock, int kHeld>
-__global__ void rms_norm_kernel(const S* x, const W* weight, T* out, int64_t rows, int64_t width, float eps,
-                                bool zero_centred) {
-  const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
-  const int stride = kWholeBlock ? kBlockThreads : 32;
-  float weights[kHeld > 0 ? kHeld : 1];
-  load_weights<kHeld>(weights, weight, width, lane, stride);
-  follow_previous_grid();  // launched after the previous kernel (device_math.cuh)
-  const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
-  if (!kWholeBlock && row >= rows) return;
-  const S* source = x + row * width;
-  T* destination = out + row * width;
-  float values[kHeld > 0 ? kHeld : 1];
-  float partial = 0.0f;
-  if constexpr (kHeld > 0) {
-#pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
-      const int64_t column = lane + static_cast<int64_t>(i) * stride;
-      values[i] = column < width ? to_float(source[column]) : 0.0f;
-      if (column < width) partial = fmaf(values[i], values[i], partial);
-    }
-  } else {
-    for (int64_t column = lane; column < width; column += stride) {
-      const float value = to_float(source[column]);
-      partial = fmaf(value, value, partial);
-    }
-  }
+// Reduces the row's sum of squares and writes ⟦normalise(x_i)⟧ for the thread's elements: the
+// values and weights it holds (kHeld > 0, unrolled so they stay in registers), or the row read
+// again through `source` and `weight`.
+template <bool kWholeBlock, int kHeld, typename S, typename T, typename W>
+__device__ __forceinline__ void normalise_row(float partial, const float* values, const float* weights,
+                                              const S* source, const W* weight, T* destination, int64_t width,
+                                              float eps, bool zero_centred, int lane, int stride) {
   const float total = row_total<kWholeBlock>(partial);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
-  // Each thread rewrites only the elements it read, so out may alias x.
   if constexpr (kHeld > 0) {
 #pragma unroll
     for (int i = 0; i < kHeld; ++i) {
@@ -117,9 +93,15 @@ __global__ void rms_norm_kernel(const S* x, const W* weight, T* out, int64_t row
   }
 }
 
-template <typename S, typename T, typename W, bool kWholeBlock, int kHeld>
-__global__ void add_rms_norm_kernel(S* residual, const S* delta, const W* weight, T* out, int64_t rows,
-                                    int64_t width, float eps, bool zero_centred) {
+// One row per warp (kWholeBlock false) or per block (true). kAdd: the row is first updated to
+// ⟦x + delta⟧ₛ in place (the residual stream) and the norm reads the stored sum; otherwise x is
+// only read. With kHeld > 0 the row's width is at most kHeld × the threads per row, and each
+// thread keeps its elements in registers between the sum of squares and the normalisation;
+// otherwise it reads them again (same arithmetic). Each thread rewrites only the elements it read,
+// so out may alias x.
+template <typename S, typename T, typename W, bool kWholeBlock, int kHeld, bool kAdd>
+__global__ void norm_kernel(S* x, const S* delta, const W* weight, T* out, int64_t rows, int64_t width, float eps,
+                            bool zero_centred) {
   const int lane = kWholeBlock ? threadIdx.x : threadIdx.x % 32;
   const int stride = kWholeBlock ? kBlockThreads : 32;
   float weights[kHeld > 0 ? kHeld : 1];
@@ -127,9 +109,17 @@ __global__ void add_rms_norm_kernel(S* residual, const S* delta, const W* weight
   follow_previous_grid();  // launched after the previous kernel (device_math.cuh)
   const int64_t row = kWholeBlock ? blockIdx.x : blockIdx.x * static_cast<int64_t>(kWarpRowsPerBlock) + threadIdx.x / 32;
   if (!kWholeBlock && row >= rows) return;
-  S* stream = residual + row * width;
-  const S* added = delta + row * width;
+  S* source = x + row * width;
   T* destination = out + row * width;
+  auto element = [&](int64_t column) {
+    if constexpr (kAdd) {
+      const S sum = from_float<S>(to_float(source[column]) + to_float(delta[row * width + column]));
+      source[column] = sum;
+      return to_float(sum);
+    } else {
+      return to_float(source[column]);
+    }
+  };
   float values[kHeld > 0 ? kHeld : 1];
   float partial = 0.0f;
   if constexpr (kHeld > 0) {
@@ -137,32 +127,17 @@ __global__ void add_rms_norm_kernel(S* residual, const S* delta, const W* weight
     for (int i = 0; i < kHeld; ++i) {
       const int64_t column = lane + static_cast<int64_t>(i) * stride;
       if (column >= width) continue;
-      const S sum = from_float<S>(to_float(stream[column]) + to_float(added[column]));
-      stream[column] = sum;
-      values[i] = to_float(sum);
+      values[i] = element(column);
       partial = fmaf(values[i], values[i], partial);
     }
   } else {
     for (int64_t column = lane; column < width; column += stride) {
-      const S sum = from_float<S>(to_float(stream[column]) + to_float(added[column]));
-      stream[column] = sum;
-      const float value = to_float(sum);
+      const float value = element(column);
       partial = fmaf(value, value, partial);
     }
   }
-  const float total = row_total<kWholeBlock>(partial);
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
-  if constexpr (kHeld > 0) {
-#pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
-      const int64_t column = lane + static_cast<int64_t>(i) * stride;
-      if (column < width) destination[column] = from_float<T>(normalise<T>(values[i], inv, weights[i], zero_centred));
-    }
-  } else {
-    for (int64_t column = lane; column < width; column += stride)
-      destination[column] =
-          from_float<T>(normalise<T>(to_float(stream[column]), inv, to_float(weight[column]), zero_centred));
-  }
+  normalise_row<kWholeBlock, kHeld>(partial, values, weights, static_cast<const S*>(source), weight, destination,
+                                    width, eps, zero_centred, lane, stride);
 }
 
 template <typename Launch>
@@ -212,9 +187,11 @@ cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) {
     auto* out = static_cast<T*>(args.out);
     dispatch_held(args.width, [&](auto whole_block, auto held) {
       constexpr bool kWholeBlock = decltype(whole_block)::value;
-      launch_after_previous(&rms_norm_kernel<S, T, W, kWholeBlock, decltype(held)::value>,
+      // The plain norm never writes x (kAdd false).
+      launch_after_previous(&norm_kernel<S, T, W, kWholeBlock, decltype(held)::value, false>,
                             norm_grid(args, kWholeBlock), kWholeBlock ? kBlockThreads : kWarpRowsPerBlock * 32, 0,
-                            stream, x, weight, out, args.rows, args.width, args.eps, args.zero_centred);
+                            stream, const_cast<S*>(x), static_cast<const S*>(nullptr), weight, out, args.rows,
+                            args.width, args.eps, args.zero_centred);
     });
   });
 }
@@ -231,7 +208,7 @@ cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream) {
     auto* out = static_cast<T*>(args.out);
     dispatch_held(args.width, [&](auto whole_block, auto held) {
       constexpr bool kWholeBlock = decltype(whole_block)::value;
-      launch_after_previous(&add_rms_norm_kernel<S, T, W, kWholeBlock, decltype(held)::value>,
+      launch_after_previous(&norm_kernel<S, T, W, kWholeBlock, decltype(held)::value, true>,
                             norm_grid(args, kWholeBlock), kWholeBlock ? kBlockThreads : kWarpRowsPerBlock * 32, 0,
                             stream, residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
     });
