@@ -111,6 +111,7 @@ class ReplayingCpuBackend final : public Backend, public GraphOps {
     for (int64_t i = 0; i < feed.numel(); ++i) {
       const int32_t row = feed.data<int32_t>()[i];
       if (row < 0) continue;
+      ++fed_rows;
       ASSERT_LT(row, previous.numel()) << "feed row " << i;
       token_ids.data<int32_t>()[i] = previous.data<int32_t>()[row];
     }
@@ -128,6 +129,7 @@ class ReplayingCpuBackend final : public Backend, public GraphOps {
 
   int captures = 0;
   int replays = 0;
+  int fed_rows = 0;  // rows that took the previous step's token on the "device"
 
  private:
   std::unique_ptr<Backend> cpu_ = make_cpu_backend();
@@ -347,6 +349,47 @@ TEST(DecodeGraphsWithReplayingBackend, GenerateEqualsTheDirectLoop) {
     EXPECT_GT(backend.replays, replays) << "the decode steps replayed captured work";
   }
   EXPECT_LT(generate(*direct.model, prompt, stopping).tokens.size(), 10u) << "the stop id ends generation early";
+}
+
+// Requests that decode together without top logprobs: the scheduler queues each decode step
+// before reading the previous one's tokens (fed on the device), drops the rows of a request that
+// stopped meanwhile, and every request still equals its solo run.
+TEST(DecodeGraphsWithReplayingBackend, SchedulerQueuedStepsEqualSoloRuns) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
+  ReplayingCpuBackend backend;
+  auto model = load_model(fixture / "f32", backend, LoadOptions{});
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest request;
+    request.prompt.assign(prompt.begin() + 5 * i, prompt.begin() + 5 * i + 12 + 9 * i);
+    request.max_tokens = 9 + 4 * i;
+    request.sampling = {i == 1 ? 0.8f : 0.0f, 40, 1.0f, 0.0f, static_cast<uint64_t>(7 + i)};
+    requests.push_back(request);
+  }
+  std::vector<std::vector<int32_t>> solo = solo_tokens(*model, requests);
+  requests[2].stop_ids = {solo[2].at(5)};
+  solo = solo_tokens(*model, requests);
+  ASSERT_LT(solo[2].size(), static_cast<size_t>(requests[2].max_tokens)) << "request 2 stops early";
+  SchedulerOptions options;
+  options.max_batch = 3;
+  options.context_tokens = 128;
+  options.prefill_chunk = 64;
+  Scheduler scheduler(*model, options);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::vector<int32_t> tokens;
+    for (;;) {
+      auto event = streams[i]->next(std::chrono::seconds(60));
+      ASSERT_TRUE(event.has_value()) << "request " << i << ": no event within 60 s";
+      if (event->token >= 0) tokens.push_back(event->token);
+      if (event->finished) break;
+    }
+    EXPECT_EQ(tokens, solo[i]) << "request " << i;
+  }
+  EXPECT_GT(backend.fed_rows, 0) << "decode steps took their tokens from the step before them";
 }
 
 }  // namespace

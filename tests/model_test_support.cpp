@@ -85,6 +85,7 @@ std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<Ge
     GenerationOptions options;
     options.max_tokens = request.max_tokens;
     options.sampling = request.sampling;
+    options.stop_ids = request.stop_ids;
     solo.push_back(generate(model, request.prompt, options).tokens);
   }
   return solo;

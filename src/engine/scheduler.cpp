@@ -32,6 +32,7 @@ struct Scheduler::Active {
   int64_t prefilled = 0;  // prompt tokens already in the cache
   int32_t next_input = -1;  // the last sampled token, fed at the next decode step
   int64_t generated = 0;
+  uint64_t id = 0;  // unique among the scheduler's requests: names its rows in a step in flight
 };
 
 namespace {
@@ -136,6 +137,7 @@ void Scheduler::run() {
                                                       Sampler(SamplingParams{}), free_slots_.back()});
         active->sampler = Sampler(active->request.sampling);
         free_slots_.pop_back();
+        active->id = ++admitted_;
         cache_->reset_slot(active->slot);
         running.push_back(std::move(active));
       }
@@ -165,6 +167,119 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     stats_.running = 0;
     stats_.cache_tokens_used = 0;
   };
+  // A step that fails ends every running request with the error; the server keeps serving.
+  auto fail_running = [&](const std::exception& error) {
+    while (decode_graphs_ && decode_graphs_->queued() > 0) {
+      try {
+        decode_graphs_->collect();
+      } catch (const std::exception&) {
+        // the step's own error is the one reported
+      }
+    }
+    in_flight_.clear();
+    for (auto& active : running) finish(*active, {-1, 0, {}, true, "error", error.what()});
+    running.clear();
+    publish_idle();
+  };
+  // Takes a sampled token into its request (row: its logits, for top logprobs); false when the
+  // request ends with it.
+  auto accept = [&](Active& active, const SampledToken& token, std::span<const float> row) {
+    ++active.generated;
+    active.next_input = token.token;
+    TokenEvent event{token.token, token.logprob, {}, false, "", ""};
+    if (active.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, active.request.top_logprobs);
+    const auto& stops = active.request.stop_ids;
+    if (std::find(stops.begin(), stops.end(), token.token) != stops.end()) {
+      event.finished = true;
+      event.finish_reason = "stop";
+    } else if (active.generated >= active.request.max_tokens) {
+      event.finished = true;
+      event.finish_reason = "length";
+    }
+    if (event.finished) {
+      finish(active, std::move(event));
+      return false;
+    }
+    active.stream->push(std::move(event));
+    return true;
+  };
+  auto publish = [&] {
+    int64_t cache_used = 0;
+    for (const auto& active : running) cache_used += active->prefilled + active->generated;
+    std::lock_guard lock(mutex_);
+    stats_.steps++;
+    stats_.running = static_cast<int64_t>(running.size());
+    stats_.cache_tokens_used = cache_used;
+  };
+  // The rows of a decode step for every running request, each taking its last token (from the
+  // host, or fed on the device from the step in flight).
+  auto decode_rows = [&](bool fed) {
+    std::vector<DecodeRow> rows;
+    for (const auto& active : running) {
+      const auto prompt_length = static_cast<int64_t>(active->request.prompt.size());
+      DecodeRow row{active->slot, static_cast<int32_t>(prompt_length + active->generated - 1), active->next_input,
+                    &active->sampler};
+      if (fed) {
+        row.position += 1;
+        row.fed_from = static_cast<int32_t>(std::find(in_flight_.begin(), in_flight_.end(), active->id) -
+                                            in_flight_.begin());
+      }
+      rows.push_back(row);
+    }
+    return rows;
+  };
+  auto ids_of_running = [&] {
+    std::vector<uint64_t> ids;
+    for (const auto& active : running) ids.push_back(active->id);
+    return ids;
+  };
+
+  if (!in_flight_.empty()) {
+    // A decode step is in flight (queued, its tokens not yet read). The next one is queued before
+    // reading them — it takes them on the device — when every running request was in it and
+    // decodes again, none asks for logits, each has room for two more tokens, and no waiting
+    // request could be admitted now (it would need a prefill step first).
+    bool queue_next = std::all_of(running.begin(), running.end(), [&](const auto& active) {
+      return std::find(in_flight_.begin(), in_flight_.end(), active->id) != in_flight_.end() &&
+             active->request.top_logprobs == 0 && active->generated + 2 <= active->request.max_tokens;
+    });
+    {
+      std::lock_guard lock(mutex_);
+      if (!waiting_.empty() && !free_slots_.empty()) queue_next = false;
+    }
+    std::vector<uint64_t> next;
+    std::vector<SampledToken> tokens;
+    try {
+      if (queue_next && !running.empty()) {
+        decode_graphs_->launch(decode_rows(true));
+        next = ids_of_running();
+      }
+      tokens = decode_graphs_->collect();
+    } catch (const std::exception& error) {
+      fail_running(error);
+      return;
+    }
+    // Rows of requests that ended meanwhile (a stop, a cancellation) are dropped.
+    std::vector<std::unique_ptr<Active>> still_running;
+    for (auto& active : running) {
+      const auto row = std::find(in_flight_.begin(), in_flight_.end(), active->id);
+      if (row == in_flight_.end() || accept(*active, tokens[row - in_flight_.begin()], {}))
+        still_running.push_back(std::move(active));
+    }
+    running = std::move(still_running);
+    in_flight_ = std::move(next);
+    if (running.empty() && !in_flight_.empty()) {
+      try {
+        decode_graphs_->collect();  // every request of the queued step has ended
+      } catch (const std::exception& error) {
+        fail_running(error);
+        return;
+      }
+      in_flight_.clear();
+    }
+    publish();
+    return;
+  }
   if (running.empty()) {
     publish_idle();
     return;
@@ -192,31 +307,33 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   }
 
   // A step in which every sequence decodes runs as a captured graph and samples on the device;
-  // the logits come back only when a request asks for top logprobs.
+  // the logits come back only when a request asks for top logprobs, and otherwise the step is
+  // left in flight: the next call queues the following step before reading its tokens.
   // (A sequence whose last prompt chunk is in this step is not decoding yet.)
   const bool on_device = decode_graphs_ && every_sequence_decodes;
+  const bool wants_logits =
+      std::any_of(running.begin(), running.end(), [](const auto& active) { return active->request.top_logprobs > 0; });
   std::vector<SampledToken> device_tokens;
   Tensor logits;
   try {
+    if (on_device && !wants_logits) {
+      decode_graphs_->launch(decode_rows(false));
+      in_flight_ = ids_of_running();
+      publish();
+      return;
+    }
     if (on_device) {
-      std::vector<DecodeRow> rows;
-      for (size_t index = 0; index < running.size(); ++index)
-        rows.push_back({steps[index].slot, steps[index].first_position, steps[index].tokens.front(), &running[index]->sampler});
-      device_tokens = decode_graphs_->step(rows);
-      if (std::any_of(running.begin(), running.end(), [](const auto& active) { return active->request.top_logprobs > 0; }))
-        logits = model_.backend().download(decode_graphs_->last_logits());
+      device_tokens = decode_graphs_->step(decode_rows(false));
+      logits = model_.backend().download(decode_graphs_->last_logits());
     } else {
       logits = run_step(model_, *cache_, steps);
     }
   } catch (const std::exception& error) {
-    for (auto& active : running) finish(*active, {-1, 0, {}, true, "error", error.what()});
-    running.clear();
-    publish_idle();
+    fail_running(error);
     return;
   }
   const int64_t vocab = model_.config().vocab_size;
   std::vector<std::unique_ptr<Active>> still_running;
-  int64_t cache_used = 0;
   for (size_t index = 0; index < running.size(); ++index) {
     Active& active = *running[index];
     if (samples[index] && active.request.max_tokens == 0) {
@@ -228,32 +345,12 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
           logits.defined() ? std::span<const float>(logits.data<float>() + index * vocab, static_cast<size_t>(vocab))
                            : std::span<const float>();
       const SampledToken token = on_device ? device_tokens[index] : active.sampler.sample(row);
-      ++active.generated;
-      active.next_input = token.token;
-      TokenEvent event{token.token, token.logprob, {}, false, "", ""};
-      if (active.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, active.request.top_logprobs);
-      const auto& stops = active.request.stop_ids;
-      if (std::find(stops.begin(), stops.end(), token.token) != stops.end()) {
-        event.finished = true;
-        event.finish_reason = "stop";
-      } else if (active.generated >= active.request.max_tokens) {
-        event.finished = true;
-        event.finish_reason = "length";
-      }
-      if (event.finished) {
-        finish(active, std::move(event));
-        continue;
-      }
-      active.stream->push(std::move(event));
+      if (!accept(active, token, row)) continue;
     }
-    cache_used += active.prefilled + active.generated;
     still_running.push_back(std::move(running[index]));
   }
   running = std::move(still_running);
-  std::lock_guard lock(mutex_);
-  stats_.steps++;
-  stats_.running = static_cast<int64_t>(running.size());
-  stats_.cache_tokens_used = cache_used;
+  publish();
 }
 
 }  // namespace kiln

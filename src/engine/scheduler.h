@@ -107,6 +107,10 @@ class Scheduler {
   SchedulerOptions options_;
   std::unique_ptr<ModelCache> cache_;
   std::unique_ptr<DecodeGraphs> decode_graphs_;  // null on backends without GraphOps (the CPU)
+  // The requests (Active::id, in row order) of the decode step in flight: queued on the device,
+  // its tokens not yet read. Empty when none is. Only the scheduler thread touches it.
+  std::vector<uint64_t> in_flight_;
+  uint64_t admitted_ = 0;  // requests admitted so far (the last Active::id)
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::pair<GenerationRequest, std::shared_ptr<RequestStream>>> waiting_;
