@@ -215,29 +215,7 @@ TEST(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
   const std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, 10);
   const std::vector<std::vector<int32_t>> solo = solo_tokens(*model, requests);
   const int solo_replays = backend.replays;
-  SchedulerOptions options;
-  options.max_batch = 3;
-  options.context_tokens = 512;
-  options.prefill_chunk = 64;
-  Scheduler scheduler(*model, options);
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
-  for (size_t i = 0; i < streams.size(); ++i) {
-    std::vector<int32_t> tokens;
-    for (;;) {
-      auto event = streams[i]->next(std::chrono::seconds(60));
-      ASSERT_TRUE(event.has_value()) << "request " << i << ": no event within 60 s";
-      if (event->token >= 0) {
-        tokens.push_back(event->token);
-        if (requests[i].top_logprobs > 0) {
-          ASSERT_EQ(event->top_logprobs.size(), 3u);
-          EXPECT_EQ(event->top_logprobs.front().first, event->token) << "greedy: the token is the top alternative";
-        }
-      }
-      if (event->finished) break;
-    }
-    EXPECT_EQ(tokens, solo[i]) << "request " << i;
-  }
+  expect_solo_results(scheduled_events(*model, requests, 512), requests, solo);
   EXPECT_GT(backend.replays, solo_replays) << "the scheduler's decode steps replayed captured work";
 }
 
@@ -372,23 +350,7 @@ TEST(DecodeGraphsWithReplayingBackend, SchedulerQueuedStepsEqualSoloRuns) {
   requests[2].stop_ids = {solo[2].at(5)};
   solo = solo_tokens(*model, requests);
   ASSERT_LT(solo[2].size(), static_cast<size_t>(requests[2].max_tokens)) << "request 2 stops early";
-  SchedulerOptions options;
-  options.max_batch = 3;
-  options.context_tokens = 128;
-  options.prefill_chunk = 64;
-  Scheduler scheduler(*model, options);
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
-  for (size_t i = 0; i < streams.size(); ++i) {
-    std::vector<int32_t> tokens;
-    for (;;) {
-      auto event = streams[i]->next(std::chrono::seconds(60));
-      ASSERT_TRUE(event.has_value()) << "request " << i << ": no event within 60 s";
-      if (event->token >= 0) tokens.push_back(event->token);
-      if (event->finished) break;
-    }
-    EXPECT_EQ(tokens, solo[i]) << "request " << i;
-  }
+  expect_solo_results(scheduled_events(*model, requests, 128), requests, solo);
   EXPECT_GT(backend.fed_rows, 0) << "decode steps took their tokens from the step before them";
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -89,6 +90,58 @@ std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<Ge
     solo.push_back(generate(model, request.prompt, options).tokens);
   }
   return solo;
+}
+
+std::vector<std::vector<TokenEvent>> scheduled_events(Model& model, const std::vector<GenerationRequest>& requests,
+                                                      int64_t context_tokens) {
+  SchedulerOptions options;
+  options.max_batch = 3;
+  options.context_tokens = context_tokens;
+  options.prefill_chunk = 64;
+  Scheduler scheduler(model, options);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
+  std::vector<std::vector<TokenEvent>> events(streams.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    for (;;) {
+      std::optional<TokenEvent> event = streams[i]->next(std::chrono::seconds(60));
+      if (!event) {
+        ADD_FAILURE() << "request " << i << ": no event within 60 s";
+        break;
+      }
+      const bool finished = event->finished;
+      events[i].push_back(std::move(*event));
+      if (finished) break;
+    }
+  }
+  return events;
+}
+
+namespace {
+
+// The token ids of a request's events (the finishing event carries none when it is an error).
+std::vector<int32_t> event_tokens(const std::vector<TokenEvent>& events) {
+  std::vector<int32_t> tokens;
+  for (const TokenEvent& event : events)
+    if (event.token >= 0) tokens.push_back(event.token);
+  return tokens;
+}
+
+}  // namespace
+
+void expect_solo_results(const std::vector<std::vector<TokenEvent>>& events,
+                         const std::vector<GenerationRequest>& requests, const std::vector<std::vector<int32_t>>& solo) {
+  ASSERT_EQ(events.size(), requests.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(event_tokens(events[i]), solo[i]) << "request " << i;
+    if (requests[i].top_logprobs == 0) continue;
+    for (const TokenEvent& event : events[i]) {
+      if (event.token < 0) continue;
+      ASSERT_EQ(event.top_logprobs.size(), 3u) << "request " << i;
+      EXPECT_EQ(event.top_logprobs.front().first, event.token) << "greedy: the token is the top alternative";
+      EXPECT_NEAR(event.top_logprobs.front().second, event.logprob, 1e-5);
+    }
+  }
 }
 
 }  // namespace kiln::testing

@@ -40,4 +40,14 @@ std::vector<GenerationRequest> mixed_scheduler_requests(const std::vector<int32_
 // Each request's tokens from generate() on its own (the reference a scheduled run must equal).
 std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<GenerationRequest>& requests);
 
+// Submits every request to one scheduler of 3 slots (context `context_tokens`, 64-token prefill
+// chunks) at once and returns each request's events up to its finishing one; a request whose
+// next event does not come within 60 s fails the test.
+std::vector<std::vector<TokenEvent>> scheduled_events(Model& model, const std::vector<GenerationRequest>& requests,
+                                                      int64_t context_tokens);
+// Expects each request's scheduled tokens to equal its solo run and, for a request with top
+// logprobs (greedy), each token to head its 3 alternatives with its own logprob.
+void expect_solo_results(const std::vector<std::vector<TokenEvent>>& events,
+                         const std::vector<GenerationRequest>& requests, const std::vector<std::vector<int32_t>>& solo);
+
 }  // namespace kiln::testing

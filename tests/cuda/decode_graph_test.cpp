@@ -249,30 +249,7 @@ TEST(DecodeGraphScheduler, ConcurrentRequestsEqualTheirSoloRuns) {
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
   const std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, 30);
   const std::vector<std::vector<int32_t>> solo = solo_tokens(*loaded.model, requests);
-  SchedulerOptions options;
-  options.max_batch = 3;
-  options.context_tokens = 512;
-  options.prefill_chunk = 64;
-  Scheduler scheduler(*loaded.model, options);
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
-  for (size_t i = 0; i < streams.size(); ++i) {
-    std::vector<int32_t> tokens;
-    for (;;) {
-      auto event = streams[i]->next(std::chrono::seconds(60));
-      ASSERT_TRUE(event.has_value()) << "request " << i << ": no event within 60 s";
-      if (event->token >= 0) {
-        tokens.push_back(event->token);
-        if (requests[i].top_logprobs > 0) {
-          ASSERT_EQ(event->top_logprobs.size(), 3u);
-          EXPECT_EQ(event->top_logprobs.front().first, event->token) << "greedy: the token is the top alternative";
-          EXPECT_NEAR(event->top_logprobs.front().second, event->logprob, 1e-5);
-        }
-      }
-      if (event->finished) break;
-    }
-    EXPECT_EQ(tokens, solo[i]) << "request " << i;
-  }
+  expect_solo_results(scheduled_events(*loaded.model, requests, 512), requests, solo);
 }
 
 }  // namespace
