@@ -109,8 +109,8 @@ RegisterCommand register_bench([](CLI::App& app) {
         if (decode_graphs) {
           std::vector<DecodeRow> rows;
           for (int32_t slot = 0; slot < batch; ++slot)
-            rows.push_back({slot, static_cast<int32_t>(position), random_tokens(1, config.vocab_size, random)[0],
-                            nullptr, fed ? slot : -1});
+            rows.push_back({slot, static_cast<int32_t>(position),
+                            fed ? 0 : random_tokens(1, config.vocab_size, random)[0], nullptr, fed ? slot : -1});
           decode_graphs->launch(rows);
           if (decode_graphs->queued() == DecodeGraphs::kMaxQueuedSteps || !fed) decode_graphs->collect();
           return;

@@ -828,7 +828,6 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     fail("CUDA {} kernel launch failed: {}", op, cudaGetErrorString(status));
   }
 
-  // Reads back what kernels recorded about bad data since the last check (call after a sync).
   // Waits for the stream and fails with the first error a kernel recorded. The record comes back
   // in the same wait (an asynchronous copy queued behind the work), not in a second round trip.
   void synchronize_and_check(const char* what) {

@@ -18,15 +18,16 @@
 // (the Hopper tensor core adds a step's 16 products as one set: mma.sync m16n8k16 and wgmma k16
 // agree bit for bit, which the CUDA invariance tests check), so the kernels only agree on which
 // 16 elements form each step.
-//   m ≤ kMatmulDecodeMaxRows: the decode kernel (mma.sync), a block of four to eight warps per 8 or
-//     16 weight rows (the launch shape, chosen by size), the warps taking the segments in turn
-//     through their own cp.async rings (the weights are read exactly once), warp 0 adding the
-//     segment results in order. A matmul group's products share one launch.
+//   m ≤ kMatmulDecodeMaxRows: the decode kernel (mma.sync), a block of up to four or eight warps
+//     (no more than K has segments) per 8 or 16 weight rows (the launch shape, chosen by size), the
+//     warps taking the segments in turn through their own cp.async rings (the weights are read
+//     exactly once), warp 0 adding the segment results in order. A matmul group's products share
+//     one launch.
 //   larger m: the prefill GEMM (wgmma fed by the bulk tensor copy engine), 128 weight rows × 128
 //     rows per block (× 64 rows for m ≤ 64). A grid smaller than the machine spreads each block's
 //     segments over several blocks, which store the segment results for a fold kernel to add in
-//     the same order: more blocks, the same additions. A group's products share one launch where that takes fewer
-//     waves of blocks.
+//     the same order: more blocks, the same additions. A group's products share one launch where
+//     that takes fewer waves of blocks.
 #include <algorithm>
 
 #include <cuda.h>
