@@ -210,6 +210,34 @@ TEST(DeviceFeed, FedRowsTakeThePreviousTokens) {
   EXPECT_EQ(backend->download(one).data<int32_t>()[0], 5) << "the error was cleared and the row kept its token";
 }
 
+// The host-side checks of the decode-step GraphOps name the op and what is wrong.
+TEST(DeviceFeed, MisuseIsReportedWithItsReason) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::BF16);
+  GraphOps& ops = *backend->graph_ops();
+  const Tensor previous = backend->upload(int_tensor({7, 8, 9}));
+  Tensor two = backend->upload(int_tensor({1, 2}));
+  expect_error_mentions([&] { ops.feed_tokens(previous, backend->upload(int_tensor({0, 1, 2})), two); },
+                        {"CUDA feed_tokens", "must have one entry per row"});
+  Tensor wrong_size = ops.alloc_pinned({3}, DType::I32);
+  expect_error_mentions([&] { ops.download_later(two, wrong_size); },
+                        {"CUDA download_later", "does not match device"});
+  expect_error_mentions([&] { ops.alloc_pinned({-1}, DType::I32); }, {"CUDA alloc_pinned", "negative extent"});
+  std::vector<Tensor> hosts;
+  std::vector<std::unique_ptr<PendingDownload>> pending;
+  for (int i = 0; i < GraphOps::kMaxPendingDownloads; ++i) {
+    hosts.push_back(ops.alloc_pinned({2}, DType::I32));
+    pending.push_back(ops.download_later(two, hosts.back()));
+  }
+  Tensor one_more = ops.alloc_pinned({2}, DType::I32);
+  expect_error_mentions([&] { ops.download_later(two, one_more); }, {"downloads are already pending"});
+  pending.front()->wait();
+  pending.erase(pending.begin());
+  pending.push_back(ops.download_later(two, one_more));  // a finished download frees its place
+  for (auto& download : pending) download->wait();
+  EXPECT_EQ(one_more.data<int32_t>()[1], 2);
+}
+
 // generate() decodes through captured graphs on CUDA, sampling on the device; a direct loop with
 // the host sampler over the same backend must emit the same tokens (same random stream).
 TEST(DecodeGraphGenerate, MatchesADirectLoopWithTheHostSampler) {
