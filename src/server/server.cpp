@@ -1,6 +1,9 @@
 #include "server/server.h"
 
+#include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "server/anthropic_api.h"
@@ -30,6 +33,24 @@ ApiError generation_failure(const TextDelta& end) {
     return ApiError(503, end.error.empty() ? "the request was cancelled" : "the request was cancelled: " + end.error,
                     "", "cancelled");
   return ApiError(500, "generation failed: " + end.error, "", "generation_error");
+}
+
+// A non-streamed generation run to its end: the whole text, its tokens, and the last delta (its
+// finish reason stop or length; any other end is thrown as generation_failure).
+struct WholeGeneration {
+  std::string text;
+  std::vector<GeneratedToken> tokens;
+  TextDelta last;
+};
+WholeGeneration run_to_end(TextGeneration& generation, const std::function<bool()>& client_gone) {
+  WholeGeneration whole;
+  do {
+    whole.last = generation.next(client_gone);
+    whole.text += whole.last.text;
+    whole.tokens.insert(whole.tokens.end(), whole.last.tokens.begin(), whole.last.tokens.end());
+  } while (!whole.last.finished);
+  if (whole.last.finish_reason != "stop" && whole.last.finish_reason != "length") throw generation_failure(whole.last);
+  return whole;
 }
 
 bool constant_time_equal(const std::string& a, const std::string& b) {
@@ -245,19 +266,11 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
   const int64_t created = unix_seconds();
 
   if (!request.generation.stream) {
-    std::string text;
-    std::vector<GeneratedToken> tokens;
-    TextDelta delta;
-    do {
-      delta = generation.next(client_gone);
-      text += delta.text;
-      tokens.insert(tokens.end(), delta.tokens.begin(), delta.tokens.end());
-    } while (!delta.finished);
-    if (delta.finish_reason != "stop" && delta.finish_reason != "length") throw generation_failure(delta);
+    const WholeGeneration whole = run_to_end(generation, client_gone);
     json choice = {{"index", 0},
-                   {"message", {{"role", "assistant"}, {"content", text}}},
-                   {"logprobs", request.logprobs ? chat_logprobs(tokens, codec_) : json()},
-                   {"finish_reason", delta.finish_reason}};
+                   {"message", {{"role", "assistant"}, {"content", whole.text}}},
+                   {"logprobs", request.logprobs ? chat_logprobs(whole.tokens, codec_) : json()},
+                   {"finish_reason", whole.last.finish_reason}};
     respond_json(exchange, 200,
                  {{"id", id},
                   {"object", "chat.completion"},
@@ -335,19 +348,12 @@ void Server::completions(const HttpRequest& http_request, HttpExchange& exchange
   };
 
   if (!request.generation.stream) {
-    std::string text;
-    std::vector<GeneratedToken> tokens;
-    TextDelta delta;
-    do {
-      delta = generation.next(client_gone);
-      text += delta.text;
-      tokens.insert(tokens.end(), delta.tokens.begin(), delta.tokens.end());
-    } while (!delta.finished);
-    if (delta.finish_reason != "stop" && delta.finish_reason != "length") throw generation_failure(delta);
-    json response = body(json::array({{{"index", 0},
-                                       {"text", text},
-                                       {"logprobs", request.logprobs ? completion_logprobs(tokens, codec_, 0) : json()},
-                                       {"finish_reason", delta.finish_reason}}}));
+    const WholeGeneration whole = run_to_end(generation, client_gone);
+    json response =
+        body(json::array({{{"index", 0},
+                           {"text", whole.text},
+                           {"logprobs", request.logprobs ? completion_logprobs(whole.tokens, codec_, 0) : json()},
+                           {"finish_reason", whole.last.finish_reason}}}));
     response["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
     respond_json(exchange, 200, response);
     return;
@@ -394,21 +400,15 @@ void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, C
   const std::string id = random_id("msg_");
 
   if (!request.generation.stream) {
-    std::string text;
-    TextDelta delta;
-    do {
-      delta = generation.next(client_gone);
-      text += delta.text;
-    } while (!delta.finished);
-    if (delta.finish_reason != "stop" && delta.finish_reason != "length") throw generation_failure(delta);
+    const WholeGeneration whole = run_to_end(generation, client_gone);
     respond_json(exchange, 200,
                  {{"id", id},
                   {"type", "message"},
                   {"role", "assistant"},
                   {"model", options_.model_name},
-                  {"content", json::array({{{"type", "text"}, {"text", text}}})},
-                  {"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
-                  {"stop_sequence", delta.stop_sequence ? json(*delta.stop_sequence) : json()},
+                  {"content", json::array({{{"type", "text"}, {"text", whole.text}}})},
+                  {"stop_reason", anthropic_stop_reason(whole.last.finish_reason, whole.last.stop_sequence)},
+                  {"stop_sequence", whole.last.stop_sequence ? json(*whole.last.stop_sequence) : json()},
                   {"usage", anthropic_usage(generation.prompt_tokens(), generation.completion_tokens())}});
     return;
   }
