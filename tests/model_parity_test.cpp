@@ -1,6 +1,5 @@
 // Parity of every family graph (Llama-3, Qwen3, Qwen3.5 in both checkpoint layouts) against
 // transformers on the fixtures, and of the real stories260K model against its reference decode.
-#include <algorithm>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -32,13 +31,7 @@ TEST_P(ModelParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   const auto fixture = shared / "fixtures/tiny" / GetParam();
   TestModel loaded = open_cpu_model(fixture / "bf16");
   const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
-  const NpyArray truth = read_npy(fixture / "bf16/ref_logits_f64.npy");
-  const NpyArray torch_bf16 = read_npy(fixture / "bf16/ref_logits_torch_bf16.npy");
-  Tensor torch_logits = Tensor::empty(torch_bf16.shape, DType::F32);
-  std::transform(torch_bf16.values.begin(), torch_bf16.values.end(), torch_logits.data<float>(),
-                 [](double v) { return static_cast<float>(v); });
-  const std::vector<double> ours = row_relative_errors(logits, truth);
-  const std::vector<double> theirs = row_relative_errors(torch_logits, truth);
+  const auto [ours, theirs] = bf16_row_errors(logits, fixture / "bf16");
   for (size_t row = 0; row < ours.size(); ++row)
     ASSERT_LE(ours[row], 1.5 * theirs[row]) << "position " << row << " (transformers bf16 error " << theirs[row] << ")";
 }

@@ -60,6 +60,15 @@ std::vector<double> row_relative_errors(const Tensor& ours, const NpyArray& refe
   return errors;
 }
 
+Bf16RowErrors bf16_row_errors(const Tensor& logits, const std::filesystem::path& bf16_dir) {
+  const NpyArray truth = read_npy(bf16_dir / "ref_logits_f64.npy");
+  const NpyArray torch_bf16 = read_npy(bf16_dir / "ref_logits_torch_bf16.npy");
+  Tensor torch_logits = Tensor::empty(torch_bf16.shape, DType::F32);
+  std::transform(torch_bf16.values.begin(), torch_bf16.values.end(), torch_logits.data<float>(),
+                 [](double v) { return static_cast<float>(v); });
+  return {row_relative_errors(logits, truth), row_relative_errors(torch_logits, truth)};
+}
+
 std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir) {
   std::ifstream in(fixture_dir / "ref.json");
   if (!in) fail("{}: cannot open ref.json", fixture_dir.string());

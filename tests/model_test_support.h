@@ -25,6 +25,13 @@ TestModel open_cpu_model(const std::filesystem::path& dir, const std::string& dt
 // Per row r: max_v |ours[r, v] − ref[r, v]| / max_v |ref[r, v]|.
 std::vector<double> row_relative_errors(const Tensor& ours, const NpyArray& reference);
 
+// Row errors (row_relative_errors) against the float64 reference of a fixture's bf16 checkpoint
+// folder: ours, and transformers' own bf16 run's (ref_logits_torch_bf16.npy), row for row.
+struct Bf16RowErrors {
+  std::vector<double> ours, transformers;
+};
+Bf16RowErrors bf16_row_errors(const Tensor& logits, const std::filesystem::path& bf16_dir);
+
 // The fixture's prompt ids (ref.json "prompt_ids").
 std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir);
 

@@ -104,13 +104,7 @@ TEST_P(TensorParallel, F32LogitsMatchOneRankAtEveryPosition) {
 TEST_P(TensorParallel, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   SplitModel split = open_split_model(fixture_ / "bf16", GetParam().ranks);
   const Tensor logits = prompt_logits(*split.model, prompt_, 0);
-  const NpyArray torch_bf16 = read_npy(fixture_ / "bf16/ref_logits_torch_bf16.npy");
-  Tensor torch_logits = Tensor::empty(torch_bf16.shape, DType::F32);
-  std::transform(torch_bf16.values.begin(), torch_bf16.values.end(), torch_logits.data<float>(),
-                 [](double v) { return static_cast<float>(v); });
-  const NpyArray truth = read_npy(fixture_ / "bf16/ref_logits_f64.npy");
-  const std::vector<double> ours = row_relative_errors(logits, truth);
-  const std::vector<double> theirs = row_relative_errors(torch_logits, truth);
+  const auto [ours, theirs] = bf16_row_errors(logits, fixture_ / "bf16");
   for (size_t row = 0; row < ours.size(); ++row)
     ASSERT_LE(ours[row], 1.5 * theirs[row]) << "position " << row << " (transformers bf16 error " << theirs[row] << ")";
 }

@@ -42,13 +42,7 @@ TEST_P(CudaFixtureParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   const auto fixture = shared / "fixtures/tiny" / GetParam();
   TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
   const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
-  const NpyArray truth = read_npy(fixture / "bf16/ref_logits_f64.npy");
-  const NpyArray torch_bf16 = read_npy(fixture / "bf16/ref_logits_torch_bf16.npy");
-  Tensor torch_logits = Tensor::empty(torch_bf16.shape, DType::F32);
-  std::transform(torch_bf16.values.begin(), torch_bf16.values.end(), torch_logits.data<float>(),
-                 [](double v) { return static_cast<float>(v); });
-  const std::vector<double> ours = row_relative_errors(logits, truth);
-  const std::vector<double> theirs = row_relative_errors(torch_logits, truth);
+  const auto [ours, theirs] = bf16_row_errors(logits, fixture / "bf16");
   ASSERT_EQ(ours.size(), theirs.size());
   // transformers' own bf16 error on the fixture is its mean and its worst row error; kiln's bf16 path
   // must be within 1.5 × of both. Row by row the two are independent draws of rounding noise (the
