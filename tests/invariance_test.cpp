@@ -82,26 +82,9 @@ TEST_P(Invariance, SmallAppendsEqualTokenByTokenDecode) {
 }
 
 TEST_P(Invariance, SequenceAloneEqualsSequenceInBatchOfThree) {
-  Model& model = *loaded_.model;
-  const int64_t vocab = model.config().vocab_size;
-  const std::vector<int32_t> first(prompt_.begin(), prompt_.begin() + 100);
-  const std::vector<int32_t> other_a(prompt_.begin() + 3, prompt_.begin() + 40);
-  const std::vector<int32_t> other_b(prompt_.begin() + 17, prompt_.begin() + 150);
-
-  auto alone_cache = model.make_cache(1, 128);
-  const Tensor alone_prefill = run_step(model, *alone_cache, {SequenceStep{0, 0, first, true}});
-  const Tensor alone_decode = run_step(model, *alone_cache, {SequenceStep{0, 100, {prompt_[100]}, true}});
-
-  auto batch_cache = model.make_cache(3, 160);
-  const Tensor batch_prefill = run_step(model, *batch_cache,
-                                        {SequenceStep{2, 0, other_a, true}, SequenceStep{0, 0, first, true},
-                                         SequenceStep{1, 0, other_b, true}});
-  const Tensor batch_decode = run_step(model, *batch_cache,
-                                       {SequenceStep{1, 133, {prompt_[5]}, true}, SequenceStep{2, 37, {prompt_[9]}, true},
-                                        SequenceStep{0, 100, {prompt_[100]}, true}});
-  expect_bit_identical(alone_prefill, batch_prefill.slice_rows(other_a.size(), first.size()).reshape({100, vocab}),
-                       "prefill in a batch of 3");
-  expect_bit_identical(alone_decode, batch_decode.slice_rows(2, 1), "decode in a batch of 3");
+  const AloneAndBatched runs = alone_and_in_a_batch_of_three(*loaded_.model, prompt_);
+  expect_bit_identical(runs.alone_prefill, runs.batched_prefill, "prefill in a batch of 3");
+  expect_bit_identical(runs.alone_decode, runs.batched_decode, "decode in a batch of 3");
 }
 
 TEST_P(Invariance, OneThreadEqualsTwoThreads) {

@@ -69,6 +69,29 @@ Bf16RowErrors bf16_row_errors(const Tensor& logits, const std::filesystem::path&
   return {row_relative_errors(logits, truth), row_relative_errors(torch_logits, truth)};
 }
 
+AloneAndBatched alone_and_in_a_batch_of_three(Model& model, const std::vector<int32_t>& prompt) {
+  const int64_t vocab = model.config().vocab_size;
+  const std::vector<int32_t> first(prompt.begin(), prompt.begin() + 100);
+  const std::vector<int32_t> other_a(prompt.begin() + 3, prompt.begin() + 40);
+  const std::vector<int32_t> other_b(prompt.begin() + 17, prompt.begin() + 150);
+  AloneAndBatched result;
+  auto alone_cache = model.make_cache(1, 128);
+  result.alone_prefill = run_step(model, *alone_cache, {SequenceStep{0, 0, first, true}});
+  result.alone_decode = run_step(model, *alone_cache, {SequenceStep{0, 100, {prompt[100]}, true}});
+  auto batch_cache = model.make_cache(3, 160);
+  const Tensor batch_prefill = run_step(model, *batch_cache,
+                                        {SequenceStep{2, 0, other_a, true}, SequenceStep{0, 0, first, true},
+                                         SequenceStep{1, 0, other_b, true}});
+  const Tensor batch_decode = run_step(model, *batch_cache,
+                                       {SequenceStep{1, 133, {prompt[5]}, true}, SequenceStep{2, 37, {prompt[9]}, true},
+                                        SequenceStep{0, 100, {prompt[100]}, true}});
+  result.batched_prefill =
+      batch_prefill.slice_rows(static_cast<int64_t>(other_a.size()), static_cast<int64_t>(first.size()))
+          .reshape({100, vocab});
+  result.batched_decode = batch_decode.slice_rows(2, 1);
+  return result;
+}
+
 std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir) {
   std::ifstream in(fixture_dir / "ref.json");
   if (!in) fail("{}: cannot open ref.json", fixture_dir.string());

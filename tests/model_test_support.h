@@ -39,6 +39,14 @@ std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir);
 // each of `cuts` (ascending; the last step runs to the end of the prompt).
 Tensor logits_with_cuts(Model& model, const std::vector<int32_t>& prompt, std::vector<size_t> cuts);
 
+// The prompt's first 100 tokens prefilled and then one more decoded, alone and as the middle
+// sequence of a batch of three (two other windows of the prompt prefilled and decoded beside it
+// in other slots): that sequence's logits rows from each run. Needs a prompt of 150 tokens.
+struct AloneAndBatched {
+  Tensor alone_prefill, alone_decode, batched_prefill, batched_decode;
+};
+AloneAndBatched alone_and_in_a_batch_of_three(Model& model, const std::vector<int32_t>& prompt);
+
 // Six requests over windows of `prompt` (lengths 20..170) mixing greedy and sampled decoding,
 // top-k / top-p / min-p, and top logprobs on request 2: each must equal its solo generate() run
 // however the scheduler batches it. max_tokens is base_max_tokens + i.

@@ -112,14 +112,11 @@ TEST_P(TensorParallel, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
 TEST_P(TensorParallel, BitIdenticalAcrossRunsChunkingAndBatchComposition) {
   SplitModel split = open_split_model(fixture_ / "bf16", GetParam().ranks, /*threads_per_rank=*/2);
   Model& model = *split.model;
-  const int64_t vocab = model.config().vocab_size;
   const std::vector<int32_t> first(prompt_.begin(), prompt_.begin() + 100);
-  const std::vector<int32_t> other_a(prompt_.begin() + 3, prompt_.begin() + 40);
-  const std::vector<int32_t> other_b(prompt_.begin() + 17, prompt_.begin() + 150);
-
-  auto alone_cache = model.make_cache(1, 128);
-  const Tensor alone_prefill = run_step(model, *alone_cache, {SequenceStep{0, 0, first, true}});
-  const Tensor alone_decode = run_step(model, *alone_cache, {SequenceStep{0, 100, {prompt_[100]}, true}});
+  const AloneAndBatched runs = alone_and_in_a_batch_of_three(model, prompt_);
+  const Tensor& alone_prefill = runs.alone_prefill;
+  EXPECT_TRUE(bit_identical(alone_prefill, runs.batched_prefill)) << "prefill in a batch of 3";
+  EXPECT_TRUE(bit_identical(runs.alone_decode, runs.batched_decode)) << "decode in a batch of 3";
 
   // A second run on a fresh cache, prefilled in two chunks (split at 64: GDN chunks are aligned
   // to absolute multiples of 64).
@@ -131,18 +128,7 @@ TEST_P(TensorParallel, BitIdenticalAcrossRunsChunkingAndBatchComposition) {
   const Tensor again_decode = run_step(model, *again_cache, {SequenceStep{0, 100, {prompt_[100]}, true}});
   EXPECT_TRUE(bit_identical(again_head, alone_prefill.slice_rows(0, 64))) << "chunked prefill, first chunk";
   EXPECT_TRUE(bit_identical(again_tail, alone_prefill.slice_rows(64, 36))) << "chunked prefill, second chunk";
-  EXPECT_TRUE(bit_identical(again_decode, alone_decode)) << "second run decode";
-
-  auto batch_cache = model.make_cache(3, 160);
-  const Tensor batch_prefill = run_step(model, *batch_cache,
-                                        {SequenceStep{2, 0, other_a, true}, SequenceStep{0, 0, first, true},
-                                         SequenceStep{1, 0, other_b, true}});
-  const Tensor batch_decode = run_step(model, *batch_cache,
-                                       {SequenceStep{1, 133, {prompt_[5]}, true}, SequenceStep{2, 37, {prompt_[9]}, true},
-                                        SequenceStep{0, 100, {prompt_[100]}, true}});
-  EXPECT_TRUE(bit_identical(alone_prefill, batch_prefill.slice_rows(other_a.size(), first.size()).reshape({100, vocab})))
-      << "prefill in a batch of 3";
-  EXPECT_TRUE(bit_identical(alone_decode, batch_decode.slice_rows(2, 1))) << "decode in a batch of 3";
+  EXPECT_TRUE(bit_identical(again_decode, runs.alone_decode)) << "second run decode";
 
   // A freshly built split model (its own threads, pools and collective) gives the same bits.
   SplitModel rebuilt = open_split_model(fixture_ / "bf16", GetParam().ranks, /*threads_per_rank=*/1);
