@@ -5,13 +5,12 @@
 // variable. Each output line is the rendered prompt as a JSON string.
 #include <fmt/format.h>
 
-#include <fstream>
-#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/command.h"
+#include "cli/jsonl.h"
 #include "core/error.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -28,21 +27,7 @@ struct RenderOptions {
 void run_render(const RenderOptions& options) {
   const Tokenizer tokenizer = Tokenizer::load(options.model_dir.empty() ? options.tokenizer_dir : options.model_dir);
   const ChatTemplate chat_template = ChatTemplate::for_tokenizer(tokenizer);
-  std::ifstream file;
-  if (options.jsonl_path != "-") {
-    file.open(options.jsonl_path, std::ios::binary);
-    if (!file) fail("{}: cannot open", options.jsonl_path);
-  }
-  std::istream& in = options.jsonl_path == "-" ? std::cin : file;
-  std::string line;
-  for (size_t line_number = 1; std::getline(in, line); ++line_number) {
-    const std::string where = fmt::format("{}:{}", options.jsonl_path, line_number);
-    nlohmann::ordered_json request;
-    try {
-      request = nlohmann::ordered_json::parse(line);
-    } catch (const nlohmann::ordered_json::exception& error) {
-      fail("{}: not valid JSON: {}", where, error.what());
-    }
+  for_each_jsonl_line(options.jsonl_path, [&](const nlohmann::ordered_json& request, const std::string& where) {
     if (!request.is_object() || !request.contains("messages")) fail("{}: expected an object with \"messages\"", where);
     ChatTemplateOptions render_options;
     for (const auto& [key, value] : request.items()) {
@@ -59,9 +44,9 @@ void run_render(const RenderOptions& options) {
         render_options.extra[key] = value;
       }
     }
-    const std::string prompt = chat_template.render(request["messages"], render_options);
+    const std::string prompt = chat_template.render(request.at("messages"), render_options);
     fmt::print("{}\n", nlohmann::ordered_json(prompt).dump());
-  }
+  });
 }
 
 const RegisterCommand kRegisterRender([](CLI::App& app) {

@@ -4,13 +4,12 @@
 // output line the JSON array of its ids. Special tokens are added only with --add-special-tokens.
 #include <fmt/format.h>
 
-#include <fstream>
-#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/command.h"
+#include "cli/jsonl.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -33,23 +32,10 @@ void run_tokenize(const TokenizeOptions& options) {
     print_ids(tokenizer.encode(options.text, options.add_special_tokens));
     return;
   }
-  std::ifstream file;
-  if (options.jsonl_path != "-") {
-    file.open(options.jsonl_path, std::ios::binary);
-    if (!file) fail("{}: cannot open", options.jsonl_path);
-  }
-  std::istream& in = options.jsonl_path == "-" ? std::cin : file;
-  std::string line;
-  for (size_t line_number = 1; std::getline(in, line); ++line_number) {
-    nlohmann::json value;
-    try {
-      value = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& error) {
-      fail("{}:{}: not valid JSON: {}", options.jsonl_path, line_number, error.what());
-    }
-    if (!value.is_string()) fail("{}:{}: each line must be one JSON string", options.jsonl_path, line_number);
+  for_each_jsonl_line(options.jsonl_path, [&](const nlohmann::ordered_json& value, const std::string& where) {
+    if (!value.is_string()) fail("{}: each line must be one JSON string", where);
     print_ids(tokenizer.encode(value.get<std::string>(), options.add_special_tokens));
-  }
+  });
 }
 
 const RegisterCommand kRegisterTokenize([](CLI::App& app) {
