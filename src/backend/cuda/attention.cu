@@ -451,13 +451,28 @@ __global__ void __launch_bounds__(kHeadDim)
   follow_previous_grid();
   const float* row = partials + (token * heads + head) * max_splits * (kHeadDim + 2);
   float total_max = -INFINITY, total_sum = 0.0f, total = 0.0f;
-  for (int64_t split = 0; split < splits; ++split) {
-    const float* partial = row + split * (kHeadDim + 2);
-    float new_max, total_weight, split_weight;
-    fold_weights(total_max, partial[kHeadDim], new_max, total_weight, split_weight);
-    total_sum = fold_value(total_sum, total_weight, partial[kHeadDim + 1], split_weight);
-    total = fold_value(total, total_weight, partial[d], split_weight);
-    total_max = new_max;
+  // The partials of kBatch splits are read before any of them is folded, so that their loads are
+  // in flight together rather than one L2 round trip per split.
+  constexpr int kBatch = 8;
+  for (int64_t first = 0; first < splits; first += kBatch) {
+    float maxima[kBatch], sums[kBatch], values[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (first + i >= splits) break;
+      const float* partial = row + (first + i) * (kHeadDim + 2);
+      maxima[i] = partial[kHeadDim];
+      sums[i] = partial[kHeadDim + 1];
+      values[i] = partial[d];
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (first + i >= splits) break;
+      float new_max, total_weight, split_weight;
+      fold_weights(total_max, maxima[i], new_max, total_weight, split_weight);
+      total_sum = fold_value(total_sum, total_weight, sums[i], split_weight);
+      total = fold_value(total, total_weight, values[i], split_weight);
+      total_max = new_max;
+    }
   }
   out[(token * heads + head) * kHeadDim + d] = from_float<bf16>(__fdiv_rn(total, total_sum));
 }
