@@ -443,6 +443,17 @@ TEST(TokenizerCli, TokenizePrintsIdsPerLine) {
                                               model.string() + "' --jsonl '" + input.string() + "'");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("texts.jsonl:1: each line must be one JSON string"), std::string::npos) << bad.output;
+  // The --jsonl reader's own errors (cli/jsonl.h, shared with `kiln render`) name the file or line.
+  write_text_file(input, "\"fine\"\nnot json\n");
+  const auto not_json = kiln::testing::run_command(kiln::testing::kiln_binary().string() + " tokenize --model '" +
+                                                   model.string() + "' --jsonl '" + input.string() + "'");
+  EXPECT_EQ(not_json.exit_code, 1);
+  EXPECT_NE(not_json.output.find("texts.jsonl:2: not valid JSON"), std::string::npos) << not_json.output;
+  const auto missing = kiln::testing::run_command(kiln::testing::kiln_binary().string() + " tokenize --model '" +
+                                                  model.string() + "' --jsonl '" +
+                                                  (dir.path() / "missing.jsonl").string() + "'");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.output.find("missing.jsonl: cannot open"), std::string::npos) << missing.output;
 }
 
 // ------------------------------------------------------------------------------------------------
