@@ -451,8 +451,8 @@ __global__ void __launch_bounds__(kHeadDim)
   follow_previous_grid();
   const float* row = partials + (token * heads + head) * max_splits * (kHeadDim + 2);
   float total_max = -INFINITY, total_sum = 0.0f, total = 0.0f;
-  // The partials of kBatch splits are read before any of them is folded, so that their loads are
-  // in flight together rather than one L2 round trip per split.
+  // The partials of kBatch splits are read before any of them is folded, so that their loads can
+  // be in flight together (the fold of one split no longer sits between the loads of the next).
   constexpr int kBatch = 8;
   for (int64_t first = 0; first < splits; first += kBatch) {
     float maxima[kBatch], sums[kBatch], values[kBatch];
