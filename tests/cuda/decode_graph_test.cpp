@@ -128,7 +128,8 @@ TEST_P(DeviceSampler, PicksTheHostSamplersTokens) {
     host.emplace_back(seeded);
     device.emplace_back(seeded);
   }
-  for (int64_t vocab : {int64_t{1000}, int64_t{32000}}) {
+  // One chunk of the device's row summary, sixteen, and Llama-3's 63 with a short last one.
+  for (int64_t vocab : {int64_t{1000}, int64_t{32000}, int64_t{128256}}) {
     for (int64_t draw = 0; draw < kDraws; ++draw) {
       const Tensor logits = random_logits(kRows, vocab, random);
       Tensor settings = Tensor::empty({kRows, kSamplingSettingsWords}, DType::I32);
@@ -167,6 +168,32 @@ INSTANTIATE_TEST_SUITE_P(Modes, DeviceSampler,
                                            SamplerCase{"min_p", {1.2f, 0, 1.0f, 0.05f, {}}},
                                            SamplerCase{"all", {0.9f, 50, 0.95f, 0.02f, {}}}),
                          [](const auto& info) { return info.param.name; });
+
+// Equal largest logits in several of the device's chunks (kChunkLogits = 2048 in sampling.cu),
+// the lowest at a chunk's first index: the lowest id wins, as on the host. The second row has a
+// whole chunk at −∞, which must add nothing to its logprob's sum.
+TEST(DeviceSampler, GreedyTiesAcrossChunksTakeTheLowestId) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::F32);
+  constexpr int64_t kVocab = 128256;
+  Tensor logits = Tensor::empty({2, kVocab}, DType::F32);
+  std::fill_n(logits.data<float>(), logits.numel(), -1.0f);
+  for (int64_t index : {kVocab - 1, int64_t{70001}, int64_t{4095}, int64_t{2048}}) logits.data<float>()[index] = 5.0f;
+  for (int64_t index : {int64_t{9000}, int64_t{2047}}) logits.data<float>()[kVocab + index] = 3.0f;
+  std::fill_n(logits.data<float>() + kVocab + 4096, 2048, -INFINITY);
+  Tensor tokens = backend->alloc({2}, DType::I32);
+  Tensor logprobs = backend->alloc({2}, DType::F32);
+  const Tensor greedy = Tensor::zeros({2, kSamplingSettingsWords}, DType::I32);
+  backend->graph_ops()->sample_tokens(backend->upload(logits), backend->upload(greedy), false, tokens, logprobs);
+  const Tensor device_tokens = backend->download(tokens);
+  const Tensor device_logprobs = backend->download(logprobs);
+  const int32_t expected[2] = {2048, 2047};
+  for (int64_t row = 0; row < 2; ++row) {
+    const std::span<const float> host_row(logits.data<float>() + row * kVocab, kVocab);
+    EXPECT_EQ(device_tokens.data<int32_t>()[row], expected[row]) << "row " << row;
+    EXPECT_NEAR(device_logprobs.data<float>()[row], log_probability(host_row, expected[row]), 1e-5) << "row " << row;
+  }
+}
 
 TEST(DeviceSamplerErrors, ASamplingRowWithoutSortingIsReported) {
   KILN_REQUIRE_CUDA();

@@ -326,6 +326,9 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
       sort_scratch = alloc({(bytes + 3) / 4}, DType::I32);
       args.sort_scratch = sort_scratch.raw();
     }
+    const auto chunk_bytes = static_cast<int64_t>(cuda::sampling_chunk_scratch_bytes(rows, vocab));
+    const Tensor chunk_scratch = alloc({(chunk_bytes + 3) / 4}, DType::I32);
+    args.chunk_scratch = chunk_scratch.raw();
     activate();
     launched(cuda::launch_sample_tokens(args, stream_), "sample_tokens");
   }

@@ -172,12 +172,14 @@ struct SamplingArgs {
   const int32_t* settings = nullptr;
   int64_t rows = 0, vocab = 0;
   void* sort_scratch = nullptr;    // sampling_sort_scratch_bytes(rows, vocab) bytes, or null: every row greedy
+  void* chunk_scratch = nullptr;   // sampling_chunk_scratch_bytes(rows, vocab) bytes
   int32_t* tokens = nullptr;       // [rows]
   float* logprobs = nullptr;       // [rows]
   DeviceErrorRecord* errors = nullptr;
 };
 // rows · vocab must fit an int (the radix sort's item count).
 size_t sampling_sort_scratch_bytes(int64_t rows, int64_t vocab);
+size_t sampling_chunk_scratch_bytes(int64_t rows, int64_t vocab);
 cudaError_t launch_sample_tokens(const SamplingArgs& args, cudaStream_t stream);
 
 // --- the Qwen3.5 hybrid ops (gated_delta.cu; the rounding of each is documented there) ---

@@ -1,7 +1,9 @@
 // Token choice on the device (GraphOps::sample_tokens), following engine/sampler.cpp step by step
 // so that the same logits and the same uniform draw give the same token as the host Sampler.
 //
-// Greedy rows: a block-wide argmax with the host's tie rule (the lowest id among equal logits).
+// Every row is first summarised in fixed chunks of its logits, by a grid of blocks: each chunk's
+// argmax (the host's tie rule: the lowest id among equal logits) and its f64 Σ exp(logit − chunk
+// max). Greedy rows take the best of the chunks' argmaxes.
 // Sampling rows: every row's candidates are sorted once by one device radix sort over all rows,
 // keyed (row, logit descending): a stable sort of ids in ascending order, so equal logits keep
 // the lower id first — the host's partial_sort comparator. Then one block per row walks the sorted
@@ -12,8 +14,9 @@
 // boundary between two candidates. The arithmetic depends only on the row itself: a row samples
 // the same token in any batch.
 //
-// The reported logprob is the log-softmax of the chosen logit over the whole row (f64 sums as on
-// the host, in the chunked order), rounded to f32.
+// The reported logprob is the log-softmax of the chosen logit over the whole row, rounded to f32:
+// f64 as on the host, the row's Σ exp(logit − max) formed from the chunks' sums, each scaled by
+// exp(chunk max − row max).
 #include <cmath>
 #include <cstdint>
 
@@ -90,59 +93,117 @@ __device__ double block_exclusive_prefix(double value, double* scratch) {
   return prefix;
 }
 
-// The argmax of a row (lowest index among equals) and the row's largest logit.
-__device__ int64_t block_argmax(const float* logits, int64_t vocab, float* value_scratch, int64_t* index_scratch) {
-  float best = -INFINITY;
-  int64_t best_index = vocab;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads)
-    if (best_index == vocab || logits[i] > best) {
-      best = logits[i];
-      best_index = i;
-    }
-  value_scratch[threadIdx.x] = best;
-  index_scratch[threadIdx.x] = best_index;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const float other = value_scratch[threadIdx.x + stride];
-      const int64_t other_index = index_scratch[threadIdx.x + stride];
-      const int64_t own_index = index_scratch[threadIdx.x];
-      if (other_index != vocab &&
-          (own_index == vocab || other > value_scratch[threadIdx.x] ||
-           (other == value_scratch[threadIdx.x] && other_index < own_index))) {
-        value_scratch[threadIdx.x] = other;
-        index_scratch[threadIdx.x] = other_index;
-      }
-    }
-    __syncthreads();
+// A row's logits are first summarised in chunks of kChunkLogits by a grid of blocks (one pass over
+// the row, spread over the device), and the sampling block combines the chunks' summaries: one
+// block reading a 128k-entry vocabulary and taking an f64 exp of every logit cost tens of
+// microseconds per step. The chunk count depends on the vocabulary alone.
+constexpr int kChunkThreads = 256;
+constexpr int64_t kChunkLogits = 2048;
+
+struct ChunkSummary {
+  double exp_sum;  // Σ exp(logit − maximum) over the chunk, f64, in the block's fixed order
+  float maximum;   // the chunk's largest logit
+  int32_t argmax;  // its lowest index among equals, within the row
+};
+
+__host__ __device__ int64_t chunks_of(int64_t vocab) { return (vocab + kChunkLogits - 1) / kChunkLogits; }
+
+// (value, index) orders candidates by the host's rule: the larger logit, then the lower id;
+// index < 0 marks no candidate.
+struct Candidate {
+  float value;
+  int32_t index;
+};
+__device__ __forceinline__ Candidate better(Candidate own, Candidate other) {
+  if (other.index < 0) return own;
+  if (own.index < 0 || other.value > own.value || (other.value == own.value && other.index < own.index)) return other;
+  return own;
+}
+__device__ __forceinline__ Candidate warp_best(Candidate candidate) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const Candidate other{__shfl_xor_sync(0xffffffffu, candidate.value, offset),
+                          __shfl_xor_sync(0xffffffffu, candidate.index, offset)};
+    candidate = better(candidate, other);
   }
-  const int64_t index = index_scratch[0];
-  __syncthreads();
-  return index;
+  return candidate;
+}
+__device__ __forceinline__ double warp_sum(double value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
 }
 
-// log-softmax of logits[token] over the row, in f64 (engine/sampler.cpp log_probability).
-__device__ float block_log_probability(const float* logits, int64_t vocab, int64_t argmax, int64_t token,
-                                       double* scratch) {
-  const double maximum = logits[argmax];
+// Block (chunk, row): the chunk's argmax, then Σ exp(logit − chunk max), each thread taking the
+// chunk's logits at its stride; warps reduce by a fixed butterfly, warp results in warp order.
+__global__ void __launch_bounds__(kChunkThreads)
+    summarise_chunks_kernel(const float* logits, int64_t vocab, ChunkSummary* summaries) {
+  follow_previous_grid();
+  __shared__ Candidate warp_candidates[kChunkThreads / 32];
+  __shared__ double warp_sums[kChunkThreads / 32];
+  const int64_t row = blockIdx.y, chunk = blockIdx.x;
+  const float* row_logits = logits + row * vocab;
+  const int64_t begin = chunk * kChunkLogits;
+  const int64_t end = begin + kChunkLogits < vocab ? begin + kChunkLogits : vocab;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  Candidate best{-INFINITY, -1};
+  for (int64_t i = begin + threadIdx.x; i < end; i += kChunkThreads)
+    best = better(best, Candidate{row_logits[i], static_cast<int32_t>(i)});
+  best = warp_best(best);
+  if (lane == 0) warp_candidates[warp] = best;
+  __syncthreads();
+  best = warp_candidates[0];
+  for (int w = 1; w < kChunkThreads / 32; ++w) best = better(best, warp_candidates[w]);
+  // A chunk of −∞ only (a masked stretch of the vocabulary) adds nothing to the row's sum.
+  const double maximum = best.value;
   double local = 0.0;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) local += exp(static_cast<double>(logits[i]) - maximum);
-  const double sum = block_sum(local, scratch);
-  return static_cast<float>(static_cast<double>(logits[token]) - maximum - log(sum));
+  if (maximum != -INFINITY)
+    for (int64_t i = begin + threadIdx.x; i < end; i += kChunkThreads)
+      local += exp(static_cast<double>(row_logits[i]) - maximum);
+  local = warp_sum(local);
+  if (lane == 0) warp_sums[warp] = local;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double sum = 0.0;
+  for (int w = 0; w < kChunkThreads / 32; ++w) sum += warp_sums[w];
+  summaries[row * gridDim.x + chunk] = ChunkSummary{sum, best.value, best.index};
+}
+
+struct RowSummary {
+  int64_t argmax;
+  double maximum;
+  double exp_sum;  // Σ exp(logit − maximum) over the row
+};
+
+// Warp 0 combines a row's chunk summaries (lane c takes chunks c, c + 32, …; fixed butterflies)
+// and shares the result with the block.
+__device__ RowSummary combine_chunks(const ChunkSummary* chunks, int64_t count, RowSummary* shared) {
+  if (threadIdx.x < 32) {
+    Candidate best{-INFINITY, -1};
+    for (int64_t c = threadIdx.x; c < count; c += 32) best = better(best, Candidate{chunks[c].maximum, chunks[c].argmax});
+    best = warp_best(best);
+    const double maximum = best.value;
+    double local = 0.0;
+    for (int64_t c = threadIdx.x; c < count; c += 32)
+      local += chunks[c].exp_sum * exp(static_cast<double>(chunks[c].maximum) - maximum);
+    local = warp_sum(local);
+    if (threadIdx.x == 0) *shared = RowSummary{best.index, maximum, local};
+  }
+  __syncthreads();
+  return *shared;
 }
 
 __global__ void __launch_bounds__(kThreads)
-    sample_kernel(const float* logits, const int32_t* settings, int64_t vocab, const int32_t* sorted_ids,
-                  int32_t* tokens, float* logprobs, DeviceErrorRecord* errors) {
+    sample_kernel(const float* logits, const ChunkSummary* chunks, const int32_t* settings, int64_t vocab,
+                  const int32_t* sorted_ids, int32_t* tokens, float* logprobs, DeviceErrorRecord* errors) {
   follow_previous_grid();
   __shared__ double sums[kThreads];
   __shared__ int64_t indices[kThreads];
-  __shared__ float values[kThreads];
+  __shared__ RowSummary row_summary;
   const int64_t row = blockIdx.x;
   const float* row_logits = logits + row * vocab;
   const RowSettings row_settings = read_settings(settings, row);
-  const int64_t argmax = block_argmax(row_logits, vocab, values, indices);
-  int64_t token = argmax;
+  const int64_t chunk_count = chunks_of(vocab);
+  const RowSummary summary = combine_chunks(chunks + row * chunk_count, chunk_count, &row_summary);
+  int64_t token = summary.argmax;
   if (row_settings.temperature != 0.0f && !sorted_ids) {
     if (threadIdx.x == 0 && atomicCAS(&errors->code, 0, kSamplingRowNotSorted) == 0) {
       errors->value = static_cast<int32_t>(row);
@@ -207,10 +268,9 @@ __global__ void __launch_bounds__(kThreads)
     chosen = block_min(chosen, indices);
     token = order[chosen];
   }
-  const float logprob = block_log_probability(row_logits, vocab, argmax, token, sums);
   if (threadIdx.x == 0) {
     tokens[row] = static_cast<int32_t>(token);
-    logprobs[row] = logprob;
+    logprobs[row] = static_cast<float>(static_cast<double>(row_logits[token]) - summary.maximum - log(summary.exp_sum));
   }
 }
 
@@ -255,6 +315,10 @@ size_t sampling_sort_scratch_bytes(int64_t rows, int64_t vocab) {
          align_up(cub_scratch_bytes(rows, vocab));
 }
 
+size_t sampling_chunk_scratch_bytes(int64_t rows, int64_t vocab) {
+  return static_cast<size_t>(rows * chunks_of(vocab)) * sizeof(ChunkSummary);
+}
+
 cudaError_t launch_sample_tokens(const SamplingArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
   const int32_t* sorted_ids = nullptr;
@@ -283,7 +347,12 @@ cudaError_t launch_sample_tokens(const SamplingArgs& args, cudaStream_t stream) 
       return status;
     sorted_ids = ids_out;
   }
-  launch_after_previous(&sample_kernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args.logits,
+  auto* chunks = static_cast<ChunkSummary*>(args.chunk_scratch);
+  launch_after_previous(&summarise_chunks_kernel,
+                        dim3(static_cast<unsigned>(chunks_of(args.vocab)), static_cast<unsigned>(args.rows)),
+                        kChunkThreads, 0, stream, args.logits, args.vocab, chunks);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  launch_after_previous(&sample_kernel, static_cast<unsigned>(args.rows), kThreads, 0, stream, args.logits, chunks,
                         args.settings, args.vocab, sorted_ids, args.tokens, args.logprobs, args.errors);
   return cudaGetLastError();
 }
