@@ -565,21 +565,48 @@ struct DecodeConfig {
   __host__ __device__ static int rings_bytes(int warps, int64_t m) { return warps * kStages * stage_bytes(m); }
 };
 
+// A lane's share of a stage's weight copies. The stage holds kColumns rows × 4 chunks × 4 16-byte
+// units; lane l copies unit l % 4 of chunk (l / 4) % 4 of rows l / 16 + 2i (i < kColumns / 2), so
+// everything but the stage's k is fixed per lane and computed once: per stage, one k bound and
+// kColumns / 2 addresses a fixed stride apart. (Recomputing the indices for every copy made the
+// decode matmul slower, docs/perf.md.)
 template <int kColumns>
-__device__ __forceinline__ void load_decode_weights(uint8_t* stage, const bf16* w, int64_t n, int64_t k,
-                                                    int64_t column0, int64_t k_base) {
-  constexpr int kPiecesPerLine = kDecodeChunksPerStage * 4;
-  const int lane = threadIdx.x % 32;
-  for (int piece = lane; piece < kColumns * kPiecesPerLine; piece += 32) {
-    const int column = piece / kPiecesPerLine;
-    const int chunk = (piece / 4) % kDecodeChunksPerStage;
-    const int q = piece % 4;
-    const int64_t global_k = k_base + chunk * kChunk + q * 8;
-    const bool valid = column0 + column < n && global_k < k;
-    const bf16* source = valid ? w + (column0 + column) * k + global_k : w;
-    cp_async_16(chunk_unit(stage + chunk * kColumns * kChunkBytes, column, q), source, valid);
+struct DecodeWeightCopies {
+  static constexpr int kCopies = kColumns / 2;
+  const bf16* row_start;   // the lane's unit of its first row, at k = 0
+  const bf16* fallback;    // a valid address for the copies that read nothing
+  int64_t row_pair;        // elements from one of the lane's rows to the next (two weight rows)
+  int64_t k_limit;         // the lane's unit lies inside K while the stage's k is below this
+  uint32_t rows_inside;    // bit i: the lane's row i is one of the n rows
+  uint32_t line;           // byte offset of the lane's first line in a stage
+  uint32_t unit_even;      // its unit's offset in lines l with l & 2 clear (chunk_unit's swizzle)…
+  uint32_t unit_odd;       // …and set: the lane's rows 2i + l / 16 have it set exactly for odd i
+  __device__ DecodeWeightCopies(const bf16* w, int64_t n, int64_t k, int64_t column0) {
+    const int lane = threadIdx.x % 32;
+    const int chunk = (lane / 4) % kDecodeChunksPerStage, unit = lane % 4, first_row = lane / 16;
+    const int64_t offset = chunk * kChunk + unit * 8;
+    row_start = w + (column0 + first_row) * k + offset;
+    fallback = w;
+    row_pair = 2 * k;
+    k_limit = k - offset;
+    rows_inside = 0;
+    for (int i = 0; i < kCopies; ++i)
+      if (column0 + first_row + 2 * i < n) rows_inside |= 1u << i;
+    line = chunk * kColumns * kChunkBytes + first_row * kChunkBytes;
+    unit_even = unit * 16;
+    unit_odd = (unit ^ 2) * 16;
   }
-}
+  __device__ __forceinline__ void issue(uint8_t* stage, int64_t k_base) const {
+    const bool k_inside = k_base < k_limit;
+    const bf16* source = row_start + k_base;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const bool valid = k_inside && (rows_inside >> i & 1u);
+      uint8_t* target = stage + line + 2 * i * kChunkBytes + (i % 2 ? unit_odd : unit_even);
+      cp_async_16(target, valid ? source + i * row_pair : fallback, valid);
+    }
+  }
+};
 
 // Only the m real rows of x are copied: the other columns of the B fragment feed only output rows
 // that are never stored (an mma element depends on its own row and column alone).
@@ -640,8 +667,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   // The first stages' weights are requested before waiting for the previous kernel (they are
   // constant), so with programmatic dependent launch their latency overlaps that kernel's end; x
   // and every store come after. The first commit group holds all those weights.
+  const DecodeWeightCopies<kColumns> weight_copies(w, n, k, column0);
   for (int s = 0; s < kStages - 1; ++s)
-    if (s < my_stages) load_decode_weights<kColumns>(ring + s * stage_bytes, w, n, k, column0, stage_of(s) * kDecodeStageK);
+    if (s < my_stages) weight_copies.issue(ring + s * stage_bytes, stage_of(s) * kDecodeStageK);
   follow_previous_grid();
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < my_stages) load_decode_inputs<Config>(ring + s * stage_bytes, x, m, k, stage_of(s) * kDecodeStageK);
@@ -655,7 +683,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int64_t prefetch = i + kStages - 1;
     if (prefetch < my_stages) {
       uint8_t* stage = ring + (prefetch % kStages) * stage_bytes;
-      load_decode_weights<kColumns>(stage, w, n, k, column0, stage_of(prefetch) * kDecodeStageK);
+      weight_copies.issue(stage, stage_of(prefetch) * kDecodeStageK);
       load_decode_inputs<Config>(stage, x, m, k, stage_of(prefetch) * kDecodeStageK);
     }
     cp_async_commit();
