@@ -380,7 +380,17 @@ void bench_decode_ops() {
          }));
   report("swiglu 14336", seconds_per_captured_call(*cuda, 100, [&](int) { cuda->swiglu(gate, up, gate); }));
   report("rope_kv_write 32/8 heads x 128", seconds_per_captured_call(*cuda, 100, [&](int) {
-           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), k_cache, v_cache);
+           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), nullptr, k_cache, v_cache);
+         }));
+  Tensor head_gain = cuda->upload(random_host({head_dim}, DType::BF16, random, 1.0f));
+  const HeadNorms head_norms{head_gain, head_gain, 1e-6f, NormStyle::Plain};
+  report("q/k norms, rope_kv_write (3 ops)", seconds_per_captured_call(*cuda, 100, [&](int) {
+           cuda->rms_norm(q, head_gain, 1e-6f, NormStyle::Plain, q);
+           cuda->rms_norm(k, head_gain, 1e-6f, NormStyle::Plain, k);
+           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), nullptr, k_cache, v_cache);
+         }));
+  report("rope_kv_write with head norms", seconds_per_captured_call(*cuda, 100, [&](int) {
+           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), &head_norms, k_cache, v_cache);
          }));
   report("attention ctx 512", seconds_per_captured_call(*cuda, 100, [&](int) {
            cuda->attention(q, k_cache, v_cache, layout, 0.088f, attended);

@@ -11,7 +11,11 @@ void Backend::matmul_group(const Tensor& x, std::span<const MatmulTarget> target
 }
 
 void Backend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                            int rotary_dim, Tensor& k_cache, Tensor& v_cache) {
+                            int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) {
+  if (head_norms) {
+    rms_norm(q, head_norms->q_weight, head_norms->eps, head_norms->style, q);
+    rms_norm(k, head_norms->k_weight, head_norms->eps, head_norms->style, k);
+  }
   rope(q, layout.positions, inv_freq, rotary_dim);
   rope(k, layout.positions, inv_freq, rotary_dim);
   kv_write(k, v, layout, k_cache, v_cache);

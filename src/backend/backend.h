@@ -52,6 +52,15 @@ enum class NormStyle {
   ZeroCentred,  // Qwen3.5: y = (1 + w) · x̂, with 1 + w in f32
 };
 
+// Per-head RMSNorms applied to q and k before RoPE (Qwen3's q_norm / k_norm, Qwen3.5's gated
+// attention): gains of [head_dim] each.
+struct HeadNorms {
+  const Tensor& q_weight;
+  const Tensor& k_weight;
+  float eps;
+  NormStyle style;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -102,9 +111,10 @@ class Backend {
   virtual void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
                         Tensor& v_cache) = 0;
   // rope(q); rope(k); kv_write(k, v), with k rotated in place too: the attention inputs of a step
-  // in one op (one kernel on CUDA), every element bit-identical to the three ops.
+  // in one op (one kernel on CUDA), every element bit-identical to the three ops. With head_norms,
+  // rms_norm(q, q_weight) and rms_norm(k, k_weight) over each head come first, in place.
   virtual void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                             int rotary_dim, Tensor& k_cache, Tensor& v_cache);
+                             int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache);
   // Causal GQA attention of q [T, heads, head_dim] over the cache rows 0..positions[t] of its
   // slot; query head h reads kv head h / (heads / kv_heads). out is [T, heads, head_dim].
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -180,11 +180,9 @@ class LlamaModel final : public Model {
                                   {&layer.k_proj, optional(layer.k_bias), &k_flat},
                                   {&layer.v_proj, optional(layer.v_bias), &v_flat}};
       ops.matmul_group(normed, qkv);
-      if (config_.qk_norm) {
-        ops.rms_norm(q, layer.q_norm, eps, NormStyle::Plain, q);
-        ops.rms_norm(k, layer.k_norm, eps, NormStyle::Plain, k);
-      }
-      ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, cache.keys[index], cache.values[index]);
+      const HeadNorms head_norms{layer.q_norm, layer.k_norm, eps, NormStyle::Plain};
+      ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, config_.qk_norm ? &head_norms : nullptr,
+                        cache.keys[index], cache.values[index]);
       ops.attention(q, cache.keys[index], cache.values[index], layout, scale, attention);
       ops.matmul(flat(attention), layer.o_proj, optional(layer.o_bias), projected);
       if (collective_) collective_->all_reduce_sum(projected);

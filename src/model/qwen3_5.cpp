@@ -285,9 +285,8 @@ class Qwen35Model final : public Model {
     Tensor q = ops.alloc({tokens, heads, head_dim}, act);
     Tensor gate = ops.alloc({tokens, heads, head_dim}, act);
     hybrid_->split_query_gate(query_and_gate, q, gate);
-    ops.rms_norm(q, w.q_norm, eps, NormStyle::ZeroCentred, q);
-    ops.rms_norm(k, w.k_norm, eps, NormStyle::ZeroCentred, k);
-    ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, cache.keys[layer.state_index],
+    const HeadNorms head_norms{w.q_norm, w.k_norm, eps, NormStyle::ZeroCentred};
+    ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, &head_norms, cache.keys[layer.state_index],
                       cache.values[layer.state_index]);
     Tensor attended = ops.alloc({tokens, heads, head_dim}, act);
     ops.attention(q, cache.keys[layer.state_index], cache.values[layer.state_index], layout,

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -318,30 +319,42 @@ std::vector<OpCase> elementwise_cases(std::mt19937& random) {
   }
 
   // The fused attention inputs: two sequences (one prefill chunk, one decode token), GQA 2, full
-  // and partial rotary dims.
+  // and partial rotary dims, without and with per-head norms (Qwen3's plain ones, Qwen3.5's
+  // zero-centred ones).
   for (int64_t rotary_dim : {64, 32}) {
-    constexpr int64_t kHeads = 4, kKvHeads = 2, kHeadDim = 64;
-    const std::vector<SequenceSpan> spans = spans_of({{1, 64, 70}, {0, 300, 1}});
-    const int64_t tokens = span_tokens(spans);
-    OpCase fused;
-    fused.name = "rope_kv_write rotary=" + std::to_string(rotary_dim);
-    Tensor inv_freq = Tensor::empty({rotary_dim / 2}, DType::F32);
-    for (int64_t j = 0; j < rotary_dim / 2; ++j)
-      inv_freq.data<float>()[j] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * j / static_cast<double>(rotary_dim)));
-    fused.inputs = {{random_f32({tokens, kHeads, kHeadDim}, random), Role::Activation},
-                    {random_f32({tokens, kKvHeads, kHeadDim}, random), Role::Activation},
-                    {random_f32({tokens, kKvHeads, kHeadDim}, random), Role::Activation},
-                    {inv_freq, Role::Float32}};
-    fused.run = [spans, tokens, rotary_dim](Backend& backend, std::vector<Tensor>& in) {
-      Tensor k_cache = backend.alloc({2, 400, kKvHeads, kHeadDim}, backend.activation_dtype());
-      Tensor v_cache = backend.alloc({2, 400, kKvHeads, kHeadDim}, backend.activation_dtype());
-      backend.zero(k_cache);
-      backend.zero(v_cache);
-      const BatchLayout layout = backend.make_layout(spans, std::vector<int32_t>(tokens, 0));
-      backend.rope_kv_write(in[0], in[1], in[2], layout, in[3], static_cast<int>(rotary_dim), k_cache, v_cache);
-      return std::vector<Tensor>{in[0], in[1], k_cache, v_cache};
-    };
-    cases.push_back(std::move(fused));
+    for (std::optional<NormStyle> norms : {std::optional<NormStyle>{}, std::optional{NormStyle::Plain},
+                                           std::optional{NormStyle::ZeroCentred}}) {
+      constexpr int64_t kHeads = 4, kKvHeads = 2, kHeadDim = 64;
+      const std::vector<SequenceSpan> spans = spans_of({{1, 64, 70}, {0, 300, 1}});
+      const int64_t tokens = span_tokens(spans);
+      OpCase fused;
+      fused.name = "rope_kv_write rotary=" + std::to_string(rotary_dim) +
+                   (!norms ? "" : *norms == NormStyle::Plain ? " head norms" : " zero-centred head norms");
+      Tensor inv_freq = Tensor::empty({rotary_dim / 2}, DType::F32);
+      for (int64_t j = 0; j < rotary_dim / 2; ++j)
+        inv_freq.data<float>()[j] =
+            static_cast<float>(1.0 / std::pow(500000.0, 2.0 * j / static_cast<double>(rotary_dim)));
+      fused.inputs = {{random_f32({tokens, kHeads, kHeadDim}, random), Role::Activation},
+                      {random_f32({tokens, kKvHeads, kHeadDim}, random), Role::Activation},
+                      {random_f32({tokens, kKvHeads, kHeadDim}, random), Role::Activation},
+                      {inv_freq, Role::Float32},
+                      {random_f32({kHeadDim}, random), Role::Weight},
+                      {random_f32({kHeadDim}, random), Role::Weight}};
+      fused.f32_weight_dtypes = {DType::F32, DType::BF16};
+      fused.run = [spans, tokens, rotary_dim, norms](Backend& backend, std::vector<Tensor>& in) {
+        Tensor k_cache = backend.alloc({2, 400, kKvHeads, kHeadDim}, backend.activation_dtype());
+        Tensor v_cache = backend.alloc({2, 400, kKvHeads, kHeadDim}, backend.activation_dtype());
+        backend.zero(k_cache);
+        backend.zero(v_cache);
+        const BatchLayout layout = backend.make_layout(spans, std::vector<int32_t>(tokens, 0));
+        const std::optional<HeadNorms> head_norms =
+            norms ? std::optional<HeadNorms>(HeadNorms{in[4], in[5], 1e-6f, *norms}) : std::nullopt;
+        backend.rope_kv_write(in[0], in[1], in[2], layout, in[3], static_cast<int>(rotary_dim),
+                              head_norms ? &*head_norms : nullptr, k_cache, v_cache);
+        return std::vector<Tensor>{in[0], in[1], k_cache, v_cache};
+      };
+      cases.push_back(std::move(fused));
+    }
   }
   return cases;
 }
@@ -594,11 +607,16 @@ TEST(CudaBackendOps, FusedOpsRejectWhatTheyCannotCompute) {
   Tensor v = cuda->alloc({1, 3, 16}, DType::BF16);
   Tensor k_cache = cuda->alloc({1, 8, 2, 16}, DType::BF16), v_cache = cuda->alloc({1, 8, 2, 16}, DType::BF16);
   Tensor inv_freq = cuda->alloc({8}, DType::F32);
-  expect_error_mentions([&] { cuda->rope_kv_write(q, k, v, one, inv_freq, 16, k_cache, v_cache); },
+  expect_error_mentions([&] { cuda->rope_kv_write(q, k, v, one, inv_freq, 16, nullptr, k_cache, v_cache); },
                         {"CUDA rope_kv_write: q BF16 [1, 4, 16], k BF16 [1, 3, 16] and v BF16 [1, 3, 16] must be"});
   Tensor k2 = cuda->alloc({1, 2, 16}, DType::BF16), v2 = cuda->alloc({1, 2, 16}, DType::BF16);
-  expect_error_mentions([&] { cuda->rope_kv_write(q, k2, v2, one, inv_freq, 12, k_cache, v_cache); },
+  expect_error_mentions([&] { cuda->rope_kv_write(q, k2, v2, one, inv_freq, 12, nullptr, k_cache, v_cache); },
                         {"CUDA rope_kv_write: inv_freq has 8 entries, rotary_dim 12 needs 6"});
+  Tensor gain = cuda->alloc({16}, DType::BF16), short_gain = cuda->alloc({12}, DType::BF16);
+  const HeadNorms mismatched{gain, short_gain, 1e-6f, NormStyle::Plain};
+  expect_error_mentions(
+      [&] { cuda->rope_kv_write(q, k2, v2, one, inv_freq, 16, &mismatched, k_cache, v_cache); },
+      {"CUDA rope_kv_write: the q and k norm weights BF16 [16] and BF16 [12] must be [16] in one float dtype"});
 }
 
 // The hybrid ops' error paths: each names the op and what is wrong, before any launch.
@@ -797,39 +815,71 @@ TEST(CudaPrefillGemm, RowsAreTheDecodeKernelsBits) {
   }
 }
 
-// rope_kv_write gives the bits of rope(q), rope(k), kv_write(k, v).
-TEST_P(CudaInvariance, RopeKvWriteEqualsRopeThenKvWriteBitForBit) {
+// rope_kv_write gives the bits of rope(q), rope(k), kv_write(k, v) — and, with per-head norms, of
+// rms_norm(q), rms_norm(k) before them — for decode steps (a head per block) and prefills (eight),
+// full and partial rotary dims, head dims under and over the block's 64 threads per head.
+TEST_P(CudaInvariance, RopeKvWriteEqualsItsOpsBitForBit) {
   KILN_REQUIRE_CUDA();
   const DType act = GetParam();
   std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
   std::mt19937 random(14);
-  const std::vector<SequenceSpan> spans = spans_of({{2, 0, 130}, {0, 17, 1}, {1, 255, 3}});
-  const int64_t tokens = span_tokens(spans), heads = 8, kv_heads = 2, head_dim = 128, rotary_dim = 128;
-  Tensor inv_freq_host = Tensor::empty({rotary_dim / 2}, DType::F32);
-  for (int64_t j = 0; j < rotary_dim / 2; ++j)
-    inv_freq_host.data<float>()[j] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * j / static_cast<double>(rotary_dim)));
-  const Tensor inv_freq = cuda->upload(inv_freq_host);
-  const Tensor q_host = f32_as(random_f32({tokens, heads, head_dim}, random), act);
-  const Tensor k_host = f32_as(random_f32({tokens, kv_heads, head_dim}, random), act);
-  const Tensor v = cuda->upload(f32_as(random_f32({tokens, kv_heads, head_dim}, random), act));
-  const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(tokens, 0));
-  auto run = [&](bool fused) {
-    Tensor q = cuda->upload(q_host), k = cuda->upload(k_host);
-    Tensor k_cache = cuda->alloc({3, 260, kv_heads, head_dim}, act), v_cache = cuda->alloc({3, 260, kv_heads, head_dim}, act);
-    cuda->zero(k_cache);
-    cuda->zero(v_cache);
-    if (fused) {
-      cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(rotary_dim), k_cache, v_cache);
-    } else {
-      cuda->rope(q, layout.positions, inv_freq, static_cast<int>(rotary_dim));
-      cuda->rope(k, layout.positions, inv_freq, static_cast<int>(rotary_dim));
-      cuda->kv_write(k, v, layout, k_cache, v_cache);
-    }
-    return std::vector<Tensor>{cuda->download(q), cuda->download(k), cuda->download(k_cache), cuda->download(v_cache)};
+  struct Case {
+    std::vector<SequenceSpan> spans;
+    int64_t head_dim, rotary_dim;
   };
-  const std::vector<Tensor> fused = run(true), separate = run(false);
-  for (size_t i = 0; i < fused.size(); ++i)
-    EXPECT_EQ(std::memcmp(fused[i].raw(), separate[i].raw(), fused[i].nbytes()), 0) << "output " << i;
+  const std::vector<Case> cases = {{spans_of({{2, 0, 130}, {0, 17, 1}, {1, 255, 3}}), 128, 128},
+                                   {spans_of({{2, 40, 1}, {0, 17, 1}, {1, 255, 1}}), 128, 128},
+                                   {spans_of({{1, 3, 20}, {0, 9, 1}}), 80, 32},
+                                   {spans_of({{0, 100, 1}}), 24, 24}};
+  for (const Case& shape : cases) {
+    const int64_t tokens = span_tokens(shape.spans), heads = 8, kv_heads = 2;
+    const int64_t head_dim = shape.head_dim, rotary_dim = shape.rotary_dim;
+    Tensor inv_freq_host = Tensor::empty({rotary_dim / 2}, DType::F32);
+    for (int64_t j = 0; j < rotary_dim / 2; ++j)
+      inv_freq_host.data<float>()[j] =
+          static_cast<float>(1.0 / std::pow(10000.0, 2.0 * j / static_cast<double>(rotary_dim)));
+    const Tensor inv_freq = cuda->upload(inv_freq_host);
+    const Tensor q_host = f32_as(random_f32({tokens, heads, head_dim}, random), act);
+    const Tensor k_host = f32_as(random_f32({tokens, kv_heads, head_dim}, random), act);
+    const Tensor v = cuda->upload(f32_as(random_f32({tokens, kv_heads, head_dim}, random), act));
+    const BatchLayout layout = cuda->make_layout(shape.spans, std::vector<int32_t>(tokens, 0));
+    for (const DType gain_dtype : {act, DType::F32}) {
+      const Tensor q_gain = cuda->upload(f32_as(random_f32({head_dim}, random), gain_dtype));
+      const Tensor k_gain = cuda->upload(f32_as(random_f32({head_dim}, random), gain_dtype));
+      for (std::optional<NormStyle> norms : {std::optional<NormStyle>{}, std::optional{NormStyle::Plain},
+                                             std::optional{NormStyle::ZeroCentred}}) {
+        const std::optional<HeadNorms> head_norms =
+            norms ? std::optional<HeadNorms>(HeadNorms{q_gain, k_gain, 1e-6f, *norms}) : std::nullopt;
+        auto run = [&](bool fused) {
+          Tensor q = cuda->upload(q_host), k = cuda->upload(k_host);
+          Tensor k_cache = cuda->alloc({3, 260, kv_heads, head_dim}, act);
+          Tensor v_cache = cuda->alloc({3, 260, kv_heads, head_dim}, act);
+          cuda->zero(k_cache);
+          cuda->zero(v_cache);
+          if (fused) {
+            cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(rotary_dim),
+                                head_norms ? &*head_norms : nullptr, k_cache, v_cache);
+          } else {
+            if (head_norms) {
+              cuda->rms_norm(q, q_gain, head_norms->eps, head_norms->style, q);
+              cuda->rms_norm(k, k_gain, head_norms->eps, head_norms->style, k);
+            }
+            cuda->rope(q, layout.positions, inv_freq, static_cast<int>(rotary_dim));
+            cuda->rope(k, layout.positions, inv_freq, static_cast<int>(rotary_dim));
+            cuda->kv_write(k, v, layout, k_cache, v_cache);
+          }
+          return std::vector<Tensor>{cuda->download(q), cuda->download(k), cuda->download(k_cache),
+                                     cuda->download(v_cache)};
+        };
+        const std::vector<Tensor> fused = run(true), separate = run(false);
+        for (size_t i = 0; i < fused.size(); ++i)
+          EXPECT_EQ(std::memcmp(fused[i].raw(), separate[i].raw(), fused[i].nbytes()), 0)
+              << "output " << i << ", " << tokens << " tokens, head_dim " << head_dim << ", rotary " << rotary_dim
+              << ", gains " << dtype_name(gain_dtype) << ", norms "
+              << (!norms ? "none" : *norms == NormStyle::Plain ? "plain" : "zero-centred");
+      }
+    }
+  }
 }
 
 TEST_P(CudaInvariance, NormRowIsBitIdenticalAloneAndInAnyBatch) {

@@ -499,7 +499,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   }
 
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                     int rotary_dim, Tensor& k_cache, Tensor& v_cache) override {
+                     int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) override {
     constexpr const char* op = "rope_kv_write";
     check_rope(q, layout.positions, inv_freq, rotary_dim, op, "q");
     check_rope(k, layout.positions, inv_freq, rotary_dim, op, "k");
@@ -528,6 +528,25 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
     args.rotary_dim = rotary_dim;
     args.capacity = cache.capacity;
     args.dtype = cache.dtype;
+    if (head_norms) {
+      const Tensor& q_weight = head_norms->q_weight;
+      const Tensor& k_weight = head_norms->k_weight;
+      require_device(q_weight, op, "q norm weight");
+      require_device(k_weight, op, "k norm weight");
+      if (q_weight.ndim() != 1 || k_weight.ndim() != 1 || q_weight.dim(0) != cache.head_dim ||
+          k_weight.dim(0) != cache.head_dim || !is_float(q_weight.dtype()) || k_weight.dtype() != q_weight.dtype())
+        fail("CUDA {}: the q and k norm weights {} {} and {} {} must be [{}] in one float dtype", op,
+             dtype_name(q_weight.dtype()), shape_string(q_weight.shape()), dtype_name(k_weight.dtype()),
+             shape_string(k_weight.shape()), cache.head_dim);
+      if (cache.head_dim > cuda::kNormWarpRowMaxWidth)
+        fail("CUDA {}: per-head norms take heads of at most {} dims, not {}", op, cuda::kNormWarpRowMaxWidth,
+             cache.head_dim);
+      args.q_norm = q_weight.raw();
+      args.k_norm = k_weight.raw();
+      args.norm_dtype = q_weight.dtype();
+      args.norm_eps = head_norms->eps;
+      args.norm_zero_centred = head_norms->style == NormStyle::ZeroCentred;
+    }
     activate();
     launched(cuda::launch_rope_kv_write(args, stream_), op);
   }

@@ -55,6 +55,10 @@ cudaError_t launch_kv_write(const void* k, const void* v, int64_t tokens, int64_
                             const int32_t* slots, const int32_t* positions, int64_t capacity, void* k_cache,
                             void* v_cache, cudaStream_t stream);
 
+// Norm rows up to this wide are reduced by one warp (norm.cu's file comment says in what order);
+// the per-head norms that rope_kv_write applies take heads up to this wide.
+constexpr int64_t kNormWarpRowMaxWidth = 1024;
+
 struct NormArgs {
   const void* x = nullptr;        // [rows, width] in stream_dtype (rms_norm; may alias out)
   void* residual = nullptr;       // add_rms_norm: [rows, width] in stream_dtype, updated in place
@@ -89,6 +93,13 @@ struct RopeKvWriteArgs {
   const float* inv_freq = nullptr;     // [rotary_dim / 2]
   int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0, capacity = 0;
   DType dtype = DType::F32;
+  // The per-head RMSNorms applied to q and k before the rotation, as rms_norm(q, q_norm) and
+  // rms_norm(k, k_norm) would (Qwen3's q_norm / k_norm): [head_dim] gains in norm_dtype, or null.
+  const void* q_norm = nullptr;
+  const void* k_norm = nullptr;
+  DType norm_dtype = DType::F32;
+  float norm_eps = 0.0f;
+  bool norm_zero_centred = false;
 };
 cudaError_t launch_rope_kv_write(const RopeKvWriteArgs& args, cudaStream_t stream);
 

@@ -1,10 +1,10 @@
 // RMSNorm and the fused residual-add + RMSNorm.
 //
-// Reduction order: a row of width D is reduced by one warp when D ≤ kWarpRowMaxWidth, else by one
-// block of kBlockThreads. Thread i sums the squares of elements i, i + threads, i + 2·threads, …
-// in that order, the warp folds its lanes with a fixed xor butterfly (16, 8, 4, 2, 1), and in the
-// block case thread 0 adds the warp totals in warp order. The choice depends on D alone, so a row's
-// result never depends on how many rows the call has.
+// Reduction order: a row of width D is reduced by one warp when D ≤ kNormWarpRowMaxWidth
+// (kernels.h), else by one block of kBlockThreads. Thread i sums the squares of elements i,
+// i + threads, i + 2·threads, … in that order, the warp folds its lanes with a fixed xor
+// butterfly (16, 8, 4, 2, 1), and in the block case thread 0 adds the warp totals in warp order.
+// The choice depends on D alone, so a row's result never depends on how many rows the call has.
 //
 // Rounding points (architectures.md A.4, D.1), all vanishing for f32 activations:
 //   add:   residual ← ⟦residual + delta⟧ₛ, and the norm reads the stored residual
@@ -16,11 +16,11 @@
 
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/rms_math.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-constexpr int64_t kWarpRowMaxWidth = 1024;
 // 1024 threads: a decode step normalises one row of 2–8 k elements, so the row's latency, not
 // bandwidth, is the cost, and more threads issue its loads at once (256 threads took ~6.7 µs per
 // 4096-wide add_rms_norm on the H200, kiln_cuda_bench decode-ops).
@@ -31,13 +31,7 @@ constexpr int kWarpRowsPerBlock = 8;
 // a warp row (D ≤ 4 × 32, per-head norms, or D ≤ 32 × 32). Wider rows (kHeld = 0) are read twice.
 constexpr int kBlockHeld = 8;
 constexpr int kNarrowWarpHeld = 4;
-constexpr int kWarpHeld = static_cast<int>(kWarpRowMaxWidth) / 32;
-
-template <typename T>
-__device__ __forceinline__ float normalise(float x, float inv, float w, bool zero_centred) {
-  if (zero_centred) return (x * inv) * (1.0f + w);
-  return w * round_to<T>(x * inv);
-}
+constexpr int kWarpHeld = static_cast<int>(kNormWarpRowMaxWidth) / 32;
 
 // A thread's weights: the weights are constant during the step, so they are read before waiting
 // for the previous kernel (device_math.cuh) and their latency overlaps its end.
@@ -79,7 +73,7 @@ __device__ __forceinline__ void normalise_row(float partial, const float* values
                                               const S* source, const W* weight, T* destination, int64_t width,
                                               float eps, bool zero_centred, int lane, int stride) {
   const float total = row_total<kWholeBlock>(partial);
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
+  const float inv = rms_inverse(total, width, eps);
   if constexpr (kHeld > 0) {
 #pragma unroll
     for (int i = 0; i < kHeld; ++i) {
@@ -162,7 +156,7 @@ dim3 norm_grid(const NormArgs& args, bool whole_block) {
 // Calls launch(kernel-choosing tag) with the row layout and register-held width for args.width.
 template <typename Launch>
 void dispatch_held(int64_t width, Launch&& launch) {
-  if (width > kWarpRowMaxWidth) {
+  if (width > kNormWarpRowMaxWidth) {
     if (width <= kBlockHeld * kBlockThreads)
       launch(std::true_type{}, std::integral_constant<int, kBlockHeld>{});
     else
