@@ -36,6 +36,7 @@ class ReplayingCpuBackend final : public Backend, public GraphOps {
   double measure_copy_bandwidth_gbps() override { return cpu_->measure_copy_bandwidth_gbps(); }
   void synchronize() override { cpu_->synchronize(); }
   Tensor alloc(const Shape& shape, DType dtype) override { return cpu_->alloc(shape, dtype); }
+  DeviceMemory memory() override { return cpu_->memory(); }
   Tensor upload(const Tensor& host) override { return cpu_->upload(host); }
   Tensor download(const Tensor& tensor) override { return cpu_->download(tensor); }
   void zero(Tensor& tensor) override { cpu_->zero(tensor); }

@@ -61,6 +61,11 @@ struct HeadNorms {
   NormStyle style;
 };
 
+struct DeviceMemory {
+  uint64_t available = 0;  // CPU: MemAvailable of /proc/meminfo; CUDA: cudaMemGetInfo's free
+  uint64_t total = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -77,6 +82,19 @@ class Backend {
 
   // --- memory ---
   virtual Tensor alloc(const Shape& shape, DType dtype) = 0;
+  // What the device can still give, and its size (`kiln fit`, engine/memory_plan.h).
+  virtual DeviceMemory memory() = 0;
+  // The bytes alloc takes from the device for a tensor of `bytes` (allocators round up).
+  virtual uint64_t allocation_bytes(uint64_t bytes) const { return bytes; }
+  // The most scratch the attention op allocates for itself in a call of up to `tokens` tokens over
+  // caches of `capacity` positions (the CUDA decode attention's split partials).
+  virtual uint64_t attention_scratch_bytes(int64_t /*tokens*/, int64_t /*heads*/, int64_t /*head_dim*/,
+                                           int64_t /*capacity*/) const {
+    return 0;
+  }
+  // Memory the backend takes beyond the tensors it is asked for (kernel code, captured graphs,
+  // the scratch of its own ops), which `kiln fit` keeps free.
+  virtual uint64_t reserved_bytes() const { return 0; }
   // A copy (or, on the CPU, the same tensor) of a host tensor on this device.
   virtual Tensor upload(const Tensor& host) = 0;
   virtual Tensor download(const Tensor& tensor) = 0;  // a host copy
@@ -178,6 +196,8 @@ class GraphOps {
   // logit) are [rows]. `sorting` false promises every row is greedy (no sort is queued).
   virtual void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
                              Tensor& logprobs) = 0;
+  // The most scratch sample_tokens allocates for `rows` rows of `vocab` logits (with sorting).
+  virtual uint64_t sampling_scratch_bytes(int64_t /*rows*/, int64_t /*vocab*/) const { return 0; }
   // token_ids[i] ← previous[feed[i]] for every i with feed[i] ≥ 0; the other rows keep their
   // token (all I32 on the device; the caller keeps feed[i] below previous's size). A decode step
   // takes the token the step before it sampled this way, without the host reading it first.

@@ -1,6 +1,8 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "backend/cpu/checks.h"
 #include "backend/cpu/gated_delta.h"
@@ -44,6 +46,22 @@ double CpuBackend::measure_copy_bandwidth_gbps() {
 }
 
 Tensor CpuBackend::alloc(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype); }
+
+DeviceMemory CpuBackend::memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  if (!meminfo) fail("cpu backend: cannot read /proc/meminfo for the memory available");
+  DeviceMemory memory;
+  std::string key, unit;
+  uint64_t kib = 0;
+  bool found_available = false, found_total = false;
+  while (meminfo >> key >> kib) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") memory.available = kib * 1024, found_available = true;
+    if (key == "MemTotal:") memory.total = kib * 1024, found_total = true;
+  }
+  if (!found_available || !found_total) fail("cpu backend: /proc/meminfo has no MemAvailable or MemTotal line");
+  return memory;
+}
 
 Tensor CpuBackend::upload(const Tensor& host) {
   require_cpu(host, "upload", "tensor");

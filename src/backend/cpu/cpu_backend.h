@@ -28,6 +28,9 @@ class CpuBackend final : public Backend, public HybridOps {
   void synchronize() override {}
 
   Tensor alloc(const Shape& shape, DType dtype) override;
+  // MemAvailable and MemTotal of /proc/meminfo (the kernel's estimate of what can be allocated
+  // without swapping).
+  DeviceMemory memory() override;
   Tensor upload(const Tensor& host) override;
   Tensor download(const Tensor& tensor) override;
   void zero(Tensor& tensor) override;

@@ -15,7 +15,7 @@
 // yields a partial (m, l, o). Partials are folded left to right, starting from (−∞, 0, 0):
 // M' = max(M, m), L' = L·2^(M−M') + l·2^(m−M'), O' = O·2^(M−M') + o·2^(m−M'); out = O / L.
 //   prefill (many tokens): a block folds every split of its rows itself;
-//   decode (≤ kDecodeMaxTokens tokens): one block per split writes its partial, and a second
+//   decode (≤ kAttentionDecodeMaxTokens tokens): one block per split writes its partial, and a second
 //   kernel folds them in split order — the same fold, so the same bits.
 // Tiles or splits lying wholly past a row's position are exact no-ops for that row (their p are
 // 0 and the guards below keep −∞ − −∞ out), so processing them or not changes nothing. Rows of a
@@ -31,7 +31,6 @@ namespace kiln::cuda {
 namespace {
 
 constexpr float kLog2E = 1.4426950408889634f;
-constexpr int kDecodeMaxTokens = 16;
 
 // ------------------------------------------------------------------------------------------
 // F32 activations
@@ -477,7 +476,7 @@ __global__ void __launch_bounds__(kHeadDim)
   out[(token * heads + head) * kHeadDim + d] = from_float<bf16>(__fdiv_rn(total, total_sum));
 }
 
-bool uses_split_kv(const AttentionArgs& args) { return args.tokens <= kDecodeMaxTokens; }
+bool uses_split_kv(const AttentionArgs& args) { return args.tokens <= kAttentionDecodeMaxTokens; }
 int64_t max_splits(const AttentionArgs& args) { return args.max_position / kAttentionSplitKeys + 1; }
 
 template <int kHeadDim>

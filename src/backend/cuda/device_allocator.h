@@ -32,6 +32,8 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   std::shared_ptr<void> allocate(size_t bytes);
 
   size_t cached_bytes() const;
+  // The block size a request of `bytes` takes.
+  static size_t rounded_size(size_t bytes);
 
   enum class Mode {
     Shared,     // the shared free list (ordinary work)
@@ -41,7 +43,6 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   void set_mode(Mode mode);
 
  private:
-  static size_t rounded_size(size_t bytes);
   void release(void* block, size_t size, bool graph_pool);
   void* take_shared(size_t size);
 

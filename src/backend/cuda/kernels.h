@@ -170,6 +170,8 @@ struct AttentionArgs {
 // split keeps a decode block's dependent chain to one tile (256-key splits: 14.4 µs per decode
 // attention at context 512 on the H200, kiln_cuda_bench decode-ops); prefill folds a split per tile.
 constexpr int64_t kAttentionSplitKeys = 64;
+// Calls of at most this many tokens take the bf16 decode path.
+constexpr int64_t kAttentionDecodeMaxTokens = 16;
 // Scratch the bf16 decode path needs (0 when the call takes the one-pass path).
 int64_t attention_partials_floats(const AttentionArgs& args);
 bool attention_bf16_supports_head_dim(int64_t head_dim);
