@@ -1,7 +1,9 @@
 // The Qwen3.5 / Qwen3-Next hybrid graph: Gated DeltaNet layers and gated attention layers.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 #include "io/config.h"
@@ -16,6 +18,15 @@ namespace kiln {
 // A tensor-parallel `rank` builds that rank's part over weights sharded by qwen3_5_tensor_shard.
 std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig& config, Backend& backend,
                                           const TensorParallelRank& rank = {});
+
+// What the graph allocates, tensor by tensor, in bytes (engine/memory_plan.h): the cache of
+// make_cache(slots, capacity) (KV rows for the attention layers, the conv tail and the delta-rule
+// state for the GDN layers), and the scratch of one forward over `tokens` tokens with `logit_rows`
+// logit rows. Tests hold both to the real allocations.
+std::vector<uint64_t> qwen3_5_cache_tensor_bytes(const ModelConfig& config, int64_t slots, int64_t capacity,
+                                                 DType activation);
+std::vector<uint64_t> qwen3_5_step_tensor_bytes(const ModelConfig& config, int64_t tokens, int64_t logit_rows,
+                                                DType activation);
 
 // The hybrid graph's split: gated attention and the MLP as in the dense graph (the q_proj rows of
 // a head hold its query and its gate); a Gated DeltaNet layer by whole key heads with the value
