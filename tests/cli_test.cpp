@@ -82,11 +82,40 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
 }
 
 TEST(Cli, EveryCommandHasHelp) {
-  for (const char* command : {"generate", "logits", "bench", "synth", "inspect", "tokenize", "render", "serve"}) {
+  for (const char* command :
+       {"generate", "logits", "bench", "synth", "inspect", "tokenize", "render", "serve", "fit"}) {
     const CommandResult result = run_command(kiln(std::string(command) + " --help"));
     EXPECT_EQ(result.exit_code, 0) << command;
     EXPECT_NE(result.output.find("Usage"), std::string::npos) << command;
   }
+}
+
+TEST(Cli, FitSaysWhetherTheModelAndContextFit) {
+  KILN_REQUIRE_SHARED(shared);
+  const std::string model = (shared / "models/stories260K").string();
+  const CommandResult fits = run_command(kiln("fit --model " + model + " --max-batch 4"));
+  ASSERT_EQ(fits.exit_code, 0) << fits.output;
+  EXPECT_NE(fits.output.find("weights"), std::string::npos) << fits.output;
+  EXPECT_NE(fits.output.find("fits: 4 sequences of 512 tokens"), std::string::npos) << fits.output;
+  // A million sequences of the model's 512 tokens fit no machine: status 2, the shortfall, and the
+  // longest context that would fit (none, on a machine under ~3 GB free).
+  const CommandResult too_big = run_command(kiln("fit --model " + model + " --max-batch 1000000"));
+  EXPECT_EQ(too_big.exit_code, 2) << too_big.output;
+  EXPECT_NE(too_big.output.find("does not fit"), std::string::npos) << too_big.output;
+  EXPECT_TRUE(too_big.output.find("the longest context that fits 1000000 sequences") != std::string::npos ||
+              too_big.output.find("not even a one-token context fits") != std::string::npos)
+      << too_big.output;
+}
+
+TEST(Cli, ServeRefusesWhatDoesNotFitBeforeLoading) {
+  KILN_REQUIRE_SHARED(shared);
+  const std::string model = (shared / "models/stories260K").string();
+  const CommandResult result =
+      run_command("{ " + kiln("serve --model " + model + " --port 0 --max-batch 1000000") + " 2>&1; }");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("GiB are available"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("--max-batch 1000000"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("listening"), std::string::npos) << result.output;
 }
 
 }  // namespace

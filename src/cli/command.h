@@ -13,6 +13,12 @@ using CommandInstaller = std::function<void(CLI::App& app)>;
 
 std::vector<CommandInstaller>& command_installers();
 
+// Thrown by a command that has printed its result and must end with a status other than 0 or the
+// error status 1 (kiln fit: 2 when the model does not fit).
+struct CommandExit {
+  int status;
+};
+
 struct RegisterCommand {
   explicit RegisterCommand(CommandInstaller installer) { command_installers().push_back(std::move(installer)); }
 };

@@ -1,4 +1,5 @@
-// kiln: the command line. Every error ends the process with one line on stderr and exit code 1.
+// kiln: the command line. Every error ends the process with one line on stderr and exit code 1;
+// a command may end with another status it documents (kiln fit).
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
     if (error.get_exit_code() == 0) return app.exit(error);
     fmt::print(stderr, "kiln: {}\n", error.what());
     return 1;
+  } catch (const kiln::cli::CommandExit& exit) {
+    return exit.status;
   } catch (const kiln::Error& error) {
     fmt::print(stderr, "kiln: error: {}\n", error.what());
     return 1;

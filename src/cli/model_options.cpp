@@ -55,51 +55,60 @@ DType stored_weight_dtype(const ModelPlan& plan) {
 }  // namespace
 #endif
 
-namespace {
-
-// The model split over options.tensor_parallel CPU ranks, each with an equal share of the threads.
-OpenedModel open_tensor_parallel_cpu_model(const ModelOptions& options, const LoadOptions& load) {
-  OpenedModel opened;
-  const ModelPlan plan = plan_model(options.model_dir, Device::CPU, /*backend_present=*/true, load);
-  opened.backend = make_cpu_backend();
-  std::vector<Backend*> ranks{opened.backend.get()};
-  for (int rank = 1; rank < options.tensor_parallel; ++rank) {
-    opened.rank_backends.push_back(make_cpu_backend());
-    ranks.push_back(opened.rank_backends.back().get());
-  }
-  const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
-  opened.model = build_tensor_parallel_model(plan, ranks, load.dtype, std::max(1, threads / options.tensor_parallel));
-  return opened;
-}
-
-}  // namespace
-
-OpenedModel open_model(const ModelOptions& options) {
+PreparedModel prepare_model(const ModelOptions& options) {
   if (options.tensor_parallel < 1) fail("--tensor-parallel must be at least 1, got {}", options.tensor_parallel);
   if (options.tensor_parallel > 1 && options.device != "cpu")
     fail("--tensor-parallel {} on {}: NCCL tensor parallelism is not built yet (only --device cpu splits a model)",
          options.tensor_parallel, options.device);
   if (options.threads > 0) ThreadPool::set_global_threads(options.threads);
-  OpenedModel opened;
   LoadOptions load;
   if (options.dtype == "f32") load.dtype = DType::F32;
   if (options.dtype == "bf16") load.dtype = DType::BF16;
   load.hash_artifact = options.hash_artifact;
-  if (options.tensor_parallel > 1) return open_tensor_parallel_cpu_model(options, load);
+  const Device device = options.device == "cuda" ? Device::CUDA : Device::CPU;
 #ifdef KILN_HAVE_CUDA
-  if (options.device == "cuda") {
+  if (device == Device::CUDA) {
     // The CUDA backend's activations follow the weights (f32 CUDA-core path for f32/f16
     // checkpoints, bf16 tensor cores for bf16), so the plan is made before the backend.
-    const ModelPlan plan = plan_model(options.model_dir, Device::CUDA, /*backend_present=*/true, load);
+    ModelPlan plan = plan_model(options.model_dir, Device::CUDA, /*backend_present=*/true, load);
     const DType weights = load.dtype ? *load.dtype : stored_weight_dtype(plan);
-    opened.backend = make_cuda_backend(0, cuda_activation_dtype_for(weights));
-    opened.model = build_model(plan, *opened.backend, load.dtype);
-    return opened;
+    auto backend = make_cuda_backend(0, cuda_activation_dtype_for(weights));
+    return {options, std::move(plan), load.dtype, std::move(backend), {}};
   }
 #endif
-  opened.backend = make_backend(options.device);
-  opened.model = load_model(options.model_dir, *opened.backend, load);
+  auto backend = make_backend(options.device);  // names a device this binary was built without
+  ModelPlan plan = plan_model(options.model_dir, device, /*backend_present=*/true, load);
+  // Under --tensor-parallel on the CPU, each rank has its own backend.
+  std::vector<std::unique_ptr<Backend>> rank_backends;
+  for (int rank = 1; rank < options.tensor_parallel; ++rank) rank_backends.push_back(make_cpu_backend());
+  return {options, std::move(plan), load.dtype, std::move(backend), std::move(rank_backends)};
+}
+
+OpenedModel build_prepared_model(PreparedModel prepared) {
+  OpenedModel opened;
+  const ModelOptions& options = prepared.options;
+  if (options.tensor_parallel > 1) {
+    // Each rank gets an equal share of the threads.
+    std::vector<Backend*> ranks{prepared.backend.get()};
+    for (auto& backend : prepared.rank_backends) ranks.push_back(backend.get());
+    const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+    opened.model = build_tensor_parallel_model(prepared.plan, ranks, prepared.load_dtype,
+                                               std::max(1, threads / options.tensor_parallel));
+  } else {
+    opened.model = build_model(prepared.plan, *prepared.backend, prepared.load_dtype);
+  }
+  opened.backend = std::move(prepared.backend);
+  opened.rank_backends = std::move(prepared.rank_backends);
   return opened;
+}
+
+OpenedModel open_model(const ModelOptions& options) { return build_prepared_model(prepare_model(options)); }
+
+int64_t serving_context(const ModelConfig& config, int64_t max_context) {
+  int64_t context = config.max_position_embeddings;
+  if (max_context > 0) context = context > 0 ? std::min(max_context, context) : max_context;
+  if (context <= 0) fail("{}: max_position_embeddings is missing; give --max-context", config.source.string());
+  return context;
 }
 
 std::vector<int32_t> parse_token_ids(const std::string& text) {

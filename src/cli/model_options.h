@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/backend.h"
+#include "model/loader.h"
 #include "model/model.h"
 
 namespace kiln::cli {
@@ -36,7 +37,24 @@ struct OpenedModel {
 // The backend named by --device (an error names a device this binary was built without).
 std::unique_ptr<Backend> make_backend(const std::string& device);
 
+// The model resolved, validated and planned on its backend (and its ranks' backends), before any
+// weight is read: what `kiln fit` and the server's memory check look at.
+struct PreparedModel {
+  ModelOptions options;
+  ModelPlan plan;
+  std::optional<DType> load_dtype;  // --dtype, or nothing: as stored
+  std::unique_ptr<Backend> backend;
+  std::vector<std::unique_ptr<Backend>> rank_backends;
+};
+
+PreparedModel prepare_model(const ModelOptions& options);
+// Reads the weights and constructs the model.
+OpenedModel build_prepared_model(PreparedModel prepared);
+// prepare_model, then build_prepared_model.
 OpenedModel open_model(const ModelOptions& options);
+
+// Tokens per sequence: the model's context, or less when `max_context` (> 0) asks.
+int64_t serving_context(const ModelConfig& config, int64_t max_context);
 
 // "1,2,3" → {1, 2, 3}; an error names the bad element.
 std::vector<int32_t> parse_token_ids(const std::string& text);

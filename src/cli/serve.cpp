@@ -15,6 +15,7 @@
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "engine/memory_plan.h"
 #include "engine/scheduler.h"
 #include "server/server.h"
 #include "server/tokenizer_codec.h"
@@ -52,6 +53,23 @@ std::chrono::milliseconds to_milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
+// Fails, before any weight is read, when the model with `request` does not fit the device's
+// memory, saying what would.
+void refuse_what_does_not_fit(PreparedModel& prepared, const MemoryRequest& request) {
+  Backend& backend = *prepared.backend;
+  const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
+  if (plan.fits()) return;
+  const int64_t longest = longest_fitting_context(prepared.plan, backend, prepared.load_dtype, request);
+  const std::string advice =
+      longest > 0 ? fmt::format("--max-context {} fits at --max-batch {}", longest, request.sequences)
+                  : fmt::format("not even a one-token context fits at --max-batch {}", request.sequences);
+  fail("{}: {} sequences of {} tokens need {:.2f} GiB on {} but {:.2f} GiB are available; {} (kiln fit shows the "
+       "plan)",
+       prepared.options.model_dir, request.sequences, request.context,
+       static_cast<double>(plan.total()) / (1u << 30), backend.name(),
+       static_cast<double>(plan.memory.available) / (1u << 30), advice);
+}
+
 void serve(const ServeCommand& options) {
   // Every thread started from here on (scheduler, thread pool, connections) inherits this mask, so
   // the signals reach only the sigwait below.
@@ -64,7 +82,11 @@ void serve(const ServeCommand& options) {
   signal(SIGPIPE, SIG_IGN);
 
   const auto load_start = std::chrono::steady_clock::now();
-  OpenedModel opened = open_model(options.model);
+  PreparedModel prepared = prepare_model(options.model);
+  // The KV cache is slots x context: the model's context, or less when --max-context asks.
+  const int64_t context = serving_context(prepared.plan.config, options.max_context);
+  refuse_what_does_not_fit(prepared, {options.max_batch, context, options.prefill_chunk});
+  OpenedModel opened = build_prepared_model(std::move(prepared));
   const ModelConfig& config = opened.model->config();
   std::optional<std::string> chat_template;
   if (!options.chat_template.empty()) chat_template = read_text_file(options.chat_template);
@@ -72,10 +94,6 @@ void serve(const ServeCommand& options) {
 
   SchedulerOptions scheduler_options;
   scheduler_options.max_batch = options.max_batch;
-  // The model's context, or less when --max-context asks (KV-cache memory is slots x context).
-  int64_t context = config.max_position_embeddings;
-  if (options.max_context > 0) context = context > 0 ? std::min(options.max_context, context) : options.max_context;
-  if (context <= 0) fail("{}: max_position_embeddings is missing; give --max-context", config.source.string());
   scheduler_options.context_tokens = context;
   scheduler_options.max_queue = options.max_queue;
   scheduler_options.prefill_chunk = options.prefill_chunk;

@@ -1,0 +1,58 @@
+// kiln fit --model DIR [--device cpu|cuda] [--dtype …] [--max-batch N] [--max-context T]
+// [--prefill-chunk C]: whether the model, with N sequences of T tokens served as `kiln serve`
+// would serve them, fits the device's memory — weights, cache, step scratch, the decode graphs'
+// buffers and the backend's reserve against what the device has available — decided before any
+// weight is read. Exit status 0: it fits; 2: it does not (the plan says by how much, and the
+// longest context that would fit); 1: an error.
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "cli/command.h"
+#include "cli/model_options.h"
+#include "engine/memory_plan.h"
+
+namespace kiln::cli {
+namespace {
+
+struct FitCommand {
+  ModelOptions model;
+  int32_t max_batch = 1;
+  int64_t max_context = 0;
+  int64_t prefill_chunk = 256;
+};
+
+void fit(const FitCommand& options) {
+  PreparedModel prepared = prepare_model(options.model);
+  const MemoryRequest request{options.max_batch, serving_context(prepared.plan.config, options.max_context),
+                              options.prefill_chunk};
+  Backend& backend = *prepared.backend;
+  const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
+  std::fputs((describe_memory_plan(plan, backend.name()) + "\n").c_str(), stdout);
+  if (plan.fits()) return;
+  const int64_t longest = longest_fitting_context(prepared.plan, backend, prepared.load_dtype, request);
+  std::fputs((longest > 0 ? fmt::format("the longest context that fits {} sequences: {} tokens\n", request.sequences,
+                                        longest)
+                          : fmt::format("not even a one-token context fits {} sequences\n", request.sequences))
+                 .c_str(),
+             stdout);
+  throw CommandExit{2};
+}
+
+const RegisterCommand kRegisterFit([](CLI::App& app) {
+  auto options = std::make_shared<FitCommand>();
+  CLI::App* command =
+      app.add_subcommand("fit", "Say, before loading, whether a model and its context fit the device's memory");
+  options->model.add_to(*command);
+  command->add_option("--max-batch", options->max_batch, "Sequences served together (as kiln serve --max-batch)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--max-context", options->max_context, "Tokens per sequence (default: the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--prefill-chunk", options->prefill_chunk, "Prompt tokens a sequence prefills per step")
+      ->check(CLI::PositiveNumber);
+  command->callback([options] { fit(*options); });
+});
+
+}  // namespace
+}  // namespace kiln::cli
