@@ -1,9 +1,9 @@
 // kiln fit --model DIR [--device cpu|cuda] [--dtype …] [--max-batch N] [--max-context T]
 // [--prefill-chunk C]: whether the model, with N sequences of T tokens served as `kiln serve`
-// would serve them, fits the device's memory — weights, cache, step scratch, the decode graphs'
-// buffers and the backend's reserve against what the device has available — decided before any
-// weight is read. Exit status 0: it fits; 2: it does not (the plan says by how much, and the
-// longest context that would fit); 1: an error.
+// would serve them (its flags and defaults), fits the device's memory — weights, cache, step
+// scratch, the decode graphs' buffers and the backend's reserve against what the device has
+// available — decided before any weight is read. Exit status 0: it fits; 2: it does not (the
+// plan says by how much, and the longest context that would fit); 1: an error.
 #include <cstdio>
 #include <memory>
 
@@ -18,15 +18,13 @@ namespace {
 
 struct FitCommand {
   ModelOptions model;
-  int32_t max_batch = 1;
-  int64_t max_context = 0;
-  int64_t prefill_chunk = 256;
+  ServingSizes sizes;  // kiln serve's, with its defaults
 };
 
 void fit(const FitCommand& options) {
   PreparedModel prepared = prepare_model(options.model);
-  const MemoryRequest request{options.max_batch, serving_context(prepared.plan.config, options.max_context),
-                              options.prefill_chunk};
+  const MemoryRequest request{options.sizes.max_batch, options.sizes.context(prepared.plan.config),
+                              options.sizes.prefill_chunk};
   Backend& backend = *prepared.backend;
   const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
   std::fputs((describe_memory_plan(plan, backend.name()) + "\n").c_str(), stdout);
@@ -45,12 +43,7 @@ const RegisterCommand kRegisterFit([](CLI::App& app) {
   CLI::App* command =
       app.add_subcommand("fit", "Say, before loading, whether a model and its context fit the device's memory");
   options->model.add_to(*command);
-  command->add_option("--max-batch", options->max_batch, "Sequences served together (as kiln serve --max-batch)")
-      ->check(CLI::PositiveNumber);
-  command->add_option("--max-context", options->max_context, "Tokens per sequence (default: the model's context)")
-      ->check(CLI::NonNegativeNumber);
-  command->add_option("--prefill-chunk", options->prefill_chunk, "Prompt tokens a sequence prefills per step")
-      ->check(CLI::PositiveNumber);
+  options->sizes.add_to(*command);
   command->callback([options] { fit(*options); });
 });
 

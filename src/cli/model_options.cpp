@@ -104,7 +104,17 @@ OpenedModel build_prepared_model(PreparedModel prepared) {
 
 OpenedModel open_model(const ModelOptions& options) { return build_prepared_model(prepare_model(options)); }
 
-int64_t serving_context(const ModelConfig& config, int64_t max_context) {
+void ServingSizes::add_to(CLI::App& command) {
+  command.add_option("--max-batch", max_batch, "Sequences decoded together (KV-cache slots)")
+      ->check(CLI::PositiveNumber);
+  command.add_option("--max-context", max_context, "Tokens per sequence (default: the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  command
+      .add_option("--prefill-chunk", prefill_chunk, "Most prompt tokens a sequence prefills per step (multiple of 64)")
+      ->check(CLI::PositiveNumber);
+}
+
+int64_t ServingSizes::context(const ModelConfig& config) const {
   int64_t context = config.max_position_embeddings;
   if (max_context > 0) context = context > 0 ? std::min(max_context, context) : max_context;
   if (context <= 0) fail("{}: max_position_embeddings is missing; give --max-context", config.source.string());

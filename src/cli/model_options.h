@@ -53,8 +53,16 @@ OpenedModel build_prepared_model(PreparedModel prepared);
 // prepare_model, then build_prepared_model.
 OpenedModel open_model(const ModelOptions& options);
 
-// Tokens per sequence: the model's context, or less when `max_context` (> 0) asks.
-int64_t serving_context(const ModelConfig& config, int64_t max_context);
+// The sizes a served model's memory follows (kiln serve, and kiln fit with serve's defaults).
+struct ServingSizes {
+  int32_t max_batch = 8;
+  int64_t max_context = 0;  // 0: the model's context
+  int64_t prefill_chunk = 256;
+
+  void add_to(CLI::App& command);
+  // Tokens per sequence: the model's context, or less when --max-context asks.
+  int64_t context(const ModelConfig& config) const;
+};
 
 // "1,2,3" → {1, 2, 3}; an error names the bad element.
 std::vector<int32_t> parse_token_ids(const std::string& text);

@@ -27,10 +27,8 @@ struct ServeCommand {
   ModelOptions model;
   std::string host = "127.0.0.1";
   uint16_t port = 8080;
-  int32_t max_batch = 8;
-  int64_t max_context = 0;
+  ServingSizes sizes;
   int64_t max_queue = 64;
-  int64_t prefill_chunk = 256;
   std::string api_key;
   std::string served_model_name;
   std::string chat_template;
@@ -84,8 +82,8 @@ void serve(const ServeCommand& options) {
   const auto load_start = std::chrono::steady_clock::now();
   PreparedModel prepared = prepare_model(options.model);
   // The KV cache is slots x context: the model's context, or less when --max-context asks.
-  const int64_t context = serving_context(prepared.plan.config, options.max_context);
-  refuse_what_does_not_fit(prepared, {options.max_batch, context, options.prefill_chunk});
+  const int64_t context = options.sizes.context(prepared.plan.config);
+  refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
   OpenedModel opened = build_prepared_model(std::move(prepared));
   const ModelConfig& config = opened.model->config();
   std::optional<std::string> chat_template;
@@ -93,10 +91,10 @@ void serve(const ServeCommand& options) {
   const server::TokenizerCodec codec(options.model.model_dir, chat_template);
 
   SchedulerOptions scheduler_options;
-  scheduler_options.max_batch = options.max_batch;
+  scheduler_options.max_batch = options.sizes.max_batch;
   scheduler_options.context_tokens = context;
   scheduler_options.max_queue = options.max_queue;
-  scheduler_options.prefill_chunk = options.prefill_chunk;
+  scheduler_options.prefill_chunk = options.sizes.prefill_chunk;
   Scheduler scheduler(*opened.model, scheduler_options);
 
   server::ServerOptions server_options;
@@ -152,16 +150,9 @@ RegisterCommand register_serve([](CLI::App& app) {
   options->model.add_to(*command);
   command->add_option("--host", options->host, "Address to listen on (loopback by default)");
   command->add_option("--port", options->port, "Port to listen on (0: any free port)");
-  command->add_option("--max-batch", options->max_batch, "Sequences decoded together (KV-cache slots)")
-      ->check(CLI::PositiveNumber);
-  command->add_option("--max-context", options->max_context, "Tokens per sequence (default: the model's context)")
-      ->check(CLI::NonNegativeNumber);
+  options->sizes.add_to(*command);
   command->add_option("--max-queue", options->max_queue, "Waiting requests beyond which new ones get 429")
       ->check(CLI::NonNegativeNumber);
-  command
-      ->add_option("--prefill-chunk", options->prefill_chunk,
-                   "Most prompt tokens a sequence prefills per step (multiple of 64)")
-      ->check(CLI::PositiveNumber);
   command->add_option("--api-key", options->api_key, "Require this key (Authorization: Bearer, or x-api-key)");
   command->add_option("--served-model-name", options->served_model_name,
                       "The model id clients use (default: the directory name)");
