@@ -29,7 +29,7 @@ void fit(const FitCommand& options) {
   const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
   std::fputs((describe_memory_plan(plan, backend.name()) + "\n").c_str(), stdout);
   if (plan.fits()) return;
-  const int64_t longest = longest_fitting_context(prepared.plan, backend, prepared.load_dtype, request);
+  const int64_t longest = longest_fitting_context(prepared.plan, backend, prepared.load_dtype, plan);
   std::fputs((longest > 0 ? fmt::format("the longest context that fits {} sequences: {} tokens\n", request.sequences,
                                         longest)
                           : fmt::format("not even a one-token context fits {} sequences\n", request.sequences))

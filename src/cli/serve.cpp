@@ -57,7 +57,7 @@ void refuse_what_does_not_fit(PreparedModel& prepared, const MemoryRequest& requ
   Backend& backend = *prepared.backend;
   const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
   if (plan.fits()) return;
-  const int64_t longest = longest_fitting_context(prepared.plan, backend, prepared.load_dtype, request);
+  const int64_t longest = longest_fitting_context(prepared.plan, backend, prepared.load_dtype, plan);
   const std::string advice =
       longest > 0 ? fmt::format("--max-context {} fits at --max-batch {}", longest, request.sequences)
                   : fmt::format("not even a one-token context fits at --max-batch {}", request.sequences);

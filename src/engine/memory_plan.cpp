@@ -29,10 +29,9 @@ uint64_t step_bytes(const ModelPlan& model, const Backend& backend, int64_t toke
 
 double gib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30); }
 
-}  // namespace
-
-MemoryPlan plan_memory(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
-                       const MemoryRequest& request) {
+// Every part of the plan but the memory available (read once by its callers).
+MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
+                      const MemoryRequest& request) {
   if (request.sequences < 1) fail("memory plan: at least one sequence is needed, got {}", request.sequences);
   if (request.context < 1) fail("memory plan: the context must be at least one token, got {}", request.context);
   if (request.prefill_chunk < 1) fail("memory plan: the prefill chunk must be positive, got {}", request.prefill_chunk);
@@ -63,18 +62,28 @@ MemoryPlan plan_memory(const ModelPlan& model, Backend& backend, std::optional<D
                             graphs->sampling_scratch_bytes(rows, model.config.vocab_size);
   }
   plan.reserve = backend.reserved_bytes();
+  return plan;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
+                       const MemoryRequest& request) {
+  MemoryPlan plan = plan_parts(model, backend, load_dtype, request);
   plan.memory = backend.memory();
   return plan;
 }
 
 int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
-                                const MemoryRequest& request) {
-  // Memory grows with the context, so the longest one that fits is found by bisection.
-  MemoryRequest probe = request;
-  int64_t fits = 0, too_long = request.context + 1;
+                                const MemoryPlan& plan) {
+  // Memory grows with the context, so the longest one that fits is found by bisection, against
+  // the memory the plan was judged by.
+  MemoryRequest probe = plan.request;
+  int64_t fits = 0, too_long = plan.request.context + 1;
   while (too_long - fits > 1) {
     probe.context = fits + (too_long - fits) / 2;
-    (plan_memory(model, backend, load_dtype, probe).fits() ? fits : too_long) = probe.context;
+    const bool probe_fits = plan_parts(model, backend, load_dtype, probe).total() <= plan.memory.available;
+    (probe_fits ? fits : too_long) = probe.context;
   }
   return fits;
 }

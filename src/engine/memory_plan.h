@@ -45,10 +45,10 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
                        const MemoryRequest& request);
 
-// The longest context, at most request.context, whose plan fits with the request's sequences;
-// 0 when not even one token does.
+// The longest context, at most plan.request.context, whose plan fits the plan's sequences in the
+// memory `plan` reported; 0 when not even one token does.
 int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
-                                const MemoryRequest& request);
+                                const MemoryPlan& plan);
 
 // The plan, one part per line, in GiB, with the verdict.
 std::string describe_memory_plan(const MemoryPlan& plan, const std::string& device);
