@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -624,6 +625,24 @@ TEST(CpuMemory, UploadSharesStorageDownloadCopiesZeroClears) {
   Tensor made = backend->alloc({5, 2}, DType::BF16);
   EXPECT_EQ(made.shape(), (Shape{5, 2}));
   EXPECT_EQ(made.dtype(), DType::BF16);
+}
+
+TEST(CpuMemory, MemoryComesFromMeminfoAndAMissingLineIsAnError) {
+  std::istringstream meminfo("MemTotal:       32000000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n");
+  const DeviceMemory memory = kiln::cpu::parse_meminfo(meminfo);
+  EXPECT_EQ(memory.total, uint64_t{32000000} * 1024);
+  EXPECT_EQ(memory.available, uint64_t{20000000} * 1024);
+  std::istringstream without_available("MemTotal:       32000000 kB\nMemFree:         1000 kB\n");
+  try {
+    kiln::cpu::parse_meminfo(without_available);
+    ADD_FAILURE() << "a meminfo without MemAvailable was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("no MemAvailable or MemTotal line"), std::string::npos) << error.what();
+  }
+  // The machine's own /proc/meminfo has both, and no more is available than there is.
+  const DeviceMemory machine = make_cpu_backend()->memory();
+  EXPECT_GT(machine.available, 0u);
+  EXPECT_LE(machine.available, machine.total);
 }
 
 }  // namespace

@@ -22,7 +22,8 @@ std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& c
 
 // What the graph allocates, tensor by tensor, in bytes (engine/memory_plan.h): the KV cache of
 // make_cache(slots, capacity), and the scratch of one forward over `tokens` tokens with
-// `logit_rows` logit rows. Tests hold both to the real allocations.
+// `logit_rows` logit rows. tests/memory_plan_test.cpp holds the cache to make_cache; the GPU
+// memory test holds the whole plan above a served model's measured use.
 std::vector<uint64_t> llama_cache_tensor_bytes(const ModelConfig& config, int64_t slots, int64_t capacity,
                                                DType activation);
 std::vector<uint64_t> llama_step_tensor_bytes(const ModelConfig& config, int64_t tokens, int64_t logit_rows,

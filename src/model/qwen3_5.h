@@ -22,7 +22,8 @@ std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig&
 // What the graph allocates, tensor by tensor, in bytes (engine/memory_plan.h): the cache of
 // make_cache(slots, capacity) (KV rows for the attention layers, the conv tail and the delta-rule
 // state for the GDN layers), and the scratch of one forward over `tokens` tokens with `logit_rows`
-// logit rows. Tests hold both to the real allocations.
+// logit rows. tests/memory_plan_test.cpp holds the cache to make_cache; the GPU memory test holds
+// the whole plan above a served model's measured use.
 std::vector<uint64_t> qwen3_5_cache_tensor_bytes(const ModelConfig& config, int64_t slots, int64_t capacity,
                                                  DType activation);
 std::vector<uint64_t> qwen3_5_step_tensor_bytes(const ModelConfig& config, int64_t tokens, int64_t logit_rows,

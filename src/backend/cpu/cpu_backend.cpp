@@ -47,9 +47,7 @@ double CpuBackend::measure_copy_bandwidth_gbps() {
 
 Tensor CpuBackend::alloc(const Shape& shape, DType dtype) { return Tensor::empty(shape, dtype); }
 
-DeviceMemory CpuBackend::memory() {
-  std::ifstream meminfo("/proc/meminfo");
-  if (!meminfo) fail("cpu backend: cannot read /proc/meminfo for the memory available");
+DeviceMemory parse_meminfo(std::istream& meminfo) {
   DeviceMemory memory;
   std::string key, unit;
   uint64_t kib = 0;
@@ -61,6 +59,12 @@ DeviceMemory CpuBackend::memory() {
   }
   if (!found_available || !found_total) fail("cpu backend: /proc/meminfo has no MemAvailable or MemTotal line");
   return memory;
+}
+
+DeviceMemory CpuBackend::memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  if (!meminfo) fail("cpu backend: cannot read /proc/meminfo for the memory available");
+  return parse_meminfo(meminfo);
 }
 
 Tensor CpuBackend::upload(const Tensor& host) {

@@ -4,6 +4,7 @@
 // Not safe for concurrent calls: ops share the process-wide thread pool and per-backend scratch.
 #pragma once
 
+#include <istream>
 #include <memory>
 
 #include "backend/backend.h"
@@ -11,6 +12,9 @@
 #include "backend/cpu/ops.h"
 
 namespace kiln::cpu {
+
+// MemAvailable and MemTotal (in bytes) from the text of /proc/meminfo; fails when either is missing.
+DeviceMemory parse_meminfo(std::istream& meminfo);
 
 class CpuBackend final : public Backend, public HybridOps {
  public:
