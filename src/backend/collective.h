@@ -10,6 +10,9 @@
 // fixed-order sum, never as a library all-reduce.
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace kiln {
@@ -28,5 +31,9 @@ class Collective {
   // Clears an abort, once no rank is inside all_reduce_sum (the failed step is over).
   virtual void reset() = 0;
 };
+
+// The CPU collective (always present): one communicator per rank, all sharing one rendezvous in
+// this process; rank i is element i. Implemented in backend/cpu/cpu_collective.cpp.
+std::vector<std::unique_ptr<Collective>> make_cpu_collectives(int ranks);
 
 }  // namespace kiln

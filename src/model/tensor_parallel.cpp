@@ -6,7 +6,7 @@
 #include <mutex>
 #include <thread>
 
-#include "backend/cpu/cpu_collective.h"
+#include "backend/collective.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/tensor_parallel_rank.h"

@@ -1,4 +1,6 @@
-#include "backend/cpu/cpu_collective.h"
+// The CPU implementation of the deterministic all-reduce (backend/collective.h) between the N rank
+// threads of one process: each rank publishes its partial, every rank sums all N in rank order.
+#include "backend/collective.h"
 
 #include <condition_variable>
 #include <cstring>
