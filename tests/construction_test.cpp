@@ -320,6 +320,43 @@ TEST(LoadModel, AnExactArtifactProfileBindsItsNamedImplementation) {
                           "refusing to fall back");
 }
 
+TEST(LoadModel, TheConstructionSeamRefusesAnImplementationThatNoLongerMatchesTheProfile) {
+  TempDir root;
+  const std::string commit(40, 'e');
+  const auto snapshot = root.path() / "hub" / "models--org--tiny" / "snapshots" / commit;
+  write_tiny_checkpoint(snapshot);
+  ModelProfileSpec spec = kiln::testing::exact_spec("org/tiny@e", load_config(snapshot), "hf:org/tiny@" + commit);
+  spec.execution.implementation = "llama-tiny";
+  const ProfileTable profiles({ModelProfile::build(spec)}, builtin_profile_table().families());
+  ConstructionProbe probe;
+  const ImplementationRegistry registry(
+      {probing_implementation(probe, false), probing_implementation(probe, false, 3, "llama-tiny")});
+  const ModelPlan selected = plan_model(snapshot, Device::CPU, true, options_with(registry, profiles));
+  ASSERT_EQ(selected.implementation->id, "llama-tiny");
+  auto backend = make_cpu_backend();
+
+  // Handed another implementation than the one the profile names: refused where it is built.
+  ModelPlan swapped = plan_model(snapshot, Device::CPU, true, options_with(registry, profiles));
+  swapped.implementation = std::make_shared<const ModelImplementation>(probing_implementation(probe, false));
+  EXPECT_FAILS_MENTIONING(build_model(swapped, *backend), "org/tiny@e", "requires implementation llama-tiny",
+                          "bound to implementation llama", "refusing to fall back");
+
+  // The named implementation, but for another backend.
+  ModelImplementation elsewhere = probing_implementation(probe, false, 3, "llama-tiny");
+  elsewhere.backend = Device::CUDA;
+  swapped.implementation = std::make_shared<const ModelImplementation>(elsewhere);
+  EXPECT_FAILS_MENTIONING(build_model(swapped, *backend), "org/tiny@e", "llama-tiny on cuda");
+
+  // The named implementation on this backend, but built for another graph.
+  ModelImplementation other_graph = probing_implementation(probe, false, 3, "llama-tiny");
+  other_graph.graph = Graph::Qwen3_5;
+  swapped.implementation = std::make_shared<const ModelImplementation>(other_graph);
+  EXPECT_FAILS_MENTIONING(build_model(swapped, *backend), "org/tiny@e", "is incompatible with model profile");
+  EXPECT_EQ(probe.constructions, 0) << "nothing is constructed from a mismatched pair";
+
+  EXPECT_NE(build_model(selected, *backend), nullptr);
+}
+
 TEST(LoadModel, AHashedArtifactIsExactWhenAProfileIsBoundToIt) {
   TempDir root;
   const auto dir = root.path() / "tiny";

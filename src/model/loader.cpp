@@ -55,8 +55,10 @@ std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std:
          device_name(plan.device), backend.name());
   WeightMap weights(plan.checkpoint, plan.load_plan);
   if (dtype) weights.convert_to(*dtype);
-  // The construction seam: the resolved profile is checked again against the config it builds.
+  // The construction seam: the resolved profile is checked again against the config it builds,
+  // and the implementation against the profile (as selection did).
   check_resolved_profile(plan.config, plan.resolved);
+  check_implementation_binding(implementation, plan.resolved.profile, plan.device);
   std::unique_ptr<Model> model = implementation.create(weights, plan.config, plan.resolved, backend);
   if (!model)
     fail("model implementation {} returned no model for profile {} ({})", implementation.id, profile,

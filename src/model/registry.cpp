@@ -43,6 +43,23 @@ ImplementationRegistry ImplementationRegistry::with(std::vector<ModelImplementat
   return from_entries(std::move(merged));
 }
 
+void check_implementation_binding(const ModelImplementation& implementation, const ModelProfile& profile,
+                                  Device device) {
+  const std::string id = implementation_id(profile);
+  if (implementation.id != id || implementation.backend != device)
+    fail("model profile {} requires implementation {} on {}, but is bound to implementation {} on {}; refusing to "
+         "fall back",
+         profile.id(), id, device_name(device), implementation.id, device_name(implementation.backend));
+  const ExecutionComposition& execution = profile.execution();
+  if (implementation.graph != execution.graph || implementation.loader != execution.loader ||
+      implementation.loop != execution.loop)
+    fail("model implementation {} on {} (graph {}, loader {}, loop {}) is incompatible with model profile {} "
+         "(graph {}, loader {}, loop {}); refusing to fall back",
+         id, device_name(device), graph_name(implementation.graph), loader_name(implementation.loader),
+         loop_name(implementation.loop), profile.id(), graph_name(execution.graph), loader_name(execution.loader),
+         loop_name(execution.loop));
+}
+
 std::shared_ptr<const ModelImplementation> ImplementationRegistry::select(const ModelConfig& config,
                                                                           const ResolvedProfile& resolved,
                                                                           Device device) const {
@@ -58,15 +75,7 @@ std::shared_ptr<const ModelImplementation> ImplementationRegistry::select(const 
          profile.id(), id, device_name(device),
          elsewhere.empty() ? std::string() : fmt::format(" (it is registered on {})", fmt::join(elsewhere, ", ")));
   }
-  const ModelImplementation& implementation = *found->second;
-  const ExecutionComposition& execution = profile.execution();
-  if (implementation.graph != execution.graph || implementation.loader != execution.loader ||
-      implementation.loop != execution.loop)
-    fail("model implementation {} on {} (graph {}, loader {}, loop {}) is incompatible with model profile {} "
-         "(graph {}, loader {}, loop {}); refusing to fall back",
-         id, device_name(device), graph_name(implementation.graph), loader_name(implementation.loader),
-         loop_name(implementation.loop), profile.id(), graph_name(execution.graph), loader_name(execution.loader),
-         loop_name(execution.loop));
+  check_implementation_binding(*found->second, profile, device);
   return found->second;
 }
 

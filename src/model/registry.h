@@ -53,6 +53,13 @@ struct ModelImplementation {
   StepTensorBytes step_tensor_bytes = {};
 };
 
+// Fails, naming the profile, unless `implementation` is the one `profile` declares on `device`: its
+// id (the named implementation, or the graph's default), its backend, graph, loader and loop.
+// Selection checks it, and so does the construction seam (build_model), so a plan whose
+// implementation was swapped after selection is refused where the model is built.
+void check_implementation_binding(const ModelImplementation& implementation, const ModelProfile& profile,
+                                  Device device);
+
 class ImplementationRegistry {
  public:
   ImplementationRegistry() = default;
