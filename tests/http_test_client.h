@@ -43,6 +43,7 @@ class RawConnection {
   RawConnection& operator=(const RawConnection&) = delete;
 
   bool connected() const { return fd_ >= 0; }
+  int fd() const { return fd_; }  // for socket options
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;

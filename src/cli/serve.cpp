@@ -4,6 +4,7 @@
 // a second signal cancels at once.
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -36,7 +37,8 @@ struct ServeCommand {
   double request_timeout_seconds = 30;
   double idle_timeout_seconds = 60;
   size_t max_body_bytes = 8u << 20;
-  int max_connections = 256;
+  int max_connections = 0;  // 0: what the descriptor limit allows
+  int max_concurrent_requests = 256;
 };
 
 std::string read_text_file(const std::string& path) {
@@ -68,6 +70,16 @@ void refuse_what_does_not_fit(PreparedModel& prepared, const MemoryRequest& requ
        static_cast<double>(plan.memory.available) / (1u << 30), advice);
 }
 
+// Raises the soft limit on open descriptors to the hard limit, where the system allows it: each
+// connection is one descriptor, and the connection limit follows the descriptor limit.
+void raise_descriptor_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = limit.rlim_max;
+  // An unlimited hard limit is refused above fs.nr_open: the soft limit then stays as it is.
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+}
+
 void serve(const ServeCommand& options) {
   // Every thread started from here on (scheduler, thread pool, connections) inherits this mask, so
   // the signals reach only the sigwait below.
@@ -78,6 +90,7 @@ void serve(const ServeCommand& options) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // A client that disconnects mid-write must not kill the process.
   signal(SIGPIPE, SIG_IGN);
+  raise_descriptor_limit();
 
   const auto load_start = std::chrono::steady_clock::now();
   PreparedModel prepared = prepare_model(options.model);
@@ -102,6 +115,7 @@ void serve(const ServeCommand& options) {
   server_options.http.port = options.port;
   server_options.http.max_body_bytes = options.max_body_bytes;
   server_options.http.max_connections = options.max_connections;
+  server_options.http.max_concurrent_requests = options.max_concurrent_requests;
   server_options.http.request_timeout = to_milliseconds(options.request_timeout_seconds);
   server_options.http.idle_timeout = to_milliseconds(options.idle_timeout_seconds);
   server_options.model_name =
@@ -119,7 +133,8 @@ void serve(const ServeCommand& options) {
   fmt::print(stderr, "kiln: serving {} ({} on {}, batch {}, context {}) — ready in {:.0f} ms\n",
              server_options.model_name, config.model_type, opened.backend->name(), scheduler_options.max_batch,
              scheduler_options.context_tokens, load_ms);
-  fmt::print(stderr, "kiln: listening on http://{}:{}\n", options.host, server.port());
+  fmt::print(stderr, "kiln: listening on http://{}:{} (up to {} connections, {} requests handled at once)\n",
+             options.host, server.port(), server.connection_limit(), options.max_concurrent_requests);
 
   int received = 0;
   while (sigwait(&signals, &received) != 0) {
@@ -168,7 +183,13 @@ RegisterCommand register_serve([](CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted (413 beyond)")
       ->check(CLI::PositiveNumber);
-  command->add_option("--max-connections", options->max_connections, "Open connections beyond which new ones get 503")
+  command
+      ->add_option("--max-connections", options->max_connections,
+                   "Open connections beyond which new ones get 503 (0: what the descriptor limit allows)")
+      ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option("--max-concurrent-requests", options->max_concurrent_requests,
+                   "Requests handled at once beyond which new ones get 503 (/health is always answered)")
       ->check(CLI::PositiveNumber);
   command->callback([options] { serve(*options); });
 });

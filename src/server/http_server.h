@@ -1,12 +1,19 @@
-// An HTTP/1.1 server (Boost.Beast parsing over Asio sockets) with one thread per connection.
+// An HTTP/1.1 server (Boost.Beast parsing over Asio sockets): one event-loop thread reads every
+// connection, and only a complete request takes a handler thread.
 //
-// Every wait on a socket is a poll() with a deadline, so a client that sends half a request, or
-// stops reading a streamed response, only ever holds its own thread: the idle keep-alive wait,
-// the time to receive a whole request and the progress of each write are all bounded. A handler
-// runs on its connection's thread and may block (a generation); it learns that its client went
-// away from a failed write or from client_gone(), which peeks at the socket without blocking.
+// The event loop (epoll) accepts connections, reads requests through HttpRequestReader until each
+// is whole (header and body, within the size limits and the request timeout), keeps idle
+// keep-alive connections, writes the transport's own short responses (errors, 100 Continue, the
+// answers of `event_loop_paths`) and closes connections gracefully. A client that sends its
+// request slowly therefore costs a file descriptor and a few kilobytes, not a thread: connections
+// are bounded by the descriptor limit, and handler threads by their own, much smaller cap. A
+// handler runs on its own thread and may block (a generation); it writes its response directly
+// (every write bounded by the write timeout) and learns that its client went away from a failed
+// write or from client_gone(), which peeks at the socket without blocking. When it returns, the
+// connection goes back to the event loop for the next request.
 //
-// Only this header's implementation includes Beast (compile time).
+// Beast is included only by this header's implementation (with http_exchange.h) and by
+// HttpRequestReader's (compile time).
 #pragma once
 
 #include <chrono>
@@ -43,7 +50,8 @@ struct HttpResponse {
 
 // The response channel of one request. A handler either calls respond() once, or
 // start_stream() and then write() any number of chunks; the transport ends a stream (last
-// chunk) when the handler returns.
+// chunk) when the handler returns. For a HEAD request the transport sends only the head of the
+// response (Content-Length as GET's would be), and write() returns false: nobody reads the body.
 class HttpExchange {
  public:
   virtual ~HttpExchange() = default;
@@ -68,12 +76,23 @@ struct HttpServerOptions {
   uint16_t port = 8080;  // 0: any free port (see HttpServer::port())
   size_t max_body_bytes = 8u << 20;
   size_t max_header_bytes = 64u << 10;
-  int max_connections = 256;                          // beyond this a connection gets 503 and is closed
+  // Open connections (being read, handled or idle); beyond it a new connection gets 503 and is
+  // closed. 0: connection_limit_for_descriptors().
+  int max_connections = 0;
+  // Requests handled at once, each on its own thread; beyond it a request gets 503.
+  int max_concurrent_requests = 256;
+  // Requests for these paths are answered on the event loop, without a handler thread, so they
+  // are answered when every handler thread is busy: their handler must never block.
+  std::vector<std::string> event_loop_paths;
   std::chrono::milliseconds idle_timeout{60'000};     // keep-alive wait for the next request
   std::chrono::milliseconds request_timeout{30'000};  // first byte to the end of a request
   std::chrono::milliseconds write_timeout{30'000};    // longest a write may make no progress
-  int retry_after_seconds = 1;                        // sent with the connection-limit 503
+  int retry_after_seconds = 1;                        // sent with the transport's 503s
 };
+
+// The connections a server may hold open under the process's RLIMIT_NOFILE: all of it but a
+// reserve for the rest of the process.
+size_t connection_limit_for_descriptors();
 
 class HttpServer {
  public:
@@ -84,8 +103,14 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   uint16_t port() const;
+  // The connection limit in force (max_connections, or what the descriptor limit allows).
+  size_t connection_limit() const;
   void start();
-  // Stops accepting and closes idle keep-alive connections; requests in progress go on.
+  // From now on every response closes its connection, and idle keep-alive connections are
+  // closed; new connections are still accepted and served (a draining server still answers
+  // /health). Idempotent.
+  void drain();
+  // Drains and stops accepting; requests in progress go on.
   void stop_accepting();
   // Aborts every connection's I/O and joins all threads (idempotent).
   void close();

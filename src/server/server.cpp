@@ -53,6 +53,13 @@ WholeGeneration run_to_end(TextGeneration& generation, const std::function<bool(
   return whole;
 }
 
+// /health never blocks, and a load balancer's probe must be answered when every handler thread
+// is busy: the transport answers it on its event loop.
+HttpServerOptions transport_options(HttpServerOptions http) {
+  http.event_loop_paths.push_back("/health");
+  return http;
+}
+
 bool constant_time_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
   unsigned char difference = 0;
@@ -88,7 +95,8 @@ Server::Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions optio
       codec_(codec),
       options_(std::move(options)),
       http_(
-          options_.http, [this](const HttpRequest& request, HttpExchange& exchange) { handle(request, exchange); },
+          transport_options(options_.http),
+          [this](const HttpRequest& request, HttpExchange& exchange) { handle(request, exchange); },
           [this](int status, const std::string& message, const std::string& path) {
             metrics_.count_response(status);
             return error_response(path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI, status, message, "",
@@ -102,7 +110,9 @@ Server::~Server() { shutdown(); }
 void Server::shutdown() {
   std::call_once(shutdown_once_, [this] {
     draining_.store(true);
-    http_.stop_accepting();
+    // Connections are still accepted during the grace period, so that /health says 503 and new
+    // requests get a 503 instead of a refused connection.
+    http_.drain();
     wait_in_flight(options_.shutdown_grace);
     // Whatever is still running is cancelled; its handlers tell their clients and return.
     scheduler_.shutdown(false);
@@ -182,8 +192,9 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
     if (path == candidate.path) route = &candidate;
   if (!route && !model_path)
     throw ApiError(404, fmt::format("no route for {} {}", request.method, path), "", "not_found");
-  const char* method = route ? route->method : "GET";
-  if (request.method != method)
+  const std::string method = route ? route->method : "GET";
+  // HEAD is GET without the body (RFC 9110 §9.3.2): the transport drops the body.
+  if (request.method != method && !(request.method == "HEAD" && method == "GET"))
     throw ApiError(405, fmt::format("{} takes {}, not {}", path, method, request.method), "", "method_not_allowed");
 
   if (path == "/health") {

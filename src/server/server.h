@@ -1,6 +1,6 @@
 // kiln's API server: OpenAI-compatible (/v1/chat/completions, /v1/completions, /v1/models) and
 // Anthropic-compatible (/v1/messages) endpoints, /health and /metrics, over the continuous-batching
-// scheduler. Each connection's thread drives its own request; the scheduler batches them all.
+// scheduler. Each request's handler thread drives it; the scheduler batches them all.
 #pragma once
 
 #include <atomic>
@@ -40,9 +40,11 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   uint16_t port() const { return http_.port(); }
+  size_t connection_limit() const { return http_.connection_limit(); }
   void start() { http_.start(); }
-  // Refuses new requests (503), lets those in flight run for up to shutdown_grace, then cancels
-  // the rest by shutting the scheduler down, and closes every connection. Idempotent.
+  // Refuses new requests (503, /health included, on connections still accepted), lets those in
+  // flight run for up to shutdown_grace, then cancels the rest by shutting the scheduler down, and
+  // closes every connection. Idempotent.
   void shutdown();
   // Ends shutdown's grace period now: requests still running are cancelled.
   void cancel_in_flight();
