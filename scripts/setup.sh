@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git
           nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libboost-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev)
+          libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev
+          clang libclang-rt-14-dev)  # clang and its libFuzzer/sanitizer runtimes: the fuzz build
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

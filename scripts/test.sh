@@ -6,10 +6,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 
-# Malformed-checkpoint and construction-failure tests under ASan + LSan.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DKILN_CUDA=OFF > /dev/null
-cmake --build build-asan --target kiln_tests
+# Malformed-checkpoint and construction-failure tests under ASan + LSan. The build uses clang so
+# that the same objects, instrumented for libFuzzer too, also make the fuzz targets (fuzz/).
+CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON -DKILN_CUDA=OFF > /dev/null
+cmake --build build-asan --target kiln_tests kiln_fuzz
 ASAN_OPTIONS=detect_leaks=1 ./build-asan/kiln_tests --gtest_filter='Loader*:Construction*:Safetensors*:Config*' --gtest_brief=1
+
+# Every fuzz target on a copy of its seed corpus, all at once for FUZZ_SECONDS (about 20 s of CPU
+# each on two cores): a crash, leak, hang or allocation bomb fails the run and its input is kept
+# under $fuzz_corpus/crashes/ (docs/reliability.md).
+fuzz_corpus=$(mktemp -d)
+scripts/fuzz-long.sh "${FUZZ_SECONDS:-90}" 2 build-asan "$fuzz_corpus" ||
+  { echo "test: a fuzz target failed; inputs under $fuzz_corpus/crashes/" >&2; exit 1; }
+rm -rf "$fuzz_corpus"
 
 cd build
 ctest --output-on-failure -j2 ${CTEST_ARGS:-}

@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_features.h"
 
+#include <cpuid.h>
+
 namespace kiln::cpu {
 
 std::string_view isa_name(CpuIsa isa) {
@@ -20,7 +22,10 @@ CpuFeatures detect() {
   CpuFeatures features;
   features.avx2 = __builtin_cpu_supports("avx2");
   features.fma = __builtin_cpu_supports("fma");
-  features.f16c = __builtin_cpu_supports("f16c");
+  // clang before 16 has no "f16c" for __builtin_cpu_supports (the fuzz build uses clang 14), so
+  // it is read from CPUID leaf 1; F16C works on the AVX register state the avx2 flag checks.
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  features.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
   features.avx512f = __builtin_cpu_supports("avx512f");
   features.avx512bw = __builtin_cpu_supports("avx512bw");
   features.avx512vl = __builtin_cpu_supports("avx512vl");
