@@ -72,7 +72,11 @@ def parse_args():
     server.add_argument("--server-binary", default=os.path.join(REPO_ROOT, "build", "kiln"))
     server.add_argument("--model", default=os.path.join(REPO_ROOT, "..", "shared", "models", "stories260K"))
     server.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    server.add_argument("--chat-template", help="a Jinja chat template: also soak /v1/chat/completions and /v1/messages")
+    server.add_argument("--chat-template",
+                        help="a Jinja chat template for kiln serve (stories260K has none: bench/soak_chat_template.jinja)"
+                             "; also soaks /v1/chat/completions and /v1/messages")
+    server.add_argument("--chat", action="store_true",
+                        help="also soak /v1/chat/completions and /v1/messages with the model's own chat template")
     server.add_argument("--server-arg", action="append", default=[],
                         help="an extra argument for kiln serve (repeat it), e.g. --server-arg=--max-batch=16")
     server.add_argument("--server-request-timeout", type=float, default=10,
@@ -288,7 +292,10 @@ class StreamReader:
         if self.done:
             raise StreamBroken(f"event after the end: {name} {data[:80]}")
         if self.endpoint == "/v1/messages":
-            self._add_anthropic(name, json.loads(data))
+            event = json.loads(data)
+            if event["type"] != name:
+                raise StreamBroken(f"event {name!r} carries data of type {event['type']!r}")
+            self._add_anthropic(event)
         elif data == "[DONE]":
             if self.finish_reason is None and self.error is None:
                 raise StreamBroken("[DONE] without a finish reason or an error event")
@@ -626,10 +633,12 @@ class HealthProbe(threading.Thread):
         self.latencies = []
         self.failures = []
         self.connection_cap_503 = 0
+        self.began = time.monotonic()
 
     def run(self):
         while not self.stopping.is_set():
             started = time.monotonic()
+            when = f"{started - self.began:.0f} s into the load"
             try:
                 status, body = blocking_get(self.host, self.port, "/health", self.timeout)
                 elapsed = time.monotonic() - started
@@ -637,10 +646,10 @@ class HealthProbe(threading.Thread):
                 if status != 200:
                     if status == 503 and CONNECTION_CAP_MESSAGE.encode() in body:
                         self.connection_cap_503 += 1
-                    self.failures.append(f"t={started:.0f}: {status} {body[:120].decode(errors='replace')}")
+                    self.failures.append(f"{when}: {status} {body[:120].decode(errors='replace')}")
             except (OSError, ValueError) as error:
                 self.latencies.append(time.monotonic() - started)
-                self.failures.append(f"{type(error).__name__}: {error}")
+                self.failures.append(f"{when}: {type(error).__name__}: {error}")
             self.stopping.wait(max(0.0, 1.0 - (time.monotonic() - started)))
 
 
@@ -779,7 +788,7 @@ def main():
         status, body = blocking_get(host, port, "/v1/models", 10)
         model_name = json.loads(body)["data"][0]["id"]
         endpoints = ["/v1/completions"]
-        if args.chat_template:
+        if args.chat_template or args.chat:
             endpoints += ["/v1/chat/completions", "/v1/messages"]
         prompts = make_prompts(args.prompts, args.seed)
         soak = Soak(args, host, port, model_name, endpoints, prompts)
