@@ -379,6 +379,7 @@ class Soak:
         self.references = {}
         self.tally = Tally()
         self.stop_at = None
+        self.worst_loop_lag = 0.0
 
     async def connect(self):
         return await asyncio.open_connection(self.host, self.port, limit=1 << 20)
@@ -580,6 +581,13 @@ class Soak:
                                        + "; ".join(differences))
                 self.references[(endpoint, index)] = answers[0]
 
+    async def watch_loop_lag(self):
+        """The clients' own event loop falling behind would slow them, not the server: measure it."""
+        while True:
+            expected = time.monotonic() + 0.25
+            await asyncio.sleep(0.25)
+            self.worst_loop_lag = max(self.worst_loop_lag, time.monotonic() - expected)
+
     async def report_progress(self):
         started = time.monotonic()
         while True:
@@ -594,9 +602,11 @@ class Soak:
         self.stop_at = time.monotonic() + self.args.duration
         tasks = [asyncio.create_task(self.client(index)) for index in range(self.args.clients)]
         progress = asyncio.create_task(self.report_progress())
+        lag = asyncio.create_task(self.watch_loop_lag())
         # Every attempt is bounded by --request-deadline, so the clients end soon after stop_at.
         done, pending = await asyncio.wait(tasks, timeout=self.args.duration + self.args.request_deadline + 60)
         progress.cancel()
+        lag.cancel()
         for task in pending:
             task.cancel()
             self.tally.fail("client_never_ended", "a client task was still running at the end")
@@ -651,6 +661,18 @@ class HealthProbe(threading.Thread):
                 self.latencies.append(time.monotonic() - started)
                 self.failures.append(f"{when}: {type(error).__name__}: {error}")
             self.stopping.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+
+
+def descriptor_limit_of(pid):
+    """The soft `Max open files` of a process, or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/limits") as limits:
+            for line in limits:
+                if line.startswith("Max open files"):
+                    return int(line.split()[3])
+    except (FileNotFoundError, PermissionError):
+        return None
+    return None
 
 
 def process_sample(pid):
@@ -783,7 +805,7 @@ def main():
     settled = None
     checks = {}
     figures = {"clients": args.clients, "duration_s": args.duration, "prompts": args.prompts,
-               "descriptor_limit": descriptors}
+               "descriptor_limit": descriptors, "server_descriptor_limit": descriptor_limit_of(pid) if pid else None}
     try:
         status, body = blocking_get(host, port, "/v1/models", 10)
         model_name = json.loads(body)["data"][0]["id"]
@@ -839,6 +861,7 @@ def main():
         "refused_unanswered": counts["refused_unanswered"],
         "keepalive_closed": counts["keepalive_closed"],
         "duplicate_stream_ids": tally.duplicate_ids,
+        "client_worst_event_loop_lag_s": round(soak.worst_loop_lag, 3),
         "failures": lost,
         "failure_examples": dict(tally.examples),
     })
@@ -899,7 +922,8 @@ def main():
         checks["server alive and exits cleanly"] = (returncode == 0,
                                                     f"SIGTERM: exit {returncode} in {shutdown_seconds:.1f} s")
 
-    print(f"\nsoak: {args.clients} clients, {load_seconds:.0f} s of load")
+    print(f"\nsoak: {args.clients} clients, {load_seconds:.0f} s of load; descriptor limit {descriptors} here, "
+          f"{figures['server_descriptor_limit']} in the server")
     print(f"  answers equal to their solo run: {matched} ({counts['matched_stream']} streamed, "
           f"{counts['matched_whole']} whole), {matched / load_seconds:.1f}/s")
     print(f"  disconnected mid-stream: {counts['disconnected_mid_stream']}; whole requests abandoned: "
@@ -909,6 +933,7 @@ def main():
     print(f"  429 queue full (retried): {counts['queue_full_429']}; 503 connection cap (retried): "
           f"{counts['connection_cap_503']}; closed unanswered at connect (retried): {counts['refused_unanswered']}; "
           f"keep-alive closed by the server (retried): {counts['keepalive_closed']}")
+    print(f"  the clients' event loop fell behind by {soak.worst_loop_lag:.3f} s at worst")
     for kind, examples in tally.examples.items():
         print(f"  {kind}: {counts[kind]}")
         for example in examples:
