@@ -825,8 +825,10 @@ def main():
             time.sleep(0.1)  # the first sample is the level before the load
         health = HealthProbe(host, port, timeout=10)
         health.start()
+        figures["loadavg_at_start"] = open("/proc/loadavg").read().split()[0]
         load_started = time.monotonic()
         asyncio.run(soak.run_clients())
+        figures["loadavg_at_end"] = open("/proc/loadavg").read().split()[0]
         load_seconds = time.monotonic() - load_started
         idle, waited, metrics = wait_until_idle(host, port, 30)
         # Connections finish closing (a graceful close lingers up to 200 ms) before the level is read.
@@ -923,7 +925,8 @@ def main():
                                                     f"SIGTERM: exit {returncode} in {shutdown_seconds:.1f} s")
 
     print(f"\nsoak: {args.clients} clients, {load_seconds:.0f} s of load; descriptor limit {descriptors} here, "
-          f"{figures['server_descriptor_limit']} in the server")
+          f"{figures['server_descriptor_limit']} in the server; machine load average {figures['loadavg_at_start']} "
+          f"at the start, {figures['loadavg_at_end']} at the end ({os.cpu_count()} CPUs)")
     print(f"  answers equal to their solo run: {matched} ({counts['matched_stream']} streamed, "
           f"{counts['matched_whole']} whole), {matched / load_seconds:.1f}/s")
     print(f"  disconnected mid-stream: {counts['disconnected_mid_stream']}; whole requests abandoned: "
