@@ -352,7 +352,43 @@ TEST(TokenizerErrors, UnsupportedOrBrokenFilesNameTheirField) {
 
   const Tokenizer tokenizer = Tokenizer::load(write_tokenizer(dir, sentencepiece_tokenizer()));
   expect_error([&] { tokenizer.encode("bad \xC3 text", false); }, {"not valid UTF-8", "byte 4"});
-  expect_error([&] { tokenizer.decode(std::vector<int32_t>{5000}, false); }, {"token id 5000", "tokenizer.json"});
+}
+
+TEST(TokenizerSentencePiece, IdsWithoutATokenDecodeToNothing) {
+  // Models pad their logit rows past the tokenizer (Qwen3: 151,936 rows, 151,669 tokens), so a
+  // sampled id may have no token; Hugging Face's decode skips such ids.
+  TempDir dir;
+  const Tokenizer tokenizer = Tokenizer::load(write_tokenizer(dir, sentencepiece_tokenizer()));
+  const int32_t space_ab = 265, byte_c3 = 3 + 0xC3, byte_a9 = 3 + 0xA9;
+  EXPECT_EQ(tokenizer.decode(std::vector<int32_t>{5000}, false), "");
+  EXPECT_EQ(tokenizer.decode(std::vector<int32_t>{space_ab, 5000, -1, space_ab}, false), "ab ab");
+  // An unknown id inside a run of byte tokens does not end the run.
+  StreamingDecoder stream(tokenizer, true);
+  EXPECT_EQ(stream.push(space_ab), "ab");
+  EXPECT_EQ(stream.push(byte_c3), "");
+  EXPECT_EQ(stream.push(267), "");
+  EXPECT_EQ(stream.push(byte_a9), "");
+  EXPECT_EQ(stream.finish(), "\xC3\xA9");
+  EXPECT_EQ(tokenizer.id_to_token(267), std::nullopt);
+}
+
+TEST(TokenizerErrors, TokenIdsAreReportedAsWrittenAndCheckedAgainstTheModel) {
+  TempDir dir;
+  json tokenizer_json = sentencepiece_tokenizer();
+  tokenizer_json["added_tokens"].push_back({{"id", 4000000000LL}, {"content", "<big>"}, {"special", true}});
+  expect_error([&] { Tokenizer::load(write_tokenizer(dir, tokenizer_json)); },
+               {"tokenizer.json: added_tokens[3]", "token id 4000000000"});
+  write_tokenizer(dir, sentencepiece_tokenizer());
+  write_text_file(dir.path() / "generation_config.json", json{{"eos_token_id", {2, 4000000000LL}}}.dump());
+  expect_error([&] { Tokenizer::load(dir.path()); }, {"generation_config.json", "eos_token_id", "token id 4000000000"});
+  fs::remove(dir.path() / "generation_config.json");
+
+  // 267 ids (0 to 266): a model with fewer logit rows has no logits for the last ones.
+  const Tokenizer tokenizer = Tokenizer::load(dir.path());
+  tokenizer.check_fits_model(267);
+  tokenizer.check_fits_model(151936);
+  expect_error([&] { tokenizer.check_fits_model(200); },
+               {"tokenizer.json", "token id 200", "vocab_size 200"});
 }
 
 // ------------------------------------------------------------------------------------------------

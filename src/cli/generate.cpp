@@ -80,6 +80,7 @@ RegisterCommand register_generate([](CLI::App& app) {
     }
 
     const Tokenizer tokenizer = Tokenizer::load(options->model.model_dir);
+    tokenizer.check_fits_model(opened.model->config().vocab_size);
     generation.stop_ids = tokenizer.eos_ids();
     std::vector<int32_t> prompt_ids;
     if (*prompt) {

@@ -102,6 +102,7 @@ void serve(const ServeCommand& options) {
   std::optional<std::string> chat_template;
   if (!options.chat_template.empty()) chat_template = read_text_file(options.chat_template);
   const server::TokenizerCodec codec(options.model.model_dir, chat_template);
+  codec.tokenizer().check_fits_model(config.vocab_size);
 
   SchedulerOptions scheduler_options;
   scheduler_options.max_batch = options.sizes.max_batch;

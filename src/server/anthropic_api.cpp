@@ -49,7 +49,7 @@ void convert_message(const json& message_json, size_t index, json& conversation)
   if (!role) reject_field(message.param("role"), "`{}` is required", message.param("role"));
   if (*role != "user" && *role != "assistant")
     reject_field(message.param("role"), "`{}` must be \"user\" or \"assistant\", got \"{}\"", message.param("role"),
-                 *role);
+                 quote_client_text(*role));
   const json* content = message.value("content");
   if (!content) reject_field(message.param("content"), "`{}` is required", message.param("content"));
   message.reject_unknown();
@@ -95,7 +95,7 @@ void convert_message(const json& message_json, size_t index, json& conversation)
                               {"content", result ? tool_result_text(*result, block.param("content")) : ""}});
     } else {
       reject_unsupported(block.param("type"),
-                         fmt::format("content blocks of type \"{}\" in {} messages", *type, *role));
+                         fmt::format("content blocks of type \"{}\" in {} messages", quote_client_text(*type), *role));
     }
     block.reject_unknown();
   }
@@ -130,7 +130,7 @@ json convert_tools(const json& tools) {
     if (!tools[i].is_object()) reject_field(param, "`{}` must be an object, got {}", param, json_type_name(tools[i]));
     JsonFields tool(tools[i], param);
     if (auto type = tool.string("type"); type && *type != "custom")
-      reject_unsupported(tool.param("type"), fmt::format("tools of type \"{}\"", *type));
+      reject_unsupported(tool.param("type"), fmt::format("tools of type \"{}\"", quote_client_text(*type)));
     const auto name = tool.string("name");
     if (!name || name->empty()) reject_field(tool.param("name"), "`{}` must be a non-empty string", tool.param("name"));
     json function = {{"name", *name}};

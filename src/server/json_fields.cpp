@@ -6,20 +6,56 @@
 
 namespace kiln::server {
 
+namespace {
+
+// nlohmann's parser calls back with the number of containers open around each value; the callback
+// throws `too_deep` before a container past the limit is built.
+json parse_within_depth(std::string_view text, int max_depth, const ApiError& too_deep, bool allow_exceptions) {
+  return json::parse(
+      text,
+      [&](int depth, json::parse_event_t, json&) {
+        if (depth > max_depth) throw too_deep;
+        return true;
+      },
+      allow_exceptions);
+}
+
+}  // namespace
+
 json parse_request_json(std::string_view body) {
   json parsed;
   try {
-    parsed = json::parse(body, [](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxJsonDepth)
-        throw ApiError(400, fmt::format("the request body nests JSON deeper than {} levels", kMaxJsonDepth));
-      return true;
-    });
+    parsed = parse_within_depth(
+        body, kMaxJsonDepth,
+        ApiError(400, fmt::format("the request body nests JSON deeper than {} levels", kMaxJsonDepth)), true);
   } catch (const json::exception& error) {
-    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", error.what()));
+    // The parser's message quotes the token it stopped in, which can be a whole long string.
+    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", quote_client_text(error.what())));
   }
   if (!parsed.is_object())
     throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", json_type_name(parsed)));
   return parsed;
+}
+
+std::optional<json> parse_embedded_json(std::string_view text, int enclosing_containers, const std::string& param) {
+  const int room = kMaxJsonDepth - enclosing_containers;
+  json parsed = parse_within_depth(text, room,
+                                   ApiError(400,
+                                            fmt::format("`{}` holds JSON nested deeper than the {} levels left below "
+                                                        "it (a request may nest {} levels in all)",
+                                                        param, room, kMaxJsonDepth),
+                                            param),
+                                   false);
+  if (parsed.is_discarded()) return std::nullopt;
+  return parsed;
+}
+
+std::string quote_client_text(std::string_view text) {
+  if (text.size() <= kMaxQuotedBytes) return std::string(text);
+  size_t cut = kMaxQuotedBytes;
+  // Back up over continuation bytes (10xxxxxx) to the start of the character the cut would split.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return fmt::format("{}… ({} bytes)", text.substr(0, cut), text.size());
 }
 
 std::string json_type_name(const json& value) {
@@ -118,7 +154,10 @@ const json* JsonFields::object(const std::string& name) {
 
 void JsonFields::reject_unknown() const {
   for (const auto& [key, value] : object_.items())
-    if (!known_.count(key)) reject_field(param(key), "unrecognized request argument `{}`", param(key));
+    if (!known_.count(key)) {
+      const std::string quoted = param(quote_client_text(key));
+      reject_field(quoted, "unrecognized request argument `{}`", quoted);
+    }
 }
 
 }  // namespace kiln::server

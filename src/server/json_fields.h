@@ -18,7 +18,22 @@ using json = nlohmann::ordered_json;
 // Parses a request body: malformed JSON, nesting deeper than kMaxJsonDepth (which would make any
 // recursive walk of it expensive) or a top level that is not an object is a 400.
 json parse_request_json(std::string_view body);
+// The most containers (objects, arrays) that may enclose any value of a request, counted from the
+// top of the body; JSON embedded in a string of the body counts the containers around the string.
 inline constexpr int kMaxJsonDepth = 64;
+
+// Parses a JSON document a client embedded in the string field `param` (tool-call arguments), which
+// sits inside `enclosing_containers` containers of the body: nullopt when the text is not JSON, a
+// 400 naming `param` when the document would nest past kMaxJsonDepth counted from the body's top.
+// The parse stops at the limit, so no deep value is ever built (copying, dumping or rendering one
+// recurses once per level and overflows the stack).
+std::optional<json> parse_embedded_json(std::string_view text, int enclosing_containers, const std::string& param);
+
+// Client text quoted in an error message (a model name, a field name, a role, a path): at most
+// kMaxQuotedBytes of it, cut on a UTF-8 character boundary, with "…" where it was cut, so that an
+// 8 MB model name is not echoed whole.
+inline constexpr size_t kMaxQuotedBytes = 256;
+std::string quote_client_text(std::string_view text);
 
 // Serialises a response: invalid UTF-8 in generated text (a model can emit any byte) becomes
 // U+FFFD instead of an exception.

@@ -1,8 +1,11 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
+#include <array>
 #include <limits>
 
 #include "server/api_error.h"
+#include "tokenizer/jinja_builtins.h"
 
 namespace kiln::server {
 
@@ -22,7 +25,8 @@ std::string message_text(const json& content, const std::string& param) {
     JsonFields part(content[i], part_param);
     const auto type = part.string("type");
     if (!type) reject_field(part.param("type"), "`{}` is required", part.param("type"));
-    if (*type != "text") reject_unsupported(part.param("type"), fmt::format("content of type \"{}\"", *type));
+    if (*type != "text")
+      reject_unsupported(part.param("type"), fmt::format("content of type \"{}\"", quote_client_text(*type)));
     const auto part_text = part.string("text");
     if (!part_text) reject_field(part.param("text"), "`{}` is required", part.param("text"));
     part.reject_unknown();
@@ -31,6 +35,9 @@ std::string message_text(const json& content, const std::string& param) {
   }
   return text;
 }
+
+// The body, messages[], a message, tool_calls[], a call and its function enclose the arguments string.
+constexpr int kContainersAroundToolCallArguments = 6;
 
 json normalise_tool_calls(const json& tool_calls, const std::string& param) {
   json normalised = json::array();
@@ -43,7 +50,7 @@ json normalise_tool_calls(const json& tool_calls, const std::string& param) {
     if (auto id = call.string("id")) out["id"] = *id;
     const auto type = call.string("type");
     if (type && *type != "function")
-      reject_unsupported(call.param("type"), fmt::format("tool calls of type \"{}\"", *type));
+      reject_unsupported(call.param("type"), fmt::format("tool calls of type \"{}\"", quote_client_text(*type)));
     out["type"] = "function";
     const json* function = call.object("function");
     if (!function) reject_field(call.param("function"), "`{}` is required", call.param("function"));
@@ -55,8 +62,9 @@ json normalise_tool_calls(const json& tool_calls, const std::string& param) {
     // JSON string, which is decoded when it holds an object and passed on as text otherwise.
     if (const json* arguments = function_fields.value("arguments")) {
       if (arguments->is_string()) {
-        json decoded = json::parse(arguments->get<std::string>(), nullptr, false);
-        out["function"]["arguments"] = decoded.is_object() ? decoded : *arguments;
+        std::optional<json> decoded = parse_embedded_json(
+            arguments->get<std::string>(), kContainersAroundToolCallArguments, function_fields.param("arguments"));
+        out["function"]["arguments"] = decoded && decoded->is_object() ? std::move(*decoded) : *arguments;
       } else if (arguments->is_object()) {
         out["function"]["arguments"] = *arguments;
       } else {
@@ -84,7 +92,7 @@ json normalise_messages(const json& messages) {
     static const std::vector<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
     if (std::find(kRoles.begin(), kRoles.end(), *role) == kRoles.end())
       reject_field(message.param("role"), "`{}` must be one of system, developer, user, assistant, tool; got \"{}\"",
-                   message.param("role"), *role);
+                   message.param("role"), quote_client_text(*role));
     json out = json::object();
     // Templates know "system"; OpenAI's newer "developer" role means the same.
     out["role"] = *role == "developer" ? "system" : *role;
@@ -121,7 +129,8 @@ json validate_tools(const json& tools) {
     JsonFields tool(tools[i], param);
     const auto type = tool.string("type");
     if (!type) reject_field(tool.param("type"), "`{}` is required", tool.param("type"));
-    if (*type != "function") reject_unsupported(tool.param("type"), fmt::format("tools of type \"{}\"", *type));
+    if (*type != "function")
+      reject_unsupported(tool.param("type"), fmt::format("tools of type \"{}\"", quote_client_text(*type)));
     const json* function = tool.object("function");
     if (!function) reject_field(tool.param("function"), "`{}` is required", tool.param("function"));
     JsonFields function_fields(*function, tool.param("function"));
@@ -135,6 +144,29 @@ json validate_tools(const json& tools) {
     tool.reject_unknown();
   }
   return tools;
+}
+
+// Variables kiln gives every chat template (ChatTemplate::variables): validated or derived from the
+// request, so chat_template_kwargs may not replace them; nor the template's global functions
+// (raise_exception, strftime_now, ...). vLLM's advisories GHSA-6fvq-23cw-5628 and
+// GHSA-4hw3-g54f-xfrj are this class of bug: a kwarg that replaced `messages` or a function.
+constexpr std::array<std::string_view, 6> kTemplateVariablesKilnSets = {
+    "messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"};
+
+json checked_template_kwargs(const json& kwargs, const std::string& param) {
+  for (const auto& [key, value] : kwargs.items()) {
+    const std::string key_param = param + "." + quote_client_text(key);
+    const bool set_by_kiln =
+        std::find(kTemplateVariablesKilnSets.begin(), kTemplateVariablesKilnSets.end(), key) !=
+        kTemplateVariablesKilnSets.end();
+    if (set_by_kiln || jinja::global_function(key))
+      reject_field(key_param, "`{}` names a template variable the server sets itself; it cannot be passed in `{}`",
+                   key_param, param);
+    // The template's thinking switch (Qwen3's convention, as vLLM passes it).
+    if (key == "enable_thinking" && !value.is_boolean())
+      reject_field(key_param, "`{}` must be a boolean, got {}", key_param, json_type_name(value));
+  }
+  return kwargs;
 }
 
 // Options OpenAI defines that this server does not implement: accepted only at their neutral value.
@@ -179,7 +211,9 @@ void check_model_field(JsonFields& fields, const std::string& served_model) {
   const auto model = fields.string("model");
   if (!model) reject_field("model", "`model` is required");
   if (*model != served_model)
-    throw ApiError(404, fmt::format("the model `{}` does not exist; this server serves `{}`", *model, served_model),
+    throw ApiError(404,
+                   fmt::format("the model `{}` does not exist; this server serves `{}`", quote_client_text(*model),
+                               served_model),
                    "model", "model_not_found");
 }
 
@@ -217,17 +251,20 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
     if (*tool_choice == "none")
       request.prompt.tools = json();
     else if (*tool_choice != "auto")
-      reject_field("tool_choice", "`tool_choice` must be \"none\", \"auto\" or \"required\", got {}",
-                   tool_choice->dump());
+      reject_field("tool_choice", "`tool_choice` must be \"none\", \"auto\" or \"required\", got \"{}\"",
+                   quote_client_text(tool_choice->get<std::string>()));
   }
   if (const json* format = fields.object("response_format")) {
     JsonFields format_fields(*format, "response_format");
     const auto type = format_fields.string("type");
     if (!type) reject_field("response_format.type", "`response_format.type` is required");
-    if (*type != "text") reject_unsupported("response_format", fmt::format("response_format of type \"{}\"", *type));
+    if (*type != "text")
+      reject_unsupported("response_format",
+                         fmt::format("response_format of type \"{}\"", quote_client_text(*type)));
     format_fields.reject_unknown();
   }
-  if (const json* kwargs = fields.object("chat_template_kwargs")) request.prompt.template_kwargs = *kwargs;
+  if (const json* kwargs = fields.object("chat_template_kwargs"))
+    request.prompt.template_kwargs = checked_template_kwargs(*kwargs, "chat_template_kwargs");
   request.prompt.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
 
   reject_unsupported_options(fields);

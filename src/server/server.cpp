@@ -60,6 +60,25 @@ HttpServerOptions transport_options(HttpServerOptions http) {
   return http;
 }
 
+// A failure after the scheduler accepted a request is the server's, never the client's: the request
+// was valid. An ApiError of the server's own (a 5xx, e.g. a cancelled generation) keeps its status;
+// anything else is a 500.
+ApiError failure_after_acceptance(const std::exception& error) {
+  if (const auto* api_error = dynamic_cast<const ApiError*>(&error); api_error && api_error->status() >= 500)
+    return *api_error;
+  return ApiError(500, fmt::format("the server failed while generating: {}", error.what()), "", "internal_error");
+}
+
+// Runs what follows a request's acceptance (its generation and its response).
+template <typename Work>
+void after_acceptance(Work&& work) {
+  try {
+    work();
+  } catch (const std::exception& error) {
+    throw failure_after_acceptance(error);
+  }
+}
+
 bool constant_time_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
   unsigned char difference = 0;
@@ -159,6 +178,17 @@ void Server::check_api_key(const HttpRequest& request) const {
                  "invalid_api_key");
 }
 
+void Server::stream_until_end(HttpExchange& exchange, Dialect dialect, const std::function<void()>& loop) {
+  try {
+    loop();
+  } catch (const std::exception& error) {
+    const ApiError failure = failure_after_acceptance(error);
+    exchange.write(dialect == Dialect::Anthropic
+                       ? sse_event("error", anthropic_error_body(failure.status(), failure.what()))
+                       : sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())) + kSseDone);
+  }
+}
+
 void Server::handle(const HttpRequest& request, HttpExchange& exchange) {
   const Clock::time_point arrival = Clock::now();
   const Dialect dialect = request.path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI;
@@ -191,11 +221,14 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
   for (const auto& candidate : kRoutes)
     if (path == candidate.path) route = &candidate;
   if (!route && !model_path)
-    throw ApiError(404, fmt::format("no route for {} {}", request.method, path), "", "not_found");
+    throw ApiError(404, fmt::format("no route for {} {}", quote_client_text(request.method), quote_client_text(path)),
+                   "", "not_found");
   const std::string method = route ? route->method : "GET";
   // HEAD is GET without the body (RFC 9110 §9.3.2): the transport drops the body.
   if (request.method != method && !(request.method == "HEAD" && method == "GET"))
-    throw ApiError(405, fmt::format("{} takes {}, not {}", path, method, request.method), "", "method_not_allowed");
+    throw ApiError(405,
+                   fmt::format("{} takes {}, not {}", quote_client_text(path), method, quote_client_text(request.method)),
+                   "", "method_not_allowed");
 
   if (path == "/health") {
     if (draining_.load())
@@ -219,7 +252,8 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
   if (model_path) {
     const std::string requested = path.substr(model_prefix.size());
     if (requested != options_.model_name)
-      throw ApiError(404, fmt::format("the model `{}` does not exist", requested), "model", "model_not_found");
+      throw ApiError(404, fmt::format("the model `{}` does not exist", quote_client_text(requested)), "model",
+                     "model_not_found");
     respond_json(exchange, 200, models_list(options_.model_name, context, unix_seconds())["data"][0]);
     return;
   }
@@ -244,7 +278,10 @@ std::vector<int32_t> Server::chat_prompt(const json& messages, const ChatPromptO
   try {
     text = codec_.render_chat(messages, options);
   } catch (const Error& error) {
-    throw ApiError(400, fmt::format("the chat template rejected the conversation: {}", error.what()), "messages");
+    // The template's message may quote the conversation.
+    throw ApiError(400,
+                   fmt::format("the chat template rejected the conversation: {}", quote_client_text(error.what())),
+                   "messages");
   }
   // The template writes the special tokens (BOS) itself.
   return codec_.encode(text, false);
@@ -277,18 +314,20 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
   const int64_t created = unix_seconds();
 
   if (!request.generation.stream) {
-    const WholeGeneration whole = run_to_end(generation, client_gone);
-    json choice = {{"index", 0},
-                   {"message", {{"role", "assistant"}, {"content", whole.text}}},
-                   {"logprobs", request.logprobs ? chat_logprobs(whole.tokens, codec_) : json()},
-                   {"finish_reason", whole.last.finish_reason}};
-    respond_json(exchange, 200,
-                 {{"id", id},
-                  {"object", "chat.completion"},
-                  {"created", created},
-                  {"model", options_.model_name},
-                  {"choices", json::array({choice})},
-                  {"usage", openai_usage(generation.prompt_tokens(), generation.completion_tokens())}});
+    after_acceptance([&] {
+      const WholeGeneration whole = run_to_end(generation, client_gone);
+      json choice = {{"index", 0},
+                     {"message", {{"role", "assistant"}, {"content", whole.text}}},
+                     {"logprobs", request.logprobs ? chat_logprobs(whole.tokens, codec_) : json()},
+                     {"finish_reason", whole.last.finish_reason}};
+      respond_json(exchange, 200,
+                   {{"id", id},
+                    {"object", "chat.completion"},
+                    {"created", created},
+                    {"model", options_.model_name},
+                    {"choices", json::array({choice})},
+                    {"usage", openai_usage(generation.prompt_tokens(), generation.completion_tokens())}});
+    });
     return;
   }
 
@@ -307,33 +346,35 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
   metrics_.count_response(200);
   if (!exchange.start_stream(200, "text/event-stream", {})) return;
   if (!exchange.write(chunk({{"role", "assistant"}, {"content", ""}}, json(), json()))) return;
-  for (;;) {
-    TextDelta delta = generation.next(client_gone);
-    const bool has_logprobs = request.logprobs && !delta.tokens.empty();
-    if (!delta.text.empty() || has_logprobs) {
-      if (!exchange.write(
-              chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(), json())))
-        return;
+  stream_until_end(exchange, Dialect::OpenAI, [&] {
+    for (;;) {
+      TextDelta delta = generation.next(client_gone);
+      const bool has_logprobs = request.logprobs && !delta.tokens.empty();
+      if (!delta.text.empty() || has_logprobs) {
+        if (!exchange.write(
+                chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(), json())))
+          return;
+      }
+      if (!delta.finished) continue;
+      if (delta.finish_reason == "stop" || delta.finish_reason == "length") {
+        if (!exchange.write(chunk(json::object(), json(), delta.finish_reason))) return;
+      } else {
+        const ApiError failure = generation_failure(delta);
+        if (!exchange.write(sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())))) return;
+      }
+      if (request.include_usage) {
+        const json usage = {{"id", id},
+                            {"object", "chat.completion.chunk"},
+                            {"created", created},
+                            {"model", options_.model_name},
+                            {"choices", json::array()},
+                            {"usage", openai_usage(generation.prompt_tokens(), generation.completion_tokens())}};
+        if (!exchange.write(sse_data(usage))) return;
+      }
+      exchange.write(kSseDone);
+      return;
     }
-    if (!delta.finished) continue;
-    if (delta.finish_reason == "stop" || delta.finish_reason == "length") {
-      if (!exchange.write(chunk(json::object(), json(), delta.finish_reason))) return;
-    } else {
-      const ApiError failure = generation_failure(delta);
-      if (!exchange.write(sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())))) return;
-    }
-    if (request.include_usage) {
-      const json usage = {{"id", id},
-                          {"object", "chat.completion.chunk"},
-                          {"created", created},
-                          {"model", options_.model_name},
-                          {"choices", json::array()},
-                          {"usage", openai_usage(generation.prompt_tokens(), generation.completion_tokens())}};
-      if (!exchange.write(sse_data(usage))) return;
-    }
-    exchange.write(kSseDone);
-    return;
-  }
+  });
 }
 
 void Server::completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
@@ -359,46 +400,50 @@ void Server::completions(const HttpRequest& http_request, HttpExchange& exchange
   };
 
   if (!request.generation.stream) {
-    const WholeGeneration whole = run_to_end(generation, client_gone);
-    json response =
-        body(json::array({{{"index", 0},
-                           {"text", whole.text},
-                           {"logprobs", request.logprobs ? completion_logprobs(whole.tokens, codec_, 0) : json()},
-                           {"finish_reason", whole.last.finish_reason}}}));
-    response["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
-    respond_json(exchange, 200, response);
+    after_acceptance([&] {
+      const WholeGeneration whole = run_to_end(generation, client_gone);
+      json response =
+          body(json::array({{{"index", 0},
+                             {"text", whole.text},
+                             {"logprobs", request.logprobs ? completion_logprobs(whole.tokens, codec_, 0) : json()},
+                             {"finish_reason", whole.last.finish_reason}}}));
+      response["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
+      respond_json(exchange, 200, response);
+    });
     return;
   }
 
   metrics_.count_response(200);
   if (!exchange.start_stream(200, "text/event-stream", {})) return;
-  size_t text_offset = 0;
-  for (;;) {
-    TextDelta delta = generation.next(client_gone);
-    const bool ended = delta.finished && (delta.finish_reason == "stop" || delta.finish_reason == "length");
-    if (!delta.text.empty() || ended) {
-      json chunk = body(json::array(
-          {{{"index", 0},
-            {"text", delta.text},
-            {"logprobs", request.logprobs ? completion_logprobs(delta.tokens, codec_, text_offset) : json()},
-            {"finish_reason", ended ? json(delta.finish_reason) : json()}}}));
-      if (request.include_usage) chunk["usage"] = nullptr;
-      text_offset += delta.text.size();
-      if (!exchange.write(sse_data(chunk))) return;
+  stream_until_end(exchange, Dialect::OpenAI, [&] {
+    size_t text_offset = 0;
+    for (;;) {
+      TextDelta delta = generation.next(client_gone);
+      const bool ended = delta.finished && (delta.finish_reason == "stop" || delta.finish_reason == "length");
+      if (!delta.text.empty() || ended) {
+        json chunk = body(json::array(
+            {{{"index", 0},
+              {"text", delta.text},
+              {"logprobs", request.logprobs ? completion_logprobs(delta.tokens, codec_, text_offset) : json()},
+              {"finish_reason", ended ? json(delta.finish_reason) : json()}}}));
+        if (request.include_usage) chunk["usage"] = nullptr;
+        text_offset += delta.text.size();
+        if (!exchange.write(sse_data(chunk))) return;
+      }
+      if (!delta.finished) continue;
+      if (!ended) {
+        const ApiError failure = generation_failure(delta);
+        if (!exchange.write(sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())))) return;
+      }
+      if (request.include_usage) {
+        json usage = body(json::array());
+        usage["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
+        if (!exchange.write(sse_data(usage))) return;
+      }
+      exchange.write(kSseDone);
+      return;
     }
-    if (!delta.finished) continue;
-    if (!ended) {
-      const ApiError failure = generation_failure(delta);
-      if (!exchange.write(sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())))) return;
-    }
-    if (request.include_usage) {
-      json usage = body(json::array());
-      usage["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
-      if (!exchange.write(sse_data(usage))) return;
-    }
-    exchange.write(kSseDone);
-    return;
-  }
+  });
 }
 
 void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
@@ -411,16 +456,18 @@ void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, C
   const std::string id = random_id("msg_");
 
   if (!request.generation.stream) {
-    const WholeGeneration whole = run_to_end(generation, client_gone);
-    respond_json(exchange, 200,
-                 {{"id", id},
-                  {"type", "message"},
-                  {"role", "assistant"},
-                  {"model", options_.model_name},
-                  {"content", json::array({{{"type", "text"}, {"text", whole.text}}})},
-                  {"stop_reason", anthropic_stop_reason(whole.last.finish_reason, whole.last.stop_sequence)},
-                  {"stop_sequence", whole.last.stop_sequence ? json(*whole.last.stop_sequence) : json()},
-                  {"usage", anthropic_usage(generation.prompt_tokens(), generation.completion_tokens())}});
+    after_acceptance([&] {
+      const WholeGeneration whole = run_to_end(generation, client_gone);
+      respond_json(exchange, 200,
+                   {{"id", id},
+                    {"type", "message"},
+                    {"role", "assistant"},
+                    {"model", options_.model_name},
+                    {"content", json::array({{{"type", "text"}, {"text", whole.text}}})},
+                    {"stop_reason", anthropic_stop_reason(whole.last.finish_reason, whole.last.stop_sequence)},
+                    {"stop_sequence", whole.last.stop_sequence ? json(*whole.last.stop_sequence) : json()},
+                    {"usage", anthropic_usage(generation.prompt_tokens(), generation.completion_tokens())}});
+    });
     return;
   }
 
@@ -442,29 +489,33 @@ void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, C
                                                         {"content_block", {{"type", "text"}, {"text", ""}}}}) +
                       sse_event("ping", {{"type", "ping"}})))
     return;
-  for (;;) {
-    TextDelta delta = generation.next(client_gone);
-    if (!delta.text.empty() &&
-        !exchange.write(sse_event("content_block_delta", {{"type", "content_block_delta"},
-                                                          {"index", 0},
-                                                          {"delta", {{"type", "text_delta"}, {"text", delta.text}}}})))
-      return;
-    if (!delta.finished) continue;
-    if (delta.finish_reason != "stop" && delta.finish_reason != "length") {
-      const ApiError failure = generation_failure(delta);
-      exchange.write(sse_event("error", anthropic_error_body(failure.status(), failure.what())));
+  stream_until_end(exchange, Dialect::Anthropic, [&] {
+    for (;;) {
+      TextDelta delta = generation.next(client_gone);
+      if (!delta.text.empty() &&
+          !exchange.write(sse_event("content_block_delta",
+                                    {{"type", "content_block_delta"},
+                                     {"index", 0},
+                                     {"delta", {{"type", "text_delta"}, {"text", delta.text}}}})))
+        return;
+      if (!delta.finished) continue;
+      if (delta.finish_reason != "stop" && delta.finish_reason != "length") {
+        const ApiError failure = generation_failure(delta);
+        exchange.write(sse_event("error", anthropic_error_body(failure.status(), failure.what())));
+        return;
+      }
+      exchange.write(
+          sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
+          sse_event("message_delta",
+                    {{"type", "message_delta"},
+                     {"delta",
+                      {{"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
+                       {"stop_sequence", delta.stop_sequence ? json(*delta.stop_sequence) : json()}}},
+                     {"usage", {{"output_tokens", generation.completion_tokens()}}}}) +
+          sse_event("message_stop", {{"type", "message_stop"}}));
       return;
     }
-    exchange.write(
-        sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
-        sse_event("message_delta", {{"type", "message_delta"},
-                                    {"delta",
-                                     {{"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
-                                      {"stop_sequence", delta.stop_sequence ? json(*delta.stop_sequence) : json()}}},
-                                    {"usage", {{"output_tokens", generation.completion_tokens()}}}}) +
-        sse_event("message_stop", {{"type", "message_stop"}}));
-    return;
-  }
+  });
 }
 
 }  // namespace kiln::server

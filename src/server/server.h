@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -60,6 +61,10 @@ class Server {
   HttpResponse error_response(Dialect dialect, int status, const std::string& message, const std::string& param,
                               const std::string& code);
   void check_api_key(const HttpRequest& request) const;
+  // Runs a streamed response's loop after its 200 went out. What the loop throws can no longer be a
+  // status, so the stream ends with an error event (OpenAI: an error chunk, then [DONE]; Anthropic:
+  // an `error` event) rather than stopping with neither a finish reason nor an error.
+  void stream_until_end(HttpExchange& exchange, Dialect dialect, const std::function<void()>& loop);
 
   std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,

@@ -55,10 +55,10 @@ struct Tokenizer::Impl {
     return model.token_to_id(token);
   }
 
-  const std::string& token_text(int32_t id) const {
-    if (const auto found = added_token_text.find(id); found != added_token_text.end()) return found->second;
-    if (const std::string* token = model.id_to_token(id)) return *token;
-    fail("token id {} is not in the vocabulary of {}", id, source.string());
+  // The token an id decodes from, or null for an id with none.
+  const std::string* token_text(int32_t id) const {
+    if (const auto found = added_token_text.find(id); found != added_token_text.end()) return &found->second;
+    return model.id_to_token(id);
   }
 
   void encode_words(std::string_view text, bool at_input_start, std::vector<int32_t>& ids, WordCache* cache) const {
@@ -114,6 +114,16 @@ std::string read_text(const fs::path& path) {
   return buffer.str();
 }
 
+// A token id written in a JSON file, checked before it is narrowed: narrowing first would report an
+// id of 4000000000 as -294967296.
+int32_t checked_token_id(const json& value, const std::string& where) {
+  const bool in_range = value.is_number_unsigned()  ? value.get<uint64_t>() <= INT32_MAX
+                        : value.is_number_integer() ? value.get<int64_t>() >= 0 && value.get<int64_t>() <= INT32_MAX
+                                                    : false;
+  if (!in_range) fail("{}: token id {} is not an integer from 0 to {}", where, value.dump(), INT32_MAX);
+  return value.get<int32_t>();
+}
+
 bool flag(const json& object, const char* field, const std::string& where) {
   if (!object.contains(field) || object[field].is_null()) return false;
   if (!object[field].is_boolean()) fail("{}: \"{}\" must be true or false", where, field);
@@ -157,7 +167,9 @@ void add_post_processor(const json& spec, const std::string& where, std::vector<
         if (!special_tokens.contains(name) || !special_tokens[name].contains("ids") ||
             !special_tokens[name]["ids"].is_array())
           fail("{}: special token \"{}\" is not in \"special_tokens\" with its ids", here, name);
-        const auto ids = special_tokens[name]["ids"].get<std::vector<int32_t>>();
+        std::vector<int32_t> ids;
+        for (const auto& id : special_tokens[name]["ids"])
+          ids.push_back(checked_token_id(id, fmt::format("{}: special token \"{}\"", here, name)));
         (seen_sequence ? after : before).insert((seen_sequence ? after : before).end(), ids.begin(), ids.end());
       } else {
         fail("{}: unknown template piece {}", here, piece.dump());
@@ -188,12 +200,13 @@ std::optional<double> number_field(const json& object, const char* field, const 
 std::vector<int32_t> id_list_field(const json& object, const char* field, const std::string& where) {
   if (!object.contains(field) || object[field].is_null()) return {};
   const json& value = object[field];
-  if (value.is_number_integer()) return {value.get<int32_t>()};
+  const std::string here = fmt::format("{}: \"{}\"", where, field);
+  if (value.is_number_integer()) return {checked_token_id(value, here)};
   if (value.is_array()) {
     std::vector<int32_t> ids;
     for (const auto& id : value) {
       if (!id.is_number_integer()) fail("{}: \"{}\" must be an id or a list of ids", where, field);
-      ids.push_back(id.get<int32_t>());
+      ids.push_back(checked_token_id(id, here));
     }
     return ids;
   }
@@ -216,7 +229,7 @@ void load_added_tokens(Tokenizer::Impl& impl, const json& spec, const std::strin
         !entry["content"].is_string())
       fail("{}: needs an integer \"id\" and a string \"content\"", here);
     AddedToken token;
-    token.id = entry["id"].get<int32_t>();
+    token.id = checked_token_id(entry["id"], here);
     token.content = entry["content"];
     token.special = flag(entry, "special", here);
     token.lstrip = flag(entry, "lstrip", here);
@@ -336,10 +349,10 @@ void load_generation_defaults(Tokenizer::Impl& impl, const fs::path& directory) 
     const json config = read_json(generation_path);
     const std::string here = generation_path.string();
     generation.eos_token_ids = id_list_field(config, "eos_token_id", here);
-    if (const auto id = integer_field(config, "bos_token_id", here))
-      generation.bos_token_id = static_cast<int32_t>(*id);
-    if (const auto id = integer_field(config, "pad_token_id", here))
-      generation.pad_token_id = static_cast<int32_t>(*id);
+    if (config.contains("bos_token_id") && !config["bos_token_id"].is_null())
+      generation.bos_token_id = checked_token_id(config["bos_token_id"], here + ": \"bos_token_id\"");
+    if (config.contains("pad_token_id") && !config["pad_token_id"].is_null())
+      generation.pad_token_id = checked_token_id(config["pad_token_id"], here + ": \"pad_token_id\"");
     if (config.contains("do_sample") && !config["do_sample"].is_null())
       generation.do_sample = flag(config, "do_sample", here);
     generation.temperature = number_field(config, "temperature", here);
@@ -423,6 +436,15 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 
 int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
 
+void Tokenizer::check_fits_model(int64_t model_vocab_size) const {
+  for (int32_t id = static_cast<int32_t>(std::max<int64_t>(model_vocab_size, 0)); id < impl_->vocab_size; ++id)
+    if (const std::string* token = impl_->token_text(id))
+      fail(
+          "{}: token id {} (\"{}\") is not below the model's vocab_size {}: the model has no logits for it, so this "
+          "tokenizer does not belong to the model",
+          impl_->source.string(), id, *token, model_vocab_size);
+}
+
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const { return impl_->token_to_id(token); }
 
 std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
@@ -470,9 +492,12 @@ void StreamingDecoder::feed_prompt(std::span<const int32_t> ids) {
 std::string StreamingDecoder::push(int32_t id) {
   std::string text;
   const Tokenizer::Impl& impl = *state_->impl;
-  const std::string& token = impl.token_text(id);  // checks the id
-  if (state_->skip_special_tokens && impl.special[id]) return text;
-  state_->stream.push(token, text);
+  // An id without a token decodes to nothing, as Hugging Face's decode skips ids it does not know:
+  // models pad their logit rows past the tokenizer (Qwen3: 151,936 rows, 151,669 tokens), so a
+  // sampled id may have no text.
+  const std::string* token = impl.token_text(id);
+  if (!token || (state_->skip_special_tokens && impl.special[id])) return text;
+  state_->stream.push(*token, text);
   return text;
 }
 

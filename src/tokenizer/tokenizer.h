@@ -44,11 +44,16 @@ class Tokenizer {
   // add_special_tokens adds what the tokenizer puts around a sequence (e.g. Llama's BOS).
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
 
-  // The text of ids, as Hugging Face's decode gives it. An id outside the vocabulary is an error.
+  // The text of ids, as Hugging Face's decode gives it. An id with no token (a model's padding
+  // past the vocabulary) gives no text, as Hugging Face's decode skips it.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
 
   // One past the largest token id (model vocabulary and added tokens together).
   int32_t vocab_size() const;
+  // Fails, naming tokenizer.json and the id, when a token id is at or past `model_vocab_size` (the
+  // model's logit rows): such a tokenizer was made for another model. Fewer tokens than rows is
+  // fine (models pad their vocabulary).
+  void check_fits_model(int64_t model_vocab_size) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
   // The token as tokenizer.json spells it (e.g. "Ġworld", "▁world", "<0x0A>").
   std::optional<std::string> id_to_token(int32_t id) const;
