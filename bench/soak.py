@@ -390,6 +390,15 @@ class Soak:
     async def generate_once(self, connection, endpoint, prompt, stream, disconnect_after, abandon, rng):
         fresh = connection is None
         reader, writer = connection if connection else await self.connect()
+        try:
+            return await self.exchange(reader, writer, fresh, endpoint, prompt, stream, disconnect_after, abandon,
+                                       rng)
+        except BaseException:
+            # A broken or timed-out exchange must not leave its connection (and a server thread) open.
+            close_writer(writer, reset=True)
+            raise
+
+    async def exchange(self, reader, writer, fresh, endpoint, prompt, stream, disconnect_after, abandon, rng):
         include_usage = rng.random() < 0.5
         keep_alive = not (disconnect_after or abandon) and rng.random() < 0.5
         body = request_body(endpoint, prompt, self.model_name, stream, include_usage)
@@ -501,6 +510,13 @@ class Soak:
 
     async def garbage_once(self, payload, expected):
         reader, writer = await self.connect()
+        try:
+            return await self.garbage_exchange(reader, writer, payload, expected)
+        except BaseException:
+            close_writer(writer, reset=True)
+            raise
+
+    async def garbage_exchange(self, reader, writer, payload, expected):
         try:
             writer.write(payload)
             await writer.drain()
