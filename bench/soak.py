@@ -460,7 +460,7 @@ class Soak:
                     self.args.request_deadline)
             except asyncio.TimeoutError:
                 self.tally.fail("stuck", f"{endpoint} prompt {prompt_index} stream={stream}: no end within "
-                                         f"{self.args.request_deadline:.0f} s")
+                                         f"{self.args.request_deadline:g} s")
                 return None
             except (ConnectionLost, ConnectionError, OSError, StreamBroken, ValueError, KeyError) as error:
                 self.tally.fail("broken_response", f"{endpoint} prompt {prompt_index} stream={stream}: "
@@ -934,6 +934,10 @@ def main():
             settled is not None and settled[1] <= base[2] + 1 and settled[2] <= base[3] + 1,
             f"threads {base[2]} before, {settled[1] if settled else '?'} after; descriptors {base[3]} before, "
             f"{settled[2] if settled else '?'} after")
+    elif not pid:
+        print("soak: the server's RSS, threads and descriptors were not sampled (--url without --server-pid)")
+    else:
+        checks["RSS flat"] = (False, f"no sample of process {pid}: is it the server, and is it running?")
     if server:
         returncode, shutdown_seconds = stop_server(server, 60)
         figures["shutdown"] = {"returncode": returncode, "seconds": round(shutdown_seconds, 2)}
