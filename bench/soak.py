@@ -766,7 +766,9 @@ def start_server(args, log_path):
         if match:
             return server, match.group(1), int(match.group(2)), command
         if server.poll() is not None:
-            raise RuntimeError(f"kiln serve exited with {server.returncode}: see {log_path}")
+            with open(log_path) as text:
+                last_line = (text.read().strip().splitlines() or [""])[-1]
+            raise RuntimeError(f"kiln serve exited with {server.returncode}: {last_line} (log {log_path})")
         time.sleep(0.2)
     server.kill()
     raise RuntimeError(f"kiln serve did not listen within 300 s: see {log_path}")
@@ -980,4 +982,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except RuntimeError as error:
+        # The soak could not start (no server, or its solo runs failed): no figures to report.
+        sys.exit(f"soak: {error}")
