@@ -390,6 +390,15 @@ class Soak:
     async def generate_once(self, connection, endpoint, prompt, stream, disconnect_after, abandon, rng):
         fresh = connection is None
         reader, writer = connection if connection else await self.connect()
+        try:
+            return await self.exchange(reader, writer, fresh, endpoint, prompt, stream, disconnect_after, abandon,
+                                       rng)
+        except BaseException:
+            # A broken or timed-out exchange must not leave its connection (and a server thread) open.
+            close_writer(writer, reset=True)
+            raise
+
+    async def exchange(self, reader, writer, fresh, endpoint, prompt, stream, disconnect_after, abandon, rng):
         include_usage = rng.random() < 0.5
         keep_alive = not (disconnect_after or abandon) and rng.random() < 0.5
         body = request_body(endpoint, prompt, self.model_name, stream, include_usage)
@@ -401,11 +410,13 @@ class Soak:
                 close_writer(writer, reset=rng.random() < 0.5)
                 return ("disconnected", None), None
             status, headers = await read_head(reader)
-        except (ConnectionLost, ConnectionError, OSError):
+        except (ConnectionLost, ConnectionError, OSError) as error:
             close_writer(writer)
-            # A fresh connection closed unanswered was refused at the cap before its 503 could be
-            # read; a reused one may have met the server's idle timeout. Either is retried.
-            return ("retry", "refused_unanswered" if fresh else "keepalive_closed", 0.05), None
+            # A reused connection may have met the server's idle timeout as the request left: HTTP
+            # lets the client retry. A fresh one must be answered, if only by the cap's 503.
+            if fresh:
+                return ("failed", "closed_unanswered", f"{type(error).__name__}: {error}"), None
+            return ("retry", "keepalive_closed", 0.05), None
         if status != 200:
             payload = await read_body(reader, headers)
             close_writer(writer)
@@ -451,7 +462,7 @@ class Soak:
                     self.args.request_deadline)
             except asyncio.TimeoutError:
                 self.tally.fail("stuck", f"{endpoint} prompt {prompt_index} stream={stream}: no end within "
-                                         f"{self.args.request_deadline:.0f} s")
+                                         f"{self.args.request_deadline:g} s")
                 return None
             except (ConnectionLost, ConnectionError, OSError, StreamBroken, ValueError, KeyError) as error:
                 self.tally.fail("broken_response", f"{endpoint} prompt {prompt_index} stream={stream}: "
@@ -502,13 +513,20 @@ class Soak:
     async def garbage_once(self, payload, expected):
         reader, writer = await self.connect()
         try:
+            return await self.garbage_exchange(reader, writer, payload, expected)
+        except BaseException:
+            close_writer(writer, reset=True)
+            raise
+
+    async def garbage_exchange(self, reader, writer, payload, expected):
+        try:
             writer.write(payload)
             await writer.drain()
             status, headers = await read_head(reader)
             body = await read_body(reader, headers)
-        except (ConnectionLost, ConnectionError, OSError):
+        except (ConnectionLost, ConnectionError, OSError) as error:
             close_writer(writer)
-            return ("retry", "refused_unanswered", 0.05)
+            return ("unanswered", f"{type(error).__name__}: {error}")
         close_writer(writer)
         if status == 503 and CONNECTION_CAP_MESSAGE.encode() in body:
             return ("retry", "connection_cap_503", float(headers.get("retry-after", "1")))
@@ -543,7 +561,9 @@ class Soak:
                     return
                 await asyncio.sleep(outcome[2] * rng.uniform(1.0, 1.5))
                 continue
-            if outcome[0] == "failed":
+            if outcome[0] == "unanswered":
+                self.tally.fail("garbage_unanswered", f"{kind}: closed without an answer ({outcome[1]})")
+            elif outcome[0] == "failed":
                 self.tally.fail("garbage_wrong_answer", f"{kind}: {outcome[1]}")
             else:
                 self.tally.counts[f"garbage_{kind}_{outcome[1]}"] += 1
@@ -746,7 +766,9 @@ def start_server(args, log_path):
         if match:
             return server, match.group(1), int(match.group(2)), command
         if server.poll() is not None:
-            raise RuntimeError(f"kiln serve exited with {server.returncode}: see {log_path}")
+            with open(log_path) as text:
+                last_line = (text.read().strip().splitlines() or [""])[-1]
+            raise RuntimeError(f"kiln serve exited with {server.returncode}: {last_line} (log {log_path})")
         time.sleep(0.2)
     server.kill()
     raise RuntimeError(f"kiln serve did not listen within 300 s: see {log_path}")
@@ -808,6 +830,8 @@ def main():
                "descriptor_limit": descriptors, "server_descriptor_limit": descriptor_limit_of(pid) if pid else None}
     try:
         status, body = blocking_get(host, port, "/v1/models", 10)
+        if status != 200:
+            raise RuntimeError(f"GET /v1/models answered {status}: {body[:200]!r}")
         model_name = json.loads(body)["data"][0]["id"]
         endpoints = ["/v1/completions"]
         if args.chat_template or args.chat:
@@ -860,7 +884,6 @@ def main():
                              if kind.startswith("garbage_") and kind not in tally.examples},
         "queue_full_429": counts["queue_full_429"],
         "connection_cap_503": counts["connection_cap_503"],
-        "refused_unanswered": counts["refused_unanswered"],
         "keepalive_closed": counts["keepalive_closed"],
         "duplicate_stream_ids": tally.duplicate_ids,
         "client_worst_event_loop_lag_s": round(soak.worst_loop_lag, 3),
@@ -918,6 +941,10 @@ def main():
             settled is not None and settled[1] <= base[2] + 1 and settled[2] <= base[3] + 1,
             f"threads {base[2]} before, {settled[1] if settled else '?'} after; descriptors {base[3]} before, "
             f"{settled[2] if settled else '?'} after")
+    elif not pid:
+        print("soak: the server's RSS, threads and descriptors were not sampled (--url without --server-pid)")
+    else:
+        checks["RSS flat"] = (False, f"no sample of process {pid}: is it the server, and is it running?")
     if server:
         returncode, shutdown_seconds = stop_server(server, 60)
         figures["shutdown"] = {"returncode": returncode, "seconds": round(shutdown_seconds, 2)}
@@ -934,8 +961,7 @@ def main():
     print(f"  garbage answered as documented: {sum(figures['garbage_answered'].values())} "
           f"{figures['garbage_answered']}")
     print(f"  429 queue full (retried): {counts['queue_full_429']}; 503 connection cap (retried): "
-          f"{counts['connection_cap_503']}; closed unanswered at connect (retried): {counts['refused_unanswered']}; "
-          f"keep-alive closed by the server (retried): {counts['keepalive_closed']}")
+          f"{counts['connection_cap_503']}; keep-alive closed by the server (retried): {counts['keepalive_closed']}")
     print(f"  the clients' event loop fell behind by {soak.worst_loop_lag:.3f} s at worst")
     for kind, examples in tally.examples.items():
         print(f"  {kind}: {counts[kind]}")
@@ -956,4 +982,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except RuntimeError as error:
+        # The soak could not start (no server, or its solo runs failed): no figures to report.
+        sys.exit(f"soak: {error}")
