@@ -1,6 +1,7 @@
 // config.json parsing: the fixtures and stories260K parse to the right values, the legacy and v5
 // RoPE layouts agree, and every unsupported or inconsistent config fails naming file and field.
 #include <fstream>
+#include <limits>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -345,6 +346,16 @@ std::vector<BadConfig> bad_configs() {
       {"mrope_section_mismatch",
        hybrid_with([](json& c) { c["rope_parameters"]["mrope_section"] = {11, 11, 10}; }),
        {"field 'rope_parameters.mrope_section'", "sums to 32", "rotary dim 8 has 4 frequency pairs"}},
+      // Fields near 2^63: the rotary dim and the mrope section sum must not overflow on the way.
+      {"head_dim_rotary_beyond_64_bits",
+       llama_with([](json& c) { c["head_dim"] = std::numeric_limits<int64_t>::max(); }),
+       {"field 'head_dim'", "does not fit 64 bits"}},
+      {"mrope_section_sum_beyond_64_bits",
+       hybrid_with([](json& c) {
+         c["rope_parameters"]["mrope_section"] = {std::numeric_limits<int64_t>::max(),
+                                                  std::numeric_limits<int64_t>::max(), 2};
+       }),
+       {"field 'rope_parameters.mrope_section'", "sums to 18446744073709551616"}},
       {"partial_rotary_contradiction", hybrid_with([](json& c) { c["partial_rotary_factor"] = 0.5; }),
        {"field 'partial_rotary_factor'", "contradicting rope_parameters.partial_rotary_factor 0.25"}},
       {"nested_wrong_text_type",

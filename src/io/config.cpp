@@ -271,12 +271,19 @@ void read_hybrid_fields(const Fields& text, ModelConfig& config) {
 
 void check_rotary_dims(const Fields& text, const ModelConfig& config) {
   // transformers: rotary dim = int(head_dim * partial_rotary_factor), rotated in pairs.
-  const auto rotary_dim = static_cast<int64_t>(static_cast<double>(config.head_dim) * config.rope.partial_rotary_factor);
+  const double rotary_product = static_cast<double>(config.head_dim) * config.rope.partial_rotary_factor;
+  // A head_dim near 2^63 rounds up to 2^63 as a double, which int64 cannot hold (the cast would
+  // be undefined behaviour).
+  if (rotary_product >= 0x1p63)
+    text.fail_field("head_dim", "is {}; its rotary dim {} × {} does not fit 64 bits", config.head_dim,
+                    config.rope.partial_rotary_factor, config.head_dim);
+  const auto rotary_dim = static_cast<int64_t>(rotary_product);
   if (rotary_dim <= 0 || rotary_dim % 2 != 0)
     text.fail_field("partial_rotary_factor", "{} × head_dim {} gives rotary dim {}, not a positive even number",
                     config.rope.partial_rotary_factor, config.head_dim, rotary_dim);
   if (!config.rope.mrope_section.empty()) {
-    int64_t pairs = 0;
+    // Summed in 128 bits: the sections are any positive int64s, whose int64 sum could overflow.
+    __int128 pairs = 0;
     for (int64_t section : config.rope.mrope_section) pairs += section;
     if (pairs != rotary_dim / 2)
       text.fail_field(text.has("rope_parameters") ? "rope_parameters.mrope_section" : "rope_scaling.mrope_section",

@@ -174,9 +174,10 @@ class Renderer {
                               frames_.back()[name] = value;
                             }
                             for (const auto& [key, value] : arguments.keyword) {
+                              // Captured by a name: clang before 16 cannot capture a structured binding.
                               const bool known =
                                   std::any_of(macro->parameters.begin(), macro->parameters.end(),
-                                              [&](const auto& parameter) { return parameter.first == key; });
+                                              [&keyword = key](const auto& parameter) { return parameter.first == keyword; });
                               if (!known)
                                 location.error(fmt::format("macro '{}' has no parameter '{}'", macro->name, key));
                               frames_.back()[key] = value;
