@@ -10,7 +10,7 @@ their documented 4xx. It then checks:
   * nothing lost or mixed: every completed answer (text, finish reason, token count) equals the
     prompt's solo answer, every completed stream keeps one id and ends with a finish reason (or an
     error event) and [DONE] (message_stop on /v1/messages), and no request outlives its deadline;
-  * 429 (queue full) and 503 (connection cap) are answers: they are retried after Retry-After and
+  * 429 (queue full) and 503 (connection or request cap) are answers: they are retried after Retry-After and
     counted, not lost;
   * RSS flat: the server's RSS, threads and file descriptors are sampled every few seconds; the RSS
     growth after warm-up must stay under --max-rss-growth-mib;
@@ -58,8 +58,14 @@ OPENINGS = [
     "There was a cat named",
 ]
 
-# The server's 503 for a connection over --max-connections says this (src/server/http_server.cpp).
-CONNECTION_CAP_MESSAGE = "too many open connections"
+# The server's 503s when it is full (src/server/http_server.cpp): a connection over
+# --max-connections, and a complete request over --max-concurrent-requests. Both carry Retry-After
+# and are answers, not losses.
+OVERLOAD_503_MESSAGES = (b"too many open connections", b"as many requests as it may at once")
+
+
+def is_overload_503(status, payload):
+    return status == 503 and any(message in payload for message in OVERLOAD_503_MESSAGES)
 
 EXAMPLES_KEPT = 5  # failures of each kind kept verbatim for the report
 
@@ -423,7 +429,7 @@ class Soak:
             retry_after = float(headers.get("retry-after", "1"))
             if status == 429:
                 return ("retry", "queue_full_429", retry_after), None
-            if status == 503 and CONNECTION_CAP_MESSAGE.encode() in payload:
+            if is_overload_503(status, payload):
                 return ("retry", "connection_cap_503", retry_after), None
             return ("failed", f"http_{status}", payload[:300].decode(errors="replace")), None
         server_keeps = headers.get("connection", "").lower() != "close"
@@ -528,7 +534,7 @@ class Soak:
             close_writer(writer)
             return ("unanswered", f"{type(error).__name__}: {error}")
         close_writer(writer)
-        if status == 503 and CONNECTION_CAP_MESSAGE.encode() in body:
+        if is_overload_503(status, body):
             return ("retry", "connection_cap_503", float(headers.get("retry-after", "1")))
         if status != expected:
             return ("failed", f"expected {expected}, got {status}: {body[:200].decode(errors='replace')}")
@@ -674,7 +680,7 @@ class HealthProbe(threading.Thread):
                 elapsed = time.monotonic() - started
                 self.latencies.append(elapsed)
                 if status != 200:
-                    if status == 503 and CONNECTION_CAP_MESSAGE.encode() in body:
+                    if is_overload_503(status, body):
                         self.connection_cap_503 += 1
                     self.failures.append(f"{when}: {status} {body[:120].decode(errors='replace')}")
             except (OSError, ValueError) as error:
@@ -960,7 +966,7 @@ def main():
           f"{counts['abandoned_whole']}")
     print(f"  garbage answered as documented: {sum(figures['garbage_answered'].values())} "
           f"{figures['garbage_answered']}")
-    print(f"  429 queue full (retried): {counts['queue_full_429']}; 503 connection cap (retried): "
+    print(f"  429 queue full (retried): {counts['queue_full_429']}; 503 connection or request cap (retried): "
           f"{counts['connection_cap_503']}; keep-alive closed by the server (retried): {counts['keepalive_closed']}")
     print(f"  the clients' event loop fell behind by {soak.worst_loop_lag:.3f} s at worst")
     for kind, examples in tally.examples.items():
