@@ -411,3 +411,18 @@ TEST(Config, LoadConfigNamesTheFileWhenItIsNotJson) {
   }
   EXPECT_THROW(load_config(dir.path() / "absent"), Error);
 }
+
+// Found by fuzz/config_fuzz: nlohmann reports a number beyond a double as out_of_range, not
+// parse_error; it escaped load_config as an uncaught exception.
+TEST(Config, LoadConfigNamesTheFileWhenANumberIsBeyondADouble) {
+  kiln::testing::TempDir dir;
+  std::ofstream(dir.path() / "config.json") << R"({"model_type": "llama", "hidden_size": 1e9551615})";
+  try {
+    load_config(dir.path());
+    FAIL() << "load_config accepted it";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find((dir.path() / "config.json").string() + ": not valid JSON"),
+              std::string::npos)
+        << error.what();
+  }
+}

@@ -402,6 +402,12 @@ std::vector<MalformedCase> malformed_cases() {
          join(single_file(dir), R"({"model.norm.weight": {"dtype": "BF16", )", split(single_file(dir)).data);
        },
        {single, "header is not valid JSON"}},
+      {"number_beyond_a_double",
+       [](const fs::path& dir) {
+         write_single(dir);
+         join(single_file(dir), R"({"__metadata__": {}, "x": 1e9551615})", split(single_file(dir)).data);
+       },
+       {single, "header is not valid JSON"}},
       {"json_array_instead_of_object",
        [](const fs::path& dir) {
          write_single(dir);

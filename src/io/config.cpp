@@ -301,7 +301,9 @@ json read_json_file(const std::filesystem::path& path) {
   if (!in) fail("{}: cannot open ({})", path.string(), std::strerror(errno));
   try {
     return json::parse(in);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {
+    // parse_error for bad syntax, out_of_range for a number beyond a double (found by
+    // fuzz/config_fuzz: "1e9551615" escaped as an uncaught exception).
     fail("{}: not valid JSON ({})", path.string(), error.what());
   }
 }

@@ -122,7 +122,7 @@ json parse_json_rejecting_duplicate_keys(std::string_view text, const std::files
   };
   try {
     return json::parse(text.begin(), text.end(), reject_duplicates);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, or out_of_range for a number beyond a double
     fail("{}: {} is not valid JSON ({})", describe(file), what, error.what());
   }
 }
