@@ -1,8 +1,29 @@
 #include "tokenizer/chat_template.h"
 
+#include <utility>
+#include <vector>
+
 #include "core/error.h"
 
 namespace kiln {
+
+namespace {
+
+// Client JSON is refused past jinja::kMaxValueDepth before it is copied: nlohmann's copy recurses
+// once per level, so this walk keeps its own stack.
+void check_json_depth(const nlohmann::ordered_json& json, std::string_view name, const std::string& origin) {
+  std::vector<std::pair<const nlohmann::ordered_json*, int>> pending = {{&json, 0}};
+  while (!pending.empty()) {
+    const auto [value, depth] = pending.back();
+    pending.pop_back();
+    if (!value->is_structured()) continue;
+    if (depth >= jinja::kMaxValueDepth)
+      fail("{}: {} nests deeper than {} levels, the limit on a template value", origin, name, jinja::kMaxValueDepth);
+    for (const auto& element : *value) pending.emplace_back(&element, depth + 1);
+  }
+}
+
+}  // namespace
 
 ChatTemplate::ChatTemplate(std::string_view source, std::string origin, std::optional<std::string> bos_token,
                            std::optional<std::string> eos_token)
@@ -21,6 +42,9 @@ ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tokenizer) {
 nlohmann::ordered_json ChatTemplate::variables(const nlohmann::ordered_json& messages,
                                                const ChatTemplateOptions& options) const {
   if (!messages.is_array()) fail("{}: messages must be a JSON list", template_.origin());
+  check_json_depth(messages, "messages", template_.origin());
+  check_json_depth(options.tools, "tools", template_.origin());
+  check_json_depth(options.extra, "the extra template variables", template_.origin());
   for (size_t i = 0; i < messages.size(); ++i)
     if (!messages[i].is_object()) fail("{}: messages[{}] must be a JSON object", template_.origin(), i);
   if (!options.tools.is_null() && !options.tools.is_array()) fail("{}: tools must be a JSON list", template_.origin());

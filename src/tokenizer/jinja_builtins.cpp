@@ -1,6 +1,7 @@
 #include "tokenizer/jinja_builtins.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -13,8 +14,6 @@
 #include "tokenizer/unicode.h"
 
 namespace kiln::jinja {
-
-void Location::error(const std::string& message) const { fail("{}: line {}: {}", *origin, line, message); }
 
 namespace {
 
@@ -64,6 +63,23 @@ std::u32string decode(const std::string& text) {
   return out;
 }
 
+size_t count_code_points(const std::string& text) {
+  return static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// Appends to a list being built, checking its size as Value(List) will count it, before it grows.
+void append_item(List& items, uint64_t& bytes, Value item, const Location& at, std::string_view what) {
+  at.grow(bytes, sizeof(Value) + item.bytes(), what);
+  bytes += sizeof(Value) + item.bytes();
+  items.push_back(std::move(item));
+}
+
+// size * times, saturated past kMaxValueBytes (what Location::grow then refuses).
+uint64_t repeated_size(uint64_t size, uint64_t times) {
+  if (size != 0 && times > kMaxValueBytes / size) return kMaxValueBytes + 1;
+  return size * times;
+}
+
 std::string encode(const std::u32string& text) {
   std::string out;
   for (char32_t c : text) unicode::append_utf8(out, c);
@@ -102,6 +118,7 @@ std::string strip(const std::string& text, const Value& characters, bool left, b
 
 List split(const std::string& text, const Value& separator, int64_t max_splits, const Location& at) {
   List parts;
+  uint64_t bytes = 0;
   if (separator.is_none() || separator.is_undefined()) {
     // Runs of whitespace separate; leading and trailing whitespace give no empty parts.
     const std::u32string value = decode(text);
@@ -113,12 +130,12 @@ List split(const std::string& text, const Value& separator, int64_t max_splits, 
       if (max_splits >= 0 && splits == max_splits) {
         size_t end = value.size();
         while (end > i && python_space(value[end - 1])) --end;
-        parts.emplace_back(encode(value.substr(i, end - i)));
+        append_item(parts, bytes, Value(encode(value.substr(i, end - i))), at, "the split result");
         break;
       }
       size_t j = i;
       while (j < value.size() && !python_space(value[j])) ++j;
-      parts.emplace_back(encode(value.substr(i, j - i)));
+      append_item(parts, bytes, Value(encode(value.substr(i, j - i))), at, "the split result");
       ++splits;
       i = j;
     }
@@ -131,15 +148,16 @@ List split(const std::string& text, const Value& separator, int64_t max_splits, 
   while (max_splits < 0 || splits < max_splits) {
     const size_t found = text.find(sep, start);
     if (found == std::string::npos) break;
-    parts.emplace_back(text.substr(start, found - start));
+    append_item(parts, bytes, Value(text.substr(start, found - start)), at, "the split result");
     start = found + sep.size();
     ++splits;
   }
-  parts.emplace_back(text.substr(start));
+  append_item(parts, bytes, Value(text.substr(start)), at, "the split result");
   return parts;
 }
 
-std::string replace(const std::string& text, const std::string& old, const std::string& replacement, int64_t count) {
+std::string replace(const std::string& text, const std::string& old, const std::string& replacement, int64_t count,
+                    const Location& at) {
   std::string out;
   if (old.empty()) {
     // Python inserts the replacement around every character.
@@ -147,12 +165,16 @@ std::string replace(const std::string& text, const std::string& old, const std::
     int64_t done = 0;
     for (char32_t c : characters) {
       if (count < 0 || done < count) {
+        at.grow(out.size(), replacement.size(), "the replaced string");
         out += replacement;
         ++done;
       }
       unicode::append_utf8(out, c);
     }
-    if (count < 0 || done < count) out += replacement;
+    if (count < 0 || done < count) {
+      at.grow(out.size(), replacement.size(), "the replaced string");
+      out += replacement;
+    }
     return out;
   }
   size_t start = 0;
@@ -160,6 +182,7 @@ std::string replace(const std::string& text, const std::string& old, const std::
   while (count < 0 || done < count) {
     const size_t found = text.find(old, start);
     if (found == std::string::npos) break;
+    at.grow(out.size(), found - start + replacement.size(), "the replaced string");
     out.append(text, start, found - start);
     out += replacement;
     start = found + old.size();
@@ -233,7 +256,9 @@ std::string format_string(const std::string& pattern, const Arguments& arguments
         value = argument(arguments, SIZE_MAX, field);
         if (value.is_undefined()) at.error("format string names a missing argument '" + field + "'");
       }
-      out += value.str();
+      const std::string text = value.str();
+      at.grow(out.size(), text.size(), "the formatted string");
+      out += text;
       i = close;
     } else if (c == '}') {
       at.error("format string has an unmatched '}'");
@@ -244,8 +269,9 @@ std::string format_string(const std::string& pattern, const Arguments& arguments
   return out;
 }
 
-List split_lines(const std::string& text) {
+List split_lines(const std::string& text, const Location& at) {
   List lines;
+  uint64_t bytes = 0;
   const std::u32string characters = decode(text);
   size_t start = 0;
   for (size_t i = 0; i < characters.size(); ++i) {
@@ -253,19 +279,21 @@ List split_lines(const std::string& text) {
     const bool line_break = c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || (c >= 0x1C && c <= 0x1E) || c == 0x85 ||
                             c == 0x2028 || c == 0x2029;
     if (!line_break) continue;
-    lines.emplace_back(encode(characters.substr(start, i - start)));
+    append_item(lines, bytes, Value(encode(characters.substr(start, i - start))), at, "the split lines");
     if (c == '\r' && i + 1 < characters.size() && characters[i + 1] == '\n') ++i;
     start = i + 1;
   }
-  if (start < characters.size()) lines.emplace_back(encode(characters.substr(start)));
+  if (start < characters.size())
+    append_item(lines, bytes, Value(encode(characters.substr(start))), at, "the split lines");
   return lines;
 }
 
 // ---------------------------------------------------------------- methods
 
-Value bound_method(const Value& self, const std::string& name, const Location& at);
+Value bound_method(const Value& self, const std::string& name);
 
 Value call_string_method(const std::string& self, const std::string& name, Arguments& arguments, const Location& at) {
+  at.charge(self.size() / kBytesPerStep);
   if (name == "startswith" || name == "endswith") {
     check_arguments(arguments, 1, {}, name, at);
     const Value affix = argument(arguments, 0, "");
@@ -290,7 +318,7 @@ Value call_string_method(const std::string& self, const std::string& name, Argum
   }
   if (name == "splitlines") {
     check_arguments(arguments, 0, {}, name, at);
-    return Value(split_lines(self));
+    return Value(split_lines(self, at));
   }
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
     check_arguments(arguments, 0, {}, name, at);
@@ -303,7 +331,7 @@ Value call_string_method(const std::string& self, const std::string& name, Argum
     check_arguments(arguments, 3, {}, name, at);
     return Value(replace(self, need_string(argument(arguments, 0, ""), "replace argument", at),
                          need_string(argument(arguments, 1, ""), "replace argument", at),
-                         need_int(argument(arguments, 2, "", Value(-1)), "replace count", at)));
+                         need_int(argument(arguments, 2, "", Value(-1)), "replace count", at), at));
   }
   if (name == "find" || name == "count") {
     check_arguments(arguments, 1, {}, name, at);
@@ -315,7 +343,7 @@ Value call_string_method(const std::string& self, const std::string& name, Argum
       for (size_t i = 0; i < found; ++i) characters += (static_cast<unsigned char>(self[i]) & 0xC0) != 0x80;
       return Value(static_cast<int64_t>(characters));
     }
-    if (needle.empty()) return Value(static_cast<int64_t>(decode(self).size() + 1));
+    if (needle.empty()) return Value(static_cast<int64_t>(count_code_points(self) + 1));
     int64_t count = 0;
     for (size_t found = self.find(needle); found != std::string::npos; found = self.find(needle, found + needle.size()))
       ++count;
@@ -326,8 +354,10 @@ Value call_string_method(const std::string& self, const std::string& name, Argum
     std::string out;
     const List items = iterate(argument(arguments, 0, ""), at);
     for (size_t i = 0; i < items.size(); ++i) {
+      const std::string& item = need_string(items[i], "join item", at);
+      at.grow(out.size(), (i ? self.size() : 0) + item.size(), "the joined string");
       if (i) out += self;
-      out += need_string(items[i], "join item", at);
+      out += item;
     }
     return Value(std::move(out));
   }
@@ -371,12 +401,10 @@ bool is_dict_method(const std::string& name) {
   return name == "items" || name == "keys" || name == "values" || name == "get";
 }
 
-Value bound_method(const Value& self, const std::string& name, const Location& at) {
-  const std::string* origin = at.origin;
-  return Value(Function{name, [self, name, origin](Arguments& arguments) {
-                          const Location call_at{origin, arguments.line};
-                          return self.is_string() ? call_string_method(self.string(), name, arguments, call_at)
-                                                  : call_dict_method(self, name, arguments, call_at);
+Value bound_method(const Value& self, const std::string& name) {
+  return Value(Function{name, [self, name](Arguments& arguments) {
+                          return self.is_string() ? call_string_method(self.string(), name, arguments, arguments.at)
+                                                  : call_dict_method(self, name, arguments, arguments.at);
                         }});
 }
 
@@ -399,6 +427,13 @@ bool less_than(const Value& left, const Value& right, const Location& at) {
     return a.size() < b.size();
   }
   at.error(fmt::format("'<' not supported between instances of '{}' and '{}'", left.type_name(), right.type_name()));
+}
+
+// The comparisons a sort of `count` items makes, at most.
+uint64_t sort_steps(size_t count) {
+  uint64_t steps = count;
+  for (size_t n = count; n > 1; n /= 2) steps += count;
+  return steps;
 }
 
 // A sort key: lowercased strings unless case_sensitive (Jinja2's ignore_case).
@@ -429,7 +464,7 @@ Value length_of(const Value& value, const Location& at) {
     case Value::Kind::Undefined:
       return Value(0);
     case Value::Kind::String:
-      return Value(static_cast<int64_t>(decode(value.string()).size()));
+      return Value(static_cast<int64_t>(count_code_points(value.string())));
     case Value::Kind::List:
       return Value(static_cast<int64_t>(value.list().size()));
     case Value::Kind::Dict:
@@ -448,8 +483,7 @@ Value select_or_reject(const Value& input, Arguments& arguments, const Location&
   const size_t test_index = by_attribute ? 1 : 0;
   const Value test_name = test_index < arguments.positional.size() ? arguments.positional[test_index] : Value();
   Arguments test_arguments;
-  test_arguments.origin = arguments.origin;
-  test_arguments.line = arguments.line;
+  test_arguments.at = arguments.at;
   for (size_t i = test_index + 1; i < arguments.positional.size(); ++i)
     test_arguments.positional.push_back(arguments.positional[i]);
   for (const Value& item : iterate(input, at)) {
@@ -469,6 +503,8 @@ Value select_or_reject(const Value& input, Arguments& arguments, const Location&
 JsonFormat json_format(const Arguments& arguments, const Location& at) {
   JsonFormat format;
   const Value indent = argument(arguments, 0, "indent", Value::none());
+  if (indent.is_int() && indent.integer() > static_cast<int64_t>(kMaxValueBytes))
+    at.grow(0, static_cast<uint64_t>(indent.integer()), "the tojson indent");
   if (indent.is_int())
     format.indent = static_cast<int>(indent.integer());
   else if (indent.is_string())
@@ -511,6 +547,7 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       if (by != "key" && by != "value") at.error("dictsort: 'by' must be 'key' or 'value'");
       List items;
       for (const auto& [key, value] : v.dict().entries) items.emplace_back(List{Value(key), value});
+      at.charge(sort_steps(items.size()));
       std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
         const size_t index = by == "key" ? 0 : 1;
         const Value kx = sort_key(x.list()[index], case_sensitive), ky = sort_key(y.list()[index], case_sensitive);
@@ -526,23 +563,23 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       const List items = iterate(v, at);
       return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
     };
-    t["float"] = [](const Value& v, Arguments& a, const Location&) {
+    t["float"] = [](const Value& v, Arguments& a, const Location& at) {
       const Value fallback = argument(a, 0, "default", Value(0.0));
       if (v.is_number()) return Value(v.number());
       if (v.is_string()) {
-        const std::string text = strip(v.string(), Value::none(), true, true, Location{});
+        const std::string text = strip(v.string(), Value::none(), true, true, at);
         char* end = nullptr;
         const double parsed = std::strtod(text.c_str(), &end);
         if (!text.empty() && end == text.c_str() + text.size()) return Value(parsed);
       }
       return fallback;
     };
-    t["int"] = [](const Value& v, Arguments& a, const Location&) {
+    t["int"] = [](const Value& v, Arguments& a, const Location& at) {
       const Value fallback = argument(a, 0, "default", Value(0));
       if (v.is_float()) return Value(static_cast<int64_t>(v.number()));
       if (v.is_number()) return Value(v.integer());
       if (v.is_string()) {
-        const std::string text = strip(v.string(), Value::none(), true, true, Location{});
+        const std::string text = strip(v.string(), Value::none(), true, true, at);
         char* end = nullptr;
         const long long parsed = std::strtoll(text.c_str(), &end, 10);
         if (!text.empty() && end == text.c_str() + text.size()) return Value(static_cast<int64_t>(parsed));
@@ -554,9 +591,10 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
     t["indent"] = [](const Value& v, Arguments& a, const Location& at) {
       check_arguments(a, 3, {"width", "first", "blank"}, "indent", at);
       const Value width = argument(a, 0, "width", Value(4));
+      if (!width.is_string()) at.grow(0, static_cast<uint64_t>(std::max<int64_t>(0, need_int(width, "indent width", at))), "the indent");
       const std::string pad = width.is_string()
                                   ? width.string()
-                                  : std::string(static_cast<size_t>(need_int(width, "indent width", at)), ' ');
+                                  : std::string(static_cast<size_t>(std::max<int64_t>(0, width.integer())), ' ');
       const bool first = argument(a, 1, "first", Value(false)).truthy();
       const bool blank = argument(a, 2, "blank", Value(false)).truthy();
       std::string text = soft_string(v);
@@ -568,6 +606,7 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
         start = found + 1;
       }
       lines.push_back(text.substr(start));
+      at.grow(text.size(), repeated_size(pad.size(), lines.size()), "the indented string");
       std::string out;
       for (size_t i = 0; i < lines.size(); ++i) {
         if (i) out += '\n';
@@ -591,8 +630,10 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       std::string out;
       const List items = iterate(v, at);
       for (size_t i = 0; i < items.size(); ++i) {
+        const std::string item = (attribute.is_undefined() ? items[i] : attribute_path(items[i], attribute, at)).str();
+        at.grow(out.size(), (i ? separator.size() : 0) + item.size(), "the joined string");
         if (i) out += separator;
-        out += (attribute.is_undefined() ? items[i] : attribute_path(items[i], attribute, at)).str();
+        out += item;
       }
       return Value(std::move(out));
     };
@@ -619,8 +660,7 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       const std::string filter = need_string(a.positional[0], "map filter name", at);
       for (const Value& item : iterate(v, at)) {
         Arguments rest;
-        rest.origin = a.origin;
-        rest.line = a.line;
+        rest.at = a.at;
         rest.positional.assign(a.positional.begin() + 1, a.positional.end());
         rest.keyword = a.keyword;
         out.push_back(apply_filter(filter, item, rest, at));
@@ -664,7 +704,7 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       check_arguments(a, 3, {"old", "new", "count"}, "replace", at);
       const Value count = argument(a, 2, "count", Value::none());
       return Value(replace(soft_string(v), argument(a, 0, "old").str(), argument(a, 1, "new").str(),
-                           count.is_none() ? -1 : need_int(count, "replace count", at)));
+                           count.is_none() ? -1 : need_int(count, "replace count", at), at));
     };
     t["reverse"] = [](const Value& v, Arguments&, const Location& at) {
       if (v.is_string()) {
@@ -704,6 +744,7 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       auto key = [&](const Value& item) {
         return sort_key(attribute.is_undefined() ? item : attribute_path(item, attribute, at), case_sensitive);
       };
+      at.charge(sort_steps(items.size()));
       std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
         return reverse ? less_than(key(y), key(x), at) : less_than(key(x), key(y), at);
       });
@@ -721,7 +762,9 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
     t["tojson"] = [](const Value& v, Arguments& a, const Location& at) {
       check_arguments(a, 1, {"indent", "ensure_ascii", "separators", "sort_keys"}, "tojson", at);
       try {
-        return Value(to_json(v, json_format(a, at)));
+        Value json(to_json(v, json_format(a, at)));
+        at.charge(json.bytes() / kBytesCopiedPerStep);
+        return json;
       } catch (const Error& error) {
         at.error(error.what());
       }
@@ -738,6 +781,7 @@ const std::map<std::string, FilterFunction, std::less<>>& filters() {
       for (const Value& item : iterate(v, at)) {
         const Value key =
             sort_key(attribute.is_undefined() ? item : attribute_path(item, attribute, at), case_sensitive);
+        at.charge(seen.size());
         if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
         seen.push_back(key);
         out.push_back(item);
@@ -837,13 +881,21 @@ const std::map<std::string, TestFunction, std::less<>>& tests() {
 // ---------------------------------------------------------------- public entry points
 
 Value binary_operation(const std::string& op, const Value& left, const Value& right, const Location& at) {
-  if (op == "~") return Value(left.str() + right.str());
+  if (op == "~") {
+    std::string joined = left.str();
+    const std::string tail = right.str();
+    at.grow(0, joined.size() + tail.size(), "the result of '~'");
+    joined += tail;
+    return Value(std::move(joined));
+  }
   if (left.is_undefined()) undefined_error(left, at);
   if (right.is_undefined()) undefined_error(right, at);
   auto type_error = [&]() {
     at.error(fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, left.type_name(), right.type_name()));
   };
   if (op == "+") {
+    if ((left.is_string() && right.is_string()) || (left.is_list() && right.is_list()))
+      at.grow(0, left.bytes() + right.bytes(), "the result of '+'");
     if (left.is_string() && right.is_string()) return Value(left.string() + right.string());
     if (left.is_list() && right.is_list()) {
       List joined = left.list();
@@ -857,8 +909,10 @@ Value binary_operation(const std::string& op, const Value& left, const Value& ri
     const Value* count = sequence == &left ? &right : &left;
     if (sequence && (count->is_int() || count->is_bool())) {
       const int64_t times = std::max<int64_t>(0, count->integer());
+      at.grow(0, repeated_size(sequence->bytes(), static_cast<uint64_t>(times)), "the result of '*'");
       if (sequence->is_string()) {
         std::string out;
+        out.reserve(sequence->string().size() * static_cast<size_t>(times));
         for (int64_t i = 0; i < times; ++i) out += sequence->string();
         return Value(std::move(out));
       }
@@ -875,8 +929,13 @@ Value binary_operation(const std::string& op, const Value& left, const Value& ri
   }
   if (op == "**") {
     if (!floating && right.integer() >= 0) {
-      int64_t result = 1;
-      for (int64_t i = 0; i < right.integer(); ++i) result *= left.integer();
+      // Squaring: as many steps as the exponent has bits (a loop of 999999999999 multiplications hung).
+      int64_t result = 1, base = left.integer();
+      for (int64_t exponent = right.integer(); exponent > 0; exponent /= 2) {
+        const bool overflow = ((exponent & 1) && __builtin_mul_overflow(result, base, &result)) ||
+                              (exponent > 1 && __builtin_mul_overflow(base, base, &base));
+        if (overflow) at.error(fmt::format("{} ** {} overflows a 64-bit integer", left.integer(), right.integer()));
+      }
       return Value(result);
     }
     return Value(std::pow(left.number(), right.number()));
@@ -905,10 +964,13 @@ Value binary_operation(const std::string& op, const Value& left, const Value& ri
 }
 
 bool compare(const std::string& op, const Value& left, const Value& right, const Location& at) {
-  if (op == "==") return left == right;
-  if (op == "!=") return !(left == right);
+  if (op == "==" || op == "!=") {
+    at.charge(std::min(left.bytes(), right.bytes()) / kBytesPerStep);
+    return (left == right) == (op == "==");
+  }
   if (op == "in" || op == "not in") {
     bool found = false;
+    at.charge(right.is_list() ? right.list().size() + right.bytes() / kBytesPerStep : right.bytes() / kBytesPerStep);
     if (right.is_string()) {
       found = right.string().find(need_string(left, "left operand of 'in <string>'", at)) != std::string::npos;
     } else if (right.is_list()) {
@@ -942,21 +1004,23 @@ Value unary_operation(const std::string& op, const Value& operand, const Locatio
 Value get_attribute(const Value& object, const std::string& name, const Location& at) {
   if (object.is_undefined()) undefined_error(object, at);
   if (object.is_dict()) {
-    if (!object.is_namespace() && is_dict_method(name)) return bound_method(object, name, at);
+    at.charge(object.dict().entries.size());  // Dict::find walks the entries
+    if (!object.is_namespace() && is_dict_method(name)) return bound_method(object, name);
     if (const Value* found = object.dict().find(name)) return *found;
     return Value::undefined(fmt::format("'{}' object has no attribute '{}'", object.type_name(), name));
   }
-  if (object.is_string() && is_string_method(name)) return bound_method(object, name, at);
+  if (object.is_string() && is_string_method(name)) return bound_method(object, name);
   return Value::undefined(fmt::format("'{}' object has no attribute '{}'", object.type_name(), name));
 }
 
 Value get_item(const Value& object, const Value& key, const Location& at) {
   if (object.is_undefined()) undefined_error(object, at);
   if (object.is_dict()) {
+    at.charge(object.dict().entries.size());  // Dict::find walks the entries
     if (key.is_string())
       if (const Value* found = object.dict().find(key.string())) return *found;
     if (key.is_string() && !object.is_namespace() && is_dict_method(key.string()))
-      return bound_method(object, key.string(), at);
+      return bound_method(object, key.string());
     return Value::undefined(fmt::format("'{}' object has no attribute {}", object.type_name(), key.repr()));
   }
   if ((object.is_list() || object.is_string()) && (key.is_int() || key.is_bool())) {
@@ -967,6 +1031,7 @@ Value get_item(const Value& object, const Value& key, const Location& at) {
       if (index < 0 || index >= size) return Value::undefined(fmt::format("list index {} out of range", key.integer()));
       return object.list()[static_cast<size_t>(index)];
     }
+    at.charge(object.bytes() / kBytesPerStep);
     const std::u32string characters = decode(object.string());
     const auto size = static_cast<int64_t>(characters.size());
     int64_t index = key.integer();
@@ -982,6 +1047,7 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
   if (object.is_undefined()) undefined_error(object, at);
   if (!object.is_list() && !object.is_string())
     at.error(fmt::format("'{}' object is not subscriptable", object.type_name()));
+  at.charge(object.is_string() ? object.bytes() / kBytesPerStep : object.list().size());
   const std::u32string characters = object.is_string() ? decode(object.string()) : std::u32string();
   const auto size = static_cast<int64_t>(object.is_list() ? object.list().size() : characters.size());
   auto bound = [&](const Value* value) -> std::optional<int64_t> {
@@ -1020,14 +1086,19 @@ List iterate(const Value& value, const Location& at) {
     case Value::Kind::Undefined:
       return {};
     case Value::Kind::List:
+      at.charge(value.list().size());
       return value.list();
     case Value::Kind::String: {
+      const size_t count = count_code_points(value.string());
+      at.grow(0, repeated_size(sizeof(Value), count) + value.bytes(), "the list of the string's characters");
       List characters;
+      characters.reserve(count);
       for (char32_t c : decode(value.string())) characters.emplace_back(encode(std::u32string(1, c)));
       return characters;
     }
     case Value::Kind::Dict: {
       if (value.is_namespace()) break;
+      at.charge(value.dict().entries.size());
       List keys;
       for (const auto& entry : value.dict().entries) keys.emplace_back(entry.first);
       return keys;
@@ -1042,6 +1113,7 @@ Value apply_filter(const std::string& name, const Value& input, CallArguments& a
   const auto& table = filters();
   const auto found = table.find(name);
   if (found == table.end()) at.error("unknown filter '" + name + "'");
+  if (input.is_string()) at.charge(input.bytes() / kBytesPerStep);
   return found->second(input, arguments, at);
 }
 
@@ -1049,6 +1121,7 @@ bool apply_test(const std::string& name, const Value& input, CallArguments& argu
   const auto& table = tests();
   const auto found = table.find(name);
   if (found == table.end()) at.error("unknown test '" + name + "'");
+  if (input.is_string()) at.charge(input.bytes() / kBytesPerStep);
   return found->second(input, arguments, at);
 }
 
@@ -1056,7 +1129,7 @@ std::optional<Value> global_function(const std::string& name) {
   if (name == "namespace" || name == "dict") {
     const bool is_namespace = name == "namespace";
     return Value(Function{name, [is_namespace](Arguments& arguments) {
-                            const Location at{arguments.origin, arguments.line};
+                            const Location& at = arguments.at;
                             Dict dict;
                             dict.is_namespace = is_namespace;
                             for (const Value& positional : arguments.positional) {
@@ -1070,7 +1143,7 @@ std::optional<Value> global_function(const std::string& name) {
   }
   if (name == "range") {
     return Value(Function{name, [](Arguments& arguments) {
-                            const Location at{arguments.origin, arguments.line};
+                            const Location& at = arguments.at;
                             if (arguments.positional.empty() || arguments.positional.size() > 3 ||
                                 !arguments.keyword.empty())
                               at.error("range() takes 1 to 3 positional arguments");
@@ -1081,21 +1154,29 @@ std::optional<Value> global_function(const std::string& name) {
                             const int64_t stop = bounds.size() == 1 ? bounds[0] : bounds[1];
                             const int64_t step = bounds.size() == 3 ? bounds[2] : 1;
                             if (step == 0) at.error("range() arg 3 must not be zero");
+                            // The count first: range(999999999) would allocate gigabytes.
+                            const __int128 span = step > 0 ? __int128{stop} - start : __int128{start} - stop;
+                            const __int128 magnitude = step > 0 ? __int128{step} : -__int128{step};
+                            const __int128 count = span <= 0 ? 0 : (span + magnitude - 1) / magnitude;
+                            const __int128 bytes = count * static_cast<__int128>(sizeof(Value));
+                            at.grow(0, bytes > kMaxValueBytes ? kMaxValueBytes + 1 : static_cast<uint64_t>(bytes),
+                                    fmt::format("range({})", fmt::join(bounds, ", ")));
                             List values;
+                            values.reserve(static_cast<size_t>(count));
                             for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) values.emplace_back(i);
                             return Value(std::move(values));
                           }});
   }
   if (name == "raise_exception") {
     return Value(Function{name, [](Arguments& arguments) -> Value {
-                            const Location at{arguments.origin, arguments.line};
+                            const Location& at = arguments.at;
                             at.error("the template raised an exception: " + argument(arguments, 0, "message").str());
                           }});
   }
   if (name == "strftime_now") {
     // transformers passes strftime_now(format) = datetime.now().strftime(format).
     return Value(Function{name, [](Arguments& arguments) {
-                            const Location at{arguments.origin, arguments.line};
+                            const Location& at = arguments.at;
                             const std::string& format =
                                 need_string(argument(arguments, 0, "format"), "strftime format", at);
                             const std::time_t now = std::time(nullptr);

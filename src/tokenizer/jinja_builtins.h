@@ -9,13 +9,6 @@
 
 namespace kiln::jinja {
 
-// Where a builtin runs, for errors: "<origin>: line N: message".
-struct Location {
-  const std::string* origin;
-  int line;
-  [[noreturn]] void error(const std::string& message) const;
-};
-
 Value binary_operation(const std::string& op, const Value& left, const Value& right, const Location& at);
 bool compare(const std::string& op, const Value& left, const Value& right, const Location& at);
 Value unary_operation(const std::string& op, const Value& operand, const Location& at);
@@ -27,7 +20,8 @@ Value get_item(const Value& object, const Value& key, const Location& at);
 // obj[start:stop:step] with Python's slice rules (null bounds are omitted ones).
 Value get_slice(const Value& object, const Value* start, const Value* stop, const Value* step, const Location& at);
 
-// Python iteration: list elements, string characters, dict keys; Undefined is empty.
+// Python iteration: list elements, string characters, dict keys; Undefined is empty. Builtins
+// spend the steps of the items and bytes they walk, and check what they build before allocating.
 List iterate(const Value& value, const Location& at);
 
 Value apply_filter(const std::string& name, const Value& input, CallArguments& arguments, const Location& at);

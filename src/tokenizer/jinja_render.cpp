@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <new>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -14,7 +15,7 @@ using Frame = std::unordered_map<std::string, Value>;
 
 class Renderer {
  public:
-  explicit Renderer(const std::string& origin) : origin_(origin) {}
+  Renderer(const std::string& origin, const Limits& limits) : origin_(origin), limits_(limits), budget_(limits) {}
 
   std::string run(const Body& body, Frame globals) {
     frames_.push_back(std::move(globals));
@@ -26,7 +27,25 @@ class Renderer {
  private:
   enum class Flow { Normal, Break, Continue };
 
-  Location at(int line) const { return Location{&origin_, line}; }
+  Location at(int line) { return Location{&origin_, line, &budget_}; }
+
+  // One more level of rendering (a node, an expression): counted against the stack it takes.
+  NestingLevel deeper(int line) {
+    return NestingLevel(depth_, limits_.render_depth, [this, line] {
+      at(line).error(fmt::format(
+          "rendering nests deeper than {} levels (blocks, expressions and macro calls), the limit of a template render",
+          limits_.render_depth));
+    });
+  }
+
+  // Appends to a rendered text (the output, or a captured block), within Limits::output_bytes.
+  void emit(std::string& out, std::string_view text, int line) {
+    if (text.size() > limits_.output_bytes || out.size() > limits_.output_bytes - text.size())
+      at(line).error(fmt::format("the rendered text would exceed {}, the limit of a template's output",
+                                 describe_bytes(limits_.output_bytes)));
+    at(line).charge(text.size() / kBytesCopiedPerStep);
+    out += text;
+  }
 
   Flow render(const Body& body, std::string& out) {
     for (const NodePtr& node : body) {
@@ -37,14 +56,24 @@ class Renderer {
   }
 
   Flow render(const Node& node, std::string& out) {
+    const NestingLevel level = deeper(node.line);
+    at(node.line).charge(1);
+    try {
+      return render_node(node, out);
+    } catch (const ValueLimitError& error) {
+      at(node.line).error(error.what());
+    }
+  }
+
+  Flow render_node(const Node& node, std::string& out) {
     switch (node.kind) {
       case Node::Kind::Text:
-        out += node.text;
+        emit(out, node.text, node.line);
         return Flow::Normal;
       case Node::Kind::Output: {
         const Value value = evaluate(*node.expression);
         if (value.is_function()) at(node.line).error("cannot print a function; call it with ()");
-        out += value.str();
+        emit(out, value.str(), node.line);
         return Flow::Normal;
       }
       case Node::Kind::If:
@@ -62,6 +91,10 @@ class Renderer {
                 fmt::format("cannot assign attribute '{}' on '{}': only namespace() objects take "
                             "attribute assignment",
                             node.attribute, node.targets[0]));
+          if (value.holds_namespace())
+            at(node.line).error(fmt::format(
+                "cannot assign a namespace (or a value holding one) to attribute '{}' of namespace '{}'",
+                node.attribute, node.targets[0]));
           target.namespace_dict().set(node.attribute, value);
         } else {
           assign_targets(node.targets, value, node.line);
@@ -85,7 +118,8 @@ class Renderer {
         std::string captured;
         const Flow flow = render(node.body, captured);
         CallArguments arguments = evaluate_arguments(*node.filter);
-        out += apply_filter(node.filter->name, Value(std::move(captured)), arguments, at(node.line)).str();
+        emit(out, apply_filter(node.filter->name, Value(std::move(captured)), arguments, at(node.line)).str(),
+             node.line);
         return flow;
       }
       case Node::Kind::Generation:
@@ -138,6 +172,7 @@ class Renderer {
       };
       if (i > 0) loop.entries.emplace_back("previtem", items[static_cast<size_t>(i - 1)]);
       if (i + 1 < length) loop.entries.emplace_back("nextitem", items[static_cast<size_t>(i + 1)]);
+      at(node.line).charge(loop.entries.size());  // an iteration builds its loop variable
       frames_.back()["loop"] = Value(std::move(loop));
       assign_targets(node.targets, items[static_cast<size_t>(i)], node.line);
       const Flow flow = render(node.body, out);
@@ -151,7 +186,13 @@ class Renderer {
   Value make_macro(const Node& node) {
     const Node* macro = &node;
     return Value(Function{node.name, [this, macro](CallArguments& arguments) {
-                            const Location location = at(arguments.line);
+                            const Location location = arguments.at;
+                            const NestingLevel level(call_depth_, limits_.call_depth, [&] {
+                              location.error(fmt::format(
+                                  "macro '{}': macro calls nest deeper than {} levels, the limit of a template render "
+                                  "(a macro calling itself without end?)",
+                                  macro->name, limits_.call_depth));
+                            });
                             if (arguments.positional.size() > macro->parameters.size())
                               location.error(fmt::format("macro '{}' takes {} arguments ({} given)", macro->name,
                                                          macro->parameters.size(), arguments.positional.size()));
@@ -201,15 +242,24 @@ class Renderer {
 
   CallArguments evaluate_arguments(const Expression& expression) {
     CallArguments arguments;
-    arguments.origin = &origin_;
-    arguments.line = expression.line;
+    arguments.at = at(expression.line);
     for (const ExpressionPtr& operand : expression.operands) arguments.positional.push_back(evaluate(*operand));
     for (const auto& [name, value] : expression.keywords) arguments.keyword.emplace_back(name, evaluate(*value));
     return arguments;
   }
 
   Value evaluate(const Expression& expression) {
+    const NestingLevel level = deeper(expression.line);
     const Location location = at(expression.line);
+    location.charge(1);
+    try {
+      return evaluate_expression(expression, location);
+    } catch (const ValueLimitError& error) {
+      location.error(error.what());
+    }
+  }
+
+  Value evaluate_expression(const Expression& expression, const Location& location) {
     switch (expression.kind) {
       case Expression::Kind::Literal:
         return expression.literal;
@@ -289,22 +339,43 @@ class Renderer {
   }
 
   const std::string& origin_;
+  const Limits& limits_;
+  Budget budget_;
   std::vector<Frame> frames_;
   int loop_depth_ = 0;
+  int depth_ = 0;       // nodes and expressions being rendered
+  int call_depth_ = 0;  // macro calls
 };
 
 }  // namespace
 
-Template::Template(std::string_view source, std::string origin)
-    : origin_(std::make_shared<const std::string>(std::move(origin))),
-      body_(std::make_shared<const Body>(parse_template(source, *origin_))) {}
+Template::Template(std::string_view source, std::string origin, Limits limits)
+    : origin_(std::make_shared<const std::string>(std::move(origin))), limits_(limits) {
+  try {
+    body_ = std::make_shared<const Body>(parse_template(source, *origin_, limits_.parse_depth));
+  } catch (const std::bad_alloc&) {
+    fail("{}: out of memory while parsing the template", *origin_);
+  }
+}
 
 std::string Template::render(const nlohmann::ordered_json& variables) const {
   if (!variables.is_object()) fail("{}: template variables must be a JSON object", *origin_);
-  Frame globals;
-  for (const auto& [name, value] : variables.items()) globals[name] = Value::from_json(value);
-  Renderer renderer(*origin_);
-  return renderer.run(*body_, std::move(globals));
+  try {
+    Frame globals;
+    for (const auto& [name, value] : variables.items()) {
+      try {
+        globals[name] = Value::from_json(value);
+      } catch (const ValueLimitError& error) {
+        fail("{}: template variable '{}': {}", *origin_, name, error.what());
+      }
+    }
+    Renderer renderer(*origin_, limits_);
+    return renderer.run(*body_, std::move(globals));
+  } catch (const ValueLimitError& error) {
+    fail("{}: {}", *origin_, error.what());
+  } catch (const std::bad_alloc&) {
+    fail("{}: out of memory while rendering the template", *origin_);
+  }
 }
 
 }  // namespace kiln::jinja

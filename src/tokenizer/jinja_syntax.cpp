@@ -116,10 +116,16 @@ class Scanner {
     pieces.push_back(std::move(piece));
   }
 
+  // Positions are asked in order as the scan advances, so counting resumes from the last one
+  // (counting from the start each time made a template of many tags quadratic to load).
   int line_at(size_t position) const {
-    int line = 1;
-    for (size_t i = 0; i < position && i < source_.size(); ++i) line += source_[i] == '\n';
-    return line;
+    position = std::min(position, source_.size());
+    if (position < counted_position_) {
+      counted_position_ = 0;
+      counted_line_ = 1;
+    }
+    for (; counted_position_ < position; ++counted_position_) counted_line_ += source_[counted_position_] == '\n';
+    return counted_line_;
   }
 
   // {% raw %}...{% endraw %}: everything between is text.
@@ -336,12 +342,22 @@ class Scanner {
 
   std::string_view source_;
   const std::string& origin_;
+  mutable size_t counted_position_ = 0;
+  mutable int counted_line_ = 1;
 };
 
 class ExpressionParser {
  public:
-  ExpressionParser(const std::vector<Token>& tokens, size_t start, const std::string& origin, int line)
-      : tokens_(tokens), position_(start), origin_(origin), tag_line_(line) {}
+  // `outer_depth`: the blocks around the tag, which count toward `max_depth` with its expressions.
+  ExpressionParser(const std::vector<Token>& tokens, size_t start, const std::string& origin, int line, int outer_depth,
+                   int max_depth)
+      : tokens_(tokens),
+        position_(start),
+        origin_(origin),
+        tag_line_(line),
+        outer_depth_(outer_depth),
+        depth_(outer_depth),
+        max_depth_(max_depth) {}
 
   bool at_end() const { return position_ >= tokens_.size(); }
   size_t position() const { return position_; }
@@ -358,6 +374,10 @@ class ExpressionParser {
   int line() const { return at_end() ? (tokens_.empty() ? tag_line_ : tokens_.back().line) : peek().line; }
 
   [[noreturn]] void error(const std::string& message) const { fail("{}: line {}: {}", origin_, line(), message); }
+  [[noreturn]] void too_deep() const {
+    error(fmt::format("blocks and expressions nest deeper than {} levels, the limit of the template parser",
+                      max_depth_));
+  }
 
   void expect_operator(std::string_view op) {
     if (!peek_operator(op)) error(fmt::format("expected '{}'{}", op, describe_next()));
@@ -387,7 +407,7 @@ class ExpressionParser {
       if (at_end() || peek_operator(")") || peek_operator("=")) break;
       tuple->operands.push_back(parse_expression());
     }
-    return tuple;
+    return sealed(std::move(tuple));
   }
 
   // Call arguments after "(": positional then keyword (name=value); consumes ")".
@@ -415,7 +435,26 @@ class ExpressionParser {
     return expression;
   }
 
+  // A node whose operands are all in place: its height is checked, because loops (a|f|f|f, a+a+a)
+  // build trees deeper than the parser's own recursion, and evaluating or freeing them recurses.
+  ExpressionPtr sealed(ExpressionPtr node) const {
+    int below = 0;
+    auto see = [&below](const ExpressionPtr& child) {
+      if (child) below = std::max(below, child->height);
+    };
+    see(node->object);
+    for (const ExpressionPtr& operand : node->operands) see(operand);
+    for (const auto& keyword : node->keywords) see(keyword.second);
+    for (const ExpressionPtr& key : node->keys) see(key);
+    node->height = below + 1;
+    if (outer_depth_ + node->height > max_depth_) too_deep();
+    return node;
+  }
+
+  NestingLevel nested() { return NestingLevel(depth_, max_depth_, [this] { too_deep(); }); }
+
   ExpressionPtr parse_conditional() {
+    const NestingLevel level = nested();
     ExpressionPtr value = parse_or();
     while (peek_name("if")) {
       ++position_;
@@ -428,7 +467,7 @@ class ExpressionParser {
       } else {
         conditional->operands.push_back(nullptr);
       }
-      value = std::move(conditional);
+      value = sealed(std::move(conditional));
     }
     return value;
   }
@@ -438,7 +477,7 @@ class ExpressionParser {
     node->name = std::move(op);
     node->operands.push_back(std::move(left));
     node->operands.push_back(std::move(right));
-    return node;
+    return sealed(std::move(node));
   }
 
   ExpressionPtr parse_or() {
@@ -461,11 +500,12 @@ class ExpressionParser {
 
   ExpressionPtr parse_not() {
     if (peek_name("not")) {
+      const NestingLevel level = nested();
       auto node = make(Expression::Kind::Unary);
       ++position_;
       node->name = "not";
       node->object = parse_not();
-      return node;
+      return sealed(std::move(node));
     }
     return parse_compare();
   }
@@ -496,7 +536,7 @@ class ExpressionParser {
       compare->names.push_back(op);
       compare->operands.push_back(parse_math1());
     }
-    return compare ? std::move(compare) : std::move(first);
+    return compare ? sealed(std::move(compare)) : std::move(first);
   }
 
   ExpressionPtr parse_math1() {
@@ -538,9 +578,11 @@ class ExpressionParser {
   ExpressionPtr parse_unary(bool with_filters) {
     ExpressionPtr node;
     if (peek_operator("-") || peek_operator("+")) {
+      const NestingLevel level = nested();
       node = make(Expression::Kind::Unary);
       node->name = tokens_[position_++].text;
       node->object = parse_unary(false);
+      node = sealed(std::move(node));
     } else {
       node = parse_primary();
     }
@@ -598,7 +640,7 @@ class ExpressionParser {
         ++position_;
       }
       expect_operator("]");
-      return list;
+      return sealed(std::move(list));
     }
     if (peek_operator("{")) {
       auto dict = make(Expression::Kind::Dict);
@@ -611,7 +653,7 @@ class ExpressionParser {
         ++position_;
       }
       expect_operator("}");
-      return dict;
+      return sealed(std::move(dict));
     }
     error("unexpected '" + token.text + "'");
   }
@@ -635,7 +677,7 @@ class ExpressionParser {
           attribute->name = expect_name();
         }
         attribute->object = std::move(node);
-        node = std::move(attribute);
+        node = sealed(std::move(attribute));
       } else if (peek_operator("[")) {
         ++position_;
         node = parse_subscript(std::move(node));
@@ -644,7 +686,7 @@ class ExpressionParser {
         auto call = make(Expression::Kind::Call);
         call->object = std::move(node);
         parse_call_arguments(*call);
-        node = std::move(call);
+        node = sealed(std::move(call));
       } else {
         return node;
       }
@@ -673,7 +715,7 @@ class ExpressionParser {
     if (!is_slice && !parts[0]) error("empty subscript");
     if (is_slice) parts.resize(3);
     node->operands = std::move(parts);
-    return node;
+    return sealed(std::move(node));
   }
 
   ExpressionPtr parse_filters(ExpressionPtr node) {
@@ -691,7 +733,7 @@ class ExpressionParser {
           parse_call_arguments(*filter);
         }
         filter->object = std::move(node);
-        node = std::move(filter);
+        node = sealed(std::move(filter));
       } else if (peek_name("is")) {
         ++position_;
         auto test = make(Expression::Kind::Test);
@@ -712,13 +754,13 @@ class ExpressionParser {
           test->operands.push_back(parse_postfix(parse_primary()));
         }
         test->object = std::move(node);
-        node = std::move(test);
+        node = sealed(std::move(test));
       } else if (peek_operator("(")) {
         ++position_;
         auto call = make(Expression::Kind::Call);
         call->object = std::move(node);
         parse_call_arguments(*call);
-        node = std::move(call);
+        node = sealed(std::move(call));
       } else {
         return node;
       }
@@ -729,11 +771,15 @@ class ExpressionParser {
   size_t position_;
   const std::string& origin_;
   int tag_line_;
+  int outer_depth_;
+  int depth_;
+  int max_depth_;
 };
 
 class TemplateParser {
  public:
-  TemplateParser(std::vector<Piece> pieces, const std::string& origin) : pieces_(std::move(pieces)), origin_(origin) {}
+  TemplateParser(std::vector<Piece> pieces, const std::string& origin, int max_depth)
+      : pieces_(std::move(pieces)), origin_(origin), max_depth_(max_depth) {}
 
   Body parse() {
     Body body;
@@ -757,7 +803,7 @@ class TemplateParser {
         continue;
       }
       if (piece.tokens.empty()) fail("{}: line {}: empty tag", origin_, piece.line);
-      ExpressionParser parser(piece.tokens, 0, origin_, piece.line);
+      ExpressionParser parser(piece.tokens, 0, origin_, piece.line, depth_, max_depth_);
       if (piece.kind == Piece::Kind::Output) {
         auto node = std::make_unique<Node>();
         node->kind = Node::Kind::Output;
@@ -781,7 +827,8 @@ class TemplateParser {
 
   // The parser for the rest of the terminator tag that ended the last parse_body.
   ExpressionParser rest_of_terminator() const {
-    return ExpressionParser(current_tag_->tokens, terminator_position_, origin_, current_tag_->line);
+    return ExpressionParser(current_tag_->tokens, terminator_position_, origin_, current_tag_->line, depth_,
+                            max_depth_);
   }
 
   std::string expect_terminator(Body& body, const std::vector<std::string_view>& terminators, std::string_view opener,
@@ -792,6 +839,11 @@ class TemplateParser {
   }
 
   NodePtr parse_statement(const std::string& keyword, ExpressionParser& parser, int line) {
+    // Blocks nest by recursion here, and again when rendered.
+    const NestingLevel level(depth_, max_depth_, [&] {
+      fail("{}: line {}: blocks and expressions nest deeper than {} levels, the limit of the template parser",
+           origin_, line, max_depth_);
+    });
     auto node = std::make_unique<Node>();
     node->line = line;
     if (keyword == "if") {
@@ -911,13 +963,15 @@ class TemplateParser {
   size_t index_ = 0;
   const Piece* current_tag_ = nullptr;
   size_t terminator_position_ = 0;
+  int max_depth_;
+  int depth_ = 0;  // blocks open around the tag being parsed
 };
 
 }  // namespace
 
-Body parse_template(std::string_view source, const std::string& origin) {
+Body parse_template(std::string_view source, const std::string& origin, int max_depth) {
   Scanner scanner(source, origin);
-  TemplateParser parser(scanner.scan(), origin);
+  TemplateParser parser(scanner.scan(), origin, max_depth);
   return parser.parse();
 }
 

@@ -44,6 +44,7 @@ struct Expression {
   std::vector<std::pair<std::string, ExpressionPtr>> keywords;
   std::vector<ExpressionPtr> keys;
   bool negated = false;  // Test: "is not"
+  int height = 1;        // this node and the deepest chain of operands below it
 };
 
 struct Node;
@@ -80,7 +81,8 @@ struct Node {
   ExpressionPtr filter;
 };
 
-// Parses a template; errors are kiln::Error "<origin>: line N: ...".
-Body parse_template(std::string_view source, const std::string& origin);
+// Parses a template; errors are kiln::Error "<origin>: line N: ...". Blocks and expressions nest at
+// most `max_depth` levels (Limits::parse_depth), so the tree can be walked and freed recursively.
+Body parse_template(std::string_view source, const std::string& origin, int max_depth);
 
 }  // namespace kiln::jinja

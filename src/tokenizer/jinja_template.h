@@ -9,14 +9,16 @@
 #include <string>
 #include <string_view>
 
+#include "tokenizer/jinja_limits.h"
 #include "tokenizer/jinja_syntax.h"
 
 namespace kiln::jinja {
 
 class Template {
  public:
-  // `origin` names the template in errors (e.g. ".../tokenizer_config.json chat_template").
-  Template(std::string_view source, std::string origin);
+  // `origin` names the template in errors (e.g. ".../tokenizer_config.json chat_template");
+  // going over a limit is an error naming the template and the limit.
+  Template(std::string_view source, std::string origin, Limits limits = {});
 
   // Renders with the top-level variables of a JSON object.
   std::string render(const nlohmann::ordered_json& variables) const;
@@ -25,6 +27,7 @@ class Template {
 
  private:
   std::shared_ptr<const std::string> origin_;
+  Limits limits_;
   std::shared_ptr<const Body> body_;
 };
 

@@ -39,15 +39,61 @@ Value Value::none() {
   return value;
 }
 
-Value::Value(std::string value) : data_(std::make_shared<const std::string>(std::move(value))) {}
-Value::Value(List value) : data_(std::make_shared<const List>(std::move(value))) {}
-Value::Value(Dict value) : data_(std::make_shared<Dict>(std::move(value))) {}
+namespace {
+
+void check_value_size(uint64_t bytes, std::string_view kind) {
+  if (bytes > kMaxValueBytes)
+    throw ValueLimitError(fmt::format("a {} of {} exceeds {}, the limit on a template value", kind,
+                                      describe_bytes(bytes), describe_bytes(kMaxValueBytes)));
+}
+
+void check_value_depth(int depth, std::string_view kind) {
+  if (depth > kMaxValueDepth)
+    throw ValueLimitError(
+        fmt::format("a {} nests deeper than {} levels, the limit on a template value", kind, kMaxValueDepth));
+}
+
+}  // namespace
+
+Value::Value(std::string value) : bytes_(value.size()) {
+  check_value_size(bytes_, "string");
+  data_ = std::make_shared<const std::string>(std::move(value));
+}
+
+Value::Value(List value) : depth_(1), bytes_(value.size() * sizeof(Value)) {
+  for (const Value& element : value) {
+    depth_ = std::max(depth_, element.depth_ + 1);
+    bytes_ += element.bytes_;
+    holds_namespace_ = holds_namespace_ || element.holds_namespace_;
+  }
+  check_value_depth(depth_, "list");
+  check_value_size(bytes_, "list");
+  data_ = std::make_shared<const List>(std::move(value));
+}
+
+Value::Value(Dict value) : depth_(1), bytes_(0), holds_namespace_(value.is_namespace) {
+  for (const auto& [key, element] : value.entries) {
+    depth_ = std::max(depth_, element.depth_ + 1);
+    bytes_ += sizeof(std::pair<std::string, Value>) + key.size() + element.bytes_;
+    holds_namespace_ = holds_namespace_ || element.holds_namespace_;
+  }
+  check_value_depth(depth_, "dict");
+  check_value_size(bytes_, "dict");
+  data_ = std::make_shared<Dict>(std::move(value));
+}
+
 Value::Value(Function value) : data_(std::make_shared<const Function>(std::move(value))) {}
 
-Value Value::from_json(const nlohmann::ordered_json& json) {
+namespace {
+
+// Recursion bounded by kMaxValueDepth, checked on the way down (before the stack is spent).
+Value value_from_json(const nlohmann::ordered_json& json, int depth) {
+  if (depth > kMaxValueDepth && (json.is_array() || json.is_object()))
+    throw ValueLimitError(fmt::format("the JSON nests deeper than {} levels, the limit on a template value",
+                                      kMaxValueDepth));
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
-      return none();
+      return Value::none();
     case nlohmann::ordered_json::value_t::boolean:
       return Value(json.get<bool>());
     case nlohmann::ordered_json::value_t::number_integer:
@@ -64,18 +110,22 @@ Value Value::from_json(const nlohmann::ordered_json& json) {
     case nlohmann::ordered_json::value_t::array: {
       List list;
       list.reserve(json.size());
-      for (const auto& element : json) list.push_back(from_json(element));
+      for (const auto& element : json) list.push_back(value_from_json(element, depth + 1));
       return Value(std::move(list));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict dict;
-      for (const auto& [key, element] : json.items()) dict.entries.emplace_back(key, from_json(element));
+      for (const auto& [key, element] : json.items()) dict.entries.emplace_back(key, value_from_json(element, depth + 1));
       return Value(std::move(dict));
     }
     default:
-      fail("chat template input: unsupported JSON value {}", json.dump());
+      fail("chat template input: unsupported JSON value of type {}", json.type_name());
   }
 }
+
+}  // namespace
+
+Value Value::from_json(const nlohmann::ordered_json& json) { return value_from_json(json, 1); }
 
 int64_t Value::integer() const {
   if (is_bool()) return boolean() ? 1 : 0;
@@ -317,13 +367,23 @@ void append_json_string(std::string& out, const std::string& text, bool ensure_a
   out += '"';
 }
 
+// Throws before the JSON text would pass kMaxValueBytes (the value's own size bounds it but for
+// an indent, which repeats per level and line).
+void check_json_growth(const std::string& out, uint64_t added) {
+  if (added > kMaxValueBytes || out.size() > kMaxValueBytes - added)
+    throw ValueLimitError(
+        fmt::format("the JSON text would exceed {}, the limit on a template value", describe_bytes(kMaxValueBytes)));
+}
+
 void append_json(std::string& out, const Value& value, const JsonFormat& format, int depth) {
   const std::string item_separator =
       format.separators_given ? format.item_separator : (format.indent >= 0 ? "," : ", ");
   auto newline = [&](int level) {
     if (format.indent < 0) return;
+    const uint64_t spaces = static_cast<uint64_t>(format.indent) * static_cast<uint64_t>(level);
+    check_json_growth(out, spaces + 1);
     out += '\n';
-    out.append(static_cast<size_t>(format.indent * level), ' ');
+    out.append(spaces, ' ');
   };
   switch (value.kind()) {
     case Value::Kind::None:
@@ -346,7 +406,9 @@ void append_json(std::string& out, const Value& value, const JsonFormat& format,
       return;
     }
     case Value::Kind::String:
+      // Escaping at most sextuples a string (\u0001), itself within kMaxValueBytes.
       append_json_string(out, value.string(), format.ensure_ascii);
+      check_json_growth(out, 0);
       return;
     case Value::Kind::List: {
       const List& list = value.list();
@@ -356,6 +418,7 @@ void append_json(std::string& out, const Value& value, const JsonFormat& format,
       }
       out += '[';
       for (size_t i = 0; i < list.size(); ++i) {
+        check_json_growth(out, item_separator.size());
         if (i) out += item_separator;
         newline(depth + 1);
         append_json(out, list[i], format, depth + 1);
@@ -365,6 +428,8 @@ void append_json(std::string& out, const Value& value, const JsonFormat& format,
       return;
     }
     case Value::Kind::Dict: {
+      // Python's json.dumps cannot serialize a Namespace either.
+      if (value.is_namespace()) fail("Object of type Namespace is not JSON serializable");
       std::vector<const std::pair<std::string, Value>*> entries;
       for (const auto& entry : value.dict().entries) entries.push_back(&entry);
       if (format.sort_keys)
@@ -375,9 +440,11 @@ void append_json(std::string& out, const Value& value, const JsonFormat& format,
       }
       out += '{';
       for (size_t i = 0; i < entries.size(); ++i) {
+        check_json_growth(out, item_separator.size());
         if (i) out += item_separator;
         newline(depth + 1);
         append_json_string(out, entries[i]->first, format.ensure_ascii);
+        check_json_growth(out, format.key_separator.size());
         out += format.key_separator;
         append_json(out, entries[i]->second, format, depth + 1);
       }

@@ -14,6 +14,9 @@
 #include <variant>
 #include <vector>
 
+#include "core/error.h"
+#include "tokenizer/jinja_limits.h"
+
 namespace kiln::jinja {
 
 class Value;
@@ -29,8 +32,13 @@ struct Dict {
 struct CallArguments {
   std::vector<Value> positional;
   std::vector<std::pair<std::string, Value>> keyword;
-  const std::string* origin = nullptr;  // where the call is, for errors
-  int line = 0;
+  Location at;  // where the call is, for errors and the budget
+};
+
+// A value over kMaxValueDepth or kMaxValueBytes; the renderer adds the template line.
+class ValueLimitError : public Error {
+ public:
+  using Error::Error;
 };
 
 struct Function {
@@ -55,6 +63,7 @@ class Value {
   Value(Dict value);                                       // NOLINT
   Value(Function value);                                   // NOLINT
 
+  // A ValueLimitError when the JSON nests deeper than kMaxValueDepth or holds more than kMaxValueBytes.
   static Value from_json(const nlohmann::ordered_json& json);
 
   Kind kind() const { return static_cast<Kind>(data_.index()); }
@@ -81,6 +90,15 @@ class Value {
   // What an Undefined stands for, e.g. "'messages' is undefined", for error messages.
   const std::string& undefined_description() const { return std::get<UndefinedData>(data_).description; }
 
+  // How deep lists and dicts nest inside (0 for a scalar), and the bytes the value holds (string
+  // bytes, sizeof(Value) per element): each at most kMaxValueDepth / kMaxValueBytes, or building
+  // the value was a ValueLimitError. A namespace counts what it held when it was made.
+  int depth() const { return depth_; }
+  uint64_t bytes() const { return bytes_; }
+  // Whether this is a namespace or holds one: a namespace may not hold another (that would make
+  // cycles, and chains whose depth no value recorded).
+  bool holds_namespace() const { return holds_namespace_; }
+
   // Python's truth value (Undefined is false).
   bool truthy() const;
   // Python's str(); Undefined is "".
@@ -101,6 +119,9 @@ class Value {
   std::variant<UndefinedData, NoneData, bool, int64_t, double, std::shared_ptr<const std::string>,
                std::shared_ptr<const List>, std::shared_ptr<Dict>, std::shared_ptr<const Function>>
       data_;
+  int depth_ = 0;
+  uint64_t bytes_ = 0;
+  bool holds_namespace_ = false;
 };
 
 // Python's float repr (shortest round-trip digits, "1.0", "1e-05", "inf").
@@ -116,6 +137,7 @@ struct JsonFormat {
   bool sort_keys = false;
   bool ensure_ascii = false;
 };
+// A ValueLimitError past kMaxValueBytes of text; an Error for what JSON cannot hold.
 std::string to_json(const Value& value, const JsonFormat& format);
 
 }  // namespace kiln::jinja
