@@ -4,6 +4,8 @@
 // are not JSON), a fixed conversation with a tool call is rendered.
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -37,7 +39,9 @@ const ordered_json& tools() {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto [source, messages_text] = kiln::fuzz::split_at_nul(kiln::fuzz::as_text(data, size));
+  // Not a structured binding: clang 14 (the fuzz build) cannot capture one in the lambda below.
+  const std::pair<std::string_view, std::string_view> parts = kiln::fuzz::split_at_nul(kiln::fuzz::as_text(data, size));
+  const std::string_view source = parts.first, messages_text = parts.second;
   // Nesting is cut at the server's request limit: deeper input never reaches a template there.
   const ordered_json::parser_callback_t within_server_depth = [](int depth, ordered_json::parse_event_t,
                                                                  ordered_json&) {
@@ -46,14 +50,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ordered_json messages = ordered_json::parse(messages_text, within_server_depth, /*allow_exceptions=*/false);
   if (messages.is_discarded()) messages = fixed_conversation();
   try {
-    const kiln::ChatTemplate chat_template(source, "fuzz", "<s>", "</s>");
-    kiln::ChatTemplateOptions options;
-    options.add_generation_prompt = true;
-    options.tools = tools();
-    (void)chat_template.render(messages, options);
-    options.enable_thinking = false;
-    options.tools = nullptr;
-    (void)chat_template.render(messages, options);
+    kiln::fuzz::on_large_stack([&] {
+      const kiln::ChatTemplate chat_template(source, "fuzz", "<s>", "</s>");
+      kiln::ChatTemplateOptions options;
+      options.add_generation_prompt = true;
+      options.tools = tools();
+      (void)chat_template.render(messages, options);
+      options.enable_thinking = false;
+      options.tools = nullptr;
+      (void)chat_template.render(messages, options);
+    });
   } catch (const kiln::Error&) {
     // Unsupported syntax, an undefined operation or raise_exception: an error naming the line.
   }

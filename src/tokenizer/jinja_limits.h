@@ -22,9 +22,11 @@ struct Limits {
   // only to walk a JSON schema (a few levels).
   int call_depth = 200;
   // Nesting of nodes and expressions being rendered, across macro calls: what bounds the stack.
-  // Each level takes under 1 KiB of stack (tests/jinja_budget_test.cpp renders at this depth on a
-  // 2 MiB stack), so rendering stays far from the 8 MiB of a connection thread.
-  int render_depth = 2000;
+  // A level takes about 1.7 KB of stack in Release (gcc 12 -O3) and 9.8 KB in the Debug ASan build
+  // (measured 2026-12-06 with a macro chain at this depth), so a render stays within 1.7 MiB, far
+  // from the 8 MiB of a connection thread (tests/jinja_budget_test.cpp renders at this depth on
+  // half of one). A simple recursive macro takes about four levels a call: it meets call_depth first.
+  int render_depth = 1000;
   // Expression evaluations, rendered nodes, loop variables' entries, and the items and bytes
   // builtins walk (see below). 8 MiB of conversation in 1024 messages takes about 8 million
   // through Reka-Edge's template (it appends each message to the text so far three times, copying
