@@ -1,0 +1,227 @@
+// The CUDA backend's class, declared once for the files that define it: cuda_backend.cpp (the
+// device, memory, batch layouts, graph capture, host transfers and the argument checks every op
+// shares), cuda_dense_ops.cpp (the ops every family uses), cuda_hybrid_ops.cpp (Gated DeltaNet's)
+// and cuda_sampling.cpp. Each op checks its shapes and dtypes, failing with a kiln::Error naming
+// the op and tensor, then launches its kernel on the backend's stream (kernels.h). Plain C++: fmt
+// cannot be compiled by nvcc, so the kernels live in the .cu files, one per op group. Only those
+// files include this header; everyone else makes the backend with make_cuda_backend.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_allocator.h"
+#include "backend/cuda/kernels.h"
+
+namespace kiln {
+
+// Fails with the CUDA error's text unless `status` is cudaSuccess (clearing a non-sticky error first).
+void check_cuda(cudaError_t status, const char* what);
+
+class CudaBackend final : public Backend, public GraphOps, public HybridOps {
+ public:
+  // --- the device, memory, batch layouts and captured steps (cuda_backend.cpp) ---
+  CudaBackend(int device, DType activations);
+
+  ~CudaBackend() override;
+
+  GraphOps* graph_ops() override { return this; }
+  HybridOps* hybrid_ops() override { return this; }
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::CUDA; }
+  DType activation_dtype() const override { return activations_; }
+
+  double measure_copy_bandwidth_gbps() override;
+
+  void synchronize() override;
+
+  Tensor alloc(const Shape& shape, DType dtype) override;
+
+  // Free device memory counts the blocks the allocator caches: alloc hands them out again.
+  DeviceMemory memory() override;
+
+  uint64_t allocation_bytes(uint64_t bytes) const override { return cuda::DeviceAllocator::rounded_size(bytes); }
+
+  // For what no plan lists tensor by tensor: the lazily loaded kernel modules, the graphs'
+  // executables and the split-K partials of the prefill GEMM. Not measured piece by piece; in
+  // tests/cuda/memory_plan_test.cpp (eight sequences of a 4-layer llama-3.2-1b served on an H100)
+  // the measured use, 1,307 MiB, stayed under the plan without it (1,452 MiB).
+  uint64_t reserved_bytes() const override { return uint64_t{512} << 20; }
+
+  uint64_t attention_scratch_bytes(int64_t tokens, int64_t heads, int64_t head_dim, int64_t capacity) const override;
+
+  Tensor upload(const Tensor& host) override;
+
+  Tensor download(const Tensor& tensor) override;
+
+  void zero(Tensor& tensor) override;
+
+  BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override;
+
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& work) override;
+
+  void upload_into(const Tensor& host, Tensor& device) override;
+
+  // --- sampling (cuda_sampling.cpp) ---
+  uint64_t sampling_scratch_bytes(int64_t rows, int64_t vocab) const override;
+
+  void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
+                     Tensor& logprobs) override;
+
+  void feed_tokens(const Tensor& previous, const Tensor& feed, Tensor& token_ids) override;
+
+  // --- host transfers (cuda_backend.cpp) ---
+  std::unique_ptr<PendingDownload> download_later(const Tensor& device, Tensor& host) override;
+
+  Tensor alloc_pinned(const Shape& shape, DType dtype) override;
+
+  // --- the ops every family uses (cuda_dense_ops.cpp) ---
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+
+  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
+
+  void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override;
+
+  // The scratch a split prefill GEMM adds its segments from (kernels.h), lent to the products;
+  // the caller keeps it until the launches are queued (the allocator orders its reuse on the stream).
+  Tensor split_scratch(cuda::MatmulArgs* products, int count);
+
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override;
+
+  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
+                    Tensor& out) override;
+
+  void add(Tensor& a, const Tensor& b) override;
+
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+
+  void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
+
+  void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
+                     int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) override;
+
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
+
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
+                Tensor& v_cache) override;
+
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+                 float scale, Tensor& out) override;
+
+  // --- HybridOps: Gated DeltaNet and gated attention (cuda_hybrid_ops.cpp) ---
+  void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) override;
+
+  void sigmoid_gate(Tensor& x, const Tensor& gate) override;
+
+  void causal_conv1d_silu(const Tensor& x, const Tensor& weight, const BatchLayout& layout, Tensor& conv_state,
+                          Tensor& out) override;
+
+  void gated_delta_prepare_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) override;
+
+  void gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias, Tensor& beta,
+                         Tensor& g) override;
+
+  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        const BatchLayout& layout, Tensor& state, Tensor& out) override;
+
+  void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override;
+
+ private:
+  static bool is_activation(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16; }
+  static bool is_float(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16; }
+
+  struct CacheShape {
+    int64_t slots, capacity, kv_heads, head_dim;
+    DType dtype;
+  };
+
+  // cudaSetDevice only when another device is current: the call is then a no-op inside captures.
+  void activate() const;
+
+  // Host copies and synchronisation cannot be part of a recorded graph.
+  void refuse_while_recording(const char* op) const;
+
+  void launched(cudaError_t status, const char* op) const;
+
+  // Waits for the stream and fails with the first error a kernel recorded. The record comes back
+  // in the same wait (an asynchronous copy queued behind the work), not in a second round trip.
+  void synchronize_and_check(const char* what);
+
+  class CudaPendingDownload final : public PendingDownload {
+   public:
+    CudaPendingDownload(CudaBackend& backend, int slot) : backend_(backend), slot_(slot) {}
+    ~CudaPendingDownload() override {
+      if (!waited_) cudaEventSynchronize(backend_.download_events_[slot_]);
+      backend_.download_slot_busy_[slot_] = false;
+    }
+    CudaPendingDownload(const CudaPendingDownload&) = delete;
+    CudaPendingDownload& operator=(const CudaPendingDownload&) = delete;
+    void wait() override {
+      if (waited_) return;
+      check_cuda(cudaEventSynchronize(backend_.download_events_[slot_]), "cudaEventSynchronize (download_later)");
+      waited_ = true;
+      backend_.fail_on_device_error(backend_.host_errors_[1 + slot_]);
+    }
+
+   private:
+    CudaBackend& backend_;
+    int slot_;
+    bool waited_ = false;
+  };
+
+  // Fails with a recorded kernel error (after clearing the device's record for later work).
+  void fail_on_device_error(const cuda::DeviceErrorRecord record);
+
+  static void require_device(const Tensor& tensor, const char* op, const char* name);
+  static void require_dtype(const Tensor& tensor, DType dtype, const char* op, const char* name);
+  void require_activation(const Tensor& tensor, const char* op, const char* name) const;
+  // The residual stream (embedding output, norm input, matmul output) may be f32 or activations.
+  void require_stream(const Tensor& tensor, const char* op, const char* name) const;
+
+  // x [tokens, heads, head_dim] in the activation dtype, one I32 position per token, f32 inv_freq
+  // of rotary_dim / 2 entries, rotary_dim even and within head_dim.
+  void check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim, const char* op,
+                  const char* name) const;
+
+  // Validates one product and describes it for the kernels (both matmul paths).
+  cuda::MatmulArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) const;
+
+  cuda::NormArgs norm_args(const Tensor& x, const Tensor& weight, float eps, NormStyle style, const Tensor& out,
+                           const char* op) const;
+
+  static CacheShape cache_shape(const Tensor& k_cache, const Tensor& v_cache, const char* op);
+
+  static void check_layout(const BatchLayout& layout, int64_t tokens, const CacheShape& cache, const char* op);
+
+  // A recurrent-state op's layout: made by this backend, spans inside the batch with one distinct
+  // slot each, inside the state.
+  static void check_state_layout(const BatchLayout& layout, int64_t tokens, int64_t slots, const char* op);
+
+  int device_;
+  DType activations_;
+  std::string device_name_;
+  int multiprocessors_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::shared_ptr<cuda::DeviceAllocator> allocator_;
+  std::shared_ptr<void> errors_owner_;
+  cuda::DeviceErrorRecord* errors_ = nullptr;
+  cuda::DeviceErrorRecord* host_errors_ = nullptr;  // pinned: 1 + kMaxPendingDownloads records
+  std::array<cudaEvent_t, kMaxPendingDownloads> download_events_{};
+  std::array<bool, kMaxPendingDownloads> download_slot_busy_{};
+  static constexpr size_t kStagingBytes = 64 << 10;
+  void* staging_ = nullptr;                          // pinned, kStagingBytes
+  bool graph_mode_ = false;  // inside capture(): its real run or its recording
+  bool recording_ = false;   // inside capture()'s recording
+};
+
+}  // namespace kiln

@@ -1,0 +1,74 @@
+// CudaBackend's sampling on the device (sampling.cu): one launch samples every row of a step, and
+// feed_tokens writes the sampled ids into the next step's input, so decode needs no host round trip.
+#include "backend/cuda/cuda_backend_impl.h"
+
+#include <limits>
+
+#include "core/error.h"
+
+namespace kiln {
+
+uint64_t CudaBackend::sampling_scratch_bytes(int64_t rows, int64_t vocab) const {
+  const auto words = [](size_t bytes) { return (bytes + 3) / 4 * 4; };  // the I32 tensors sample_tokens takes
+  return allocation_bytes(words(cuda::sampling_sort_scratch_bytes(rows, vocab))) +
+         allocation_bytes(words(cuda::sampling_chunk_scratch_bytes(rows, vocab)));
+}
+
+void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
+                                Tensor& logprobs) {
+  require_device(logits, "sample_tokens", "logits");
+  require_device(settings, "sample_tokens", "settings");
+  require_device(tokens, "sample_tokens", "tokens");
+  require_device(logprobs, "sample_tokens", "logprobs");
+  require_dtype(logits, DType::F32, "sample_tokens", "logits");
+  require_dtype(settings, DType::I32, "sample_tokens", "settings");
+  require_dtype(tokens, DType::I32, "sample_tokens", "tokens");
+  require_dtype(logprobs, DType::F32, "sample_tokens", "logprobs");
+  if (logits.ndim() != 2 || logits.dim(1) == 0)
+    fail("CUDA sample_tokens: logits must be [rows, vocab], got {}", shape_string(logits.shape()));
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  if (settings.numel() != rows * kSamplingSettingsWords || tokens.numel() != rows || logprobs.numel() != rows)
+    fail("CUDA sample_tokens: settings {}, tokens {} and logprobs {} do not fit {} rows", shape_string(settings.shape()),
+         shape_string(tokens.shape()), shape_string(logprobs.shape()), rows);
+  if (rows * vocab > std::numeric_limits<int>::max())
+    fail("CUDA sample_tokens: {} rows of {} logits exceed the sort's {} items", rows, vocab,
+         std::numeric_limits<int>::max());
+  cuda::SamplingArgs args;
+  args.logits = logits.data<float>();
+  args.settings = settings.data<int32_t>();
+  args.rows = rows;
+  args.vocab = vocab;
+  args.tokens = tokens.data<int32_t>();
+  args.logprobs = logprobs.data<float>();
+  args.errors = errors_;
+  Tensor sort_scratch;
+  if (sorting) {
+    const auto bytes = static_cast<int64_t>(cuda::sampling_sort_scratch_bytes(rows, vocab));
+    sort_scratch = alloc({(bytes + 3) / 4}, DType::I32);
+    args.sort_scratch = sort_scratch.raw();
+  }
+  const auto chunk_bytes = static_cast<int64_t>(cuda::sampling_chunk_scratch_bytes(rows, vocab));
+  const Tensor chunk_scratch = alloc({(chunk_bytes + 3) / 4}, DType::I32);
+  args.chunk_scratch = chunk_scratch.raw();
+  activate();
+  launched(cuda::launch_sample_tokens(args, stream_), "sample_tokens");
+}
+
+void CudaBackend::feed_tokens(const Tensor& previous, const Tensor& feed, Tensor& token_ids) {
+  constexpr const char* op = "feed_tokens";
+  require_device(previous, op, "previous");
+  require_device(feed, op, "feed");
+  require_device(token_ids, op, "token_ids");
+  require_dtype(previous, DType::I32, op, "previous");
+  require_dtype(feed, DType::I32, op, "feed");
+  require_dtype(token_ids, DType::I32, op, "token_ids");
+  if (feed.numel() != token_ids.numel())
+    fail("CUDA feed_tokens: feed {} and token_ids {} must have one entry per row", shape_string(feed.shape()),
+         shape_string(token_ids.shape()));
+  activate();
+  launched(cuda::launch_feed_tokens(previous.data<int32_t>(), previous.numel(), feed.data<int32_t>(), feed.numel(),
+                                    token_ids.data<int32_t>(), errors_, stream_),
+           op);
+}
+
+}  // namespace kiln
