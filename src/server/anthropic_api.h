@@ -11,7 +11,7 @@
 
 #include "server/generation_response.h"
 #include "server/request_fields.h"
-#include "server/text_codec.h"
+#include "text/text_codec.h"
 
 namespace kiln::server {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "server/api_error.h"
-#include "server/text_generation.h"
+#include "text/text_generation.h"
 
 namespace kiln::server {
 

@@ -10,8 +10,8 @@
 
 #include "server/generation_response.h"
 #include "server/request_fields.h"
-#include "server/text_codec.h"
-#include "server/text_generation.h"
+#include "text/text_codec.h"
+#include "text/text_generation.h"
 
 namespace kiln::server {
 

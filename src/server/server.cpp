@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -273,9 +274,24 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
   return request;
 }
 
+std::unique_ptr<TextGeneration> Server::submit(TextGenerationRequest request, const std::string& endpoint,
+                                              Clock::time_point arrival) {
+  const bool shutting_down = draining_.load();
+  try {
+    return std::make_unique<TextGeneration>(scheduler_, codec_, std::move(request), metrics_, endpoint, arrival);
+  } catch (const QueueFull& error) {
+    throw ApiError(429, fmt::format("the server is busy: {}; retry later", error.what()), "", "queue_full");
+  } catch (const Error& error) {
+    // The scheduler refuses everything once it stops; the server knows it is shutting down.
+    if (shutting_down) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    throw ApiError(400, error.what());
+  }
+}
+
 void Server::run(HttpExchange& exchange, Clock::time_point arrival, const std::string& endpoint,
                  TextGenerationRequest request, bool stream, GenerationResponse& response) {
-  TextGeneration generation(scheduler_, codec_, std::move(request), metrics_, endpoint, arrival, draining_.load());
+  std::unique_ptr<TextGeneration> submitted = submit(std::move(request), endpoint, arrival);
+  TextGeneration& generation = *submitted;
   const auto client_gone = [&] { return exchange.client_gone(); };
   const auto usage = [&] { return TokenUsage{generation.prompt_tokens(), generation.completion_tokens()}; };
 

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -21,10 +22,12 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/request_fields.h"
-#include "server/text_codec.h"
-#include "server/text_generation.h"
+#include "text/text_codec.h"
+#include "text/text_generation.h"
 
 namespace kiln::server {
+
+using Clock = std::chrono::steady_clock;
 
 struct ServerOptions {
   HttpServerOptions http;
@@ -73,6 +76,10 @@ class Server {
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                            const std::string& prompt_param, const std::string& max_tokens_param) const;
 
+  // Submits a generation; the scheduler's refusals become what the client sees (429 when its queue
+  // is full, 503 while shutting down, else 400).
+  std::unique_ptr<TextGeneration> submit(TextGenerationRequest request, const std::string& endpoint,
+                                         Clock::time_point arrival);
   // Submits a generation and answers it, whole or streamed, in the words of `response`'s dialect.
   // `endpoint` labels the request in the metrics.
   void run(HttpExchange& exchange, Clock::time_point arrival, const std::string& endpoint,
