@@ -77,3 +77,17 @@ TEST(Layering, OnlyTheCommandLineIncludesAConcreteBackend) {
   // The backends themselves include their own headers, so the pattern is known to match.
   EXPECT_GT(concrete_includes, 0);
 }
+
+TEST(Layering, TheApiDialectsAreSiblings) {
+  // Each dialect parses its requests and writes its answers; what both need lives in shared files
+  // under server/, so neither includes the other.
+  const std::map<std::string, std::string> dialects = {{"server/openai_api", "server/anthropic_api"},
+                                                       {"server/anthropic_api", "server/openai_api"}};
+  for_each_include([&](const std::filesystem::path& relative, int line_number, const std::string& included) {
+    const std::string file = (relative.parent_path() / relative.stem()).string();
+    const auto dialect = dialects.find(file);
+    if (dialect == dialects.end()) return;
+    EXPECT_NE(included, dialect->second + ".h")
+        << "src/" << relative.string() << ":" << line_number << " includes the other dialect, " << included;
+  });
+}
