@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_support.h"
-#include "server/tokenizer_codec.h"
+#include "text/tokenizer_codec.h"
 #include "tokenizer/unicode.h"
 
 namespace kiln::fuzz {
@@ -86,13 +86,13 @@ inline nlohmann::json byte_level_tokenizer_json() {
 }
 
 // The codec a server over that tokenizer and template would use, built once per process.
-inline const server::TokenizerCodec& api_codec() {
-  static const server::TokenizerCodec codec = [] {
+inline const TokenizerCodec& api_codec() {
+  static const TokenizerCodec codec = [] {
     const auto model_dir = ScratchDirectory::instance().path() / "model";
     std::filesystem::create_directories(model_dir);
     const auto& scratch = ScratchDirectory::instance();
     scratch.write("model/tokenizer.json", byte_level_tokenizer_json().dump());
-    return server::TokenizerCodec(model_dir, std::string(kChatTemplate));
+    return TokenizerCodec(model_dir, std::string(kChatTemplate));
   }();
   return codec;
 }

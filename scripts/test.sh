@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# The whole test suite: installs and builds (scripts/setup.sh), builds the loader tests again under
-# AddressSanitizer/UBSan, and runs every test with ctest. GPU tests carry the label `gpu` and skip
-# visibly without a GPU.
+# The whole test suite: installs and builds (scripts/setup.sh), builds examples/ against the installed
+# library, builds the loader tests again under AddressSanitizer/UBSan, and runs every test with
+# ctest. GPU tests carry the label `gpu` and skip visibly without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+
+# The library as a package: installed into a temporary prefix, examples/ built against it with
+# find_package(kiln), and run on the default model when ../shared has it (about 15 s on two cores).
+package_prefix=$(mktemp -d)
+cmake --install build --prefix "$package_prefix" > /dev/null
+cmake -S examples -B "$package_prefix/build-examples" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$package_prefix" > /dev/null
+cmake --build "$package_prefix/build-examples"
+if [ -f ../shared/models/stories260K/model.safetensors ]; then
+  story=$("$package_prefix/build-examples/generate_text" ../shared/models/stories260K "Once upon a time" 32)
+  echo "$story"
+  [[ "$story" == "Once upon a time, there was a little girl named Lily."* ]] ||
+    { echo "test: the example built against the installed library told another story" >&2; exit 1; }
+else
+  echo "test: ../shared/models/stories260K is absent: the installed example was built but not run" >&2
+fi
+rm -rf "$package_prefix"
 
 # Malformed-checkpoint and construction-failure tests under ASan + LSan. The build uses clang so
 # that the same objects, instrumented for libFuzzer too, also make the fuzz targets (fuzz/).

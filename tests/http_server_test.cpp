@@ -21,7 +21,7 @@
 #include "server/http_request_reader.h"
 #include "server/http_server.h"
 #include "server/server.h"
-#include "server/tokenizer_codec.h"
+#include "text/tokenizer_codec.h"
 #include "test_support.h"
 
 using namespace kiln;

@@ -1,7 +1,9 @@
-// The layers may only include downwards: core < io < backend < model < engine < server < cli;
-// tokenizer sits beside io (it needs only core). A test fails when a lower layer includes a higher,
-// or when a layer above the backends includes a concrete backend (backend/cpu/, backend/cuda/)
-// instead of the interface headers: only the command line chooses which backend runs.
+// The layers may only include downwards: core < io < backend < model < engine < text < server < cli;
+// tokenizer sits beside io (it needs only core); text is the library's text API (tokenizer, chat
+// template and generation together), which the server and the command line both build on. A test
+// fails when a lower layer includes a higher, or when a layer above the backends includes a
+// concrete backend (backend/cpu/, backend/cuda/) instead of the interface headers: only the
+// command line chooses which backend runs.
 #include <fstream>
 #include <map>
 #include <regex>
@@ -17,7 +19,7 @@ namespace {
 // never a sibling of equal rank in another directory unless listed.
 const std::map<std::string, int> kLayerRank = {
     {"core", 0}, {"io", 1}, {"tokenizer", 1}, {"backend", 2}, {"model", 3},
-    {"engine", 4}, {"server", 5}, {"cli", 6},
+    {"engine", 4}, {"text", 5}, {"server", 6}, {"cli", 7},
 };
 
 std::string layer_of(const std::filesystem::path& relative) { return relative.begin()->string(); }
@@ -74,4 +76,18 @@ TEST(Layering, OnlyTheCommandLineIncludesAConcreteBackend) {
   });
   // The backends themselves include their own headers, so the pattern is known to match.
   EXPECT_GT(concrete_includes, 0);
+}
+
+TEST(Layering, TheApiDialectsAreSiblings) {
+  // Each dialect parses its requests and writes its answers; what both need lives in shared files
+  // under server/, so neither includes the other.
+  const std::map<std::string, std::string> dialects = {{"server/openai_api", "server/anthropic_api"},
+                                                       {"server/anthropic_api", "server/openai_api"}};
+  for_each_include([&](const std::filesystem::path& relative, int line_number, const std::string& included) {
+    const std::string file = (relative.parent_path() / relative.stem()).string();
+    const auto dialect = dialects.find(file);
+    if (dialect == dialects.end()) return;
+    EXPECT_NE(included, dialect->second + ".h")
+        << "src/" << relative.string() << ":" << line_number << " includes the other dialect, " << included;
+  });
 }

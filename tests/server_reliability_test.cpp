@@ -22,7 +22,7 @@
 #include "server/json_fields.h"
 #include "server/openai_api.h"
 #include "server/server.h"
-#include "server/tokenizer_codec.h"
+#include "text/tokenizer_codec.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"

@@ -25,7 +25,7 @@
 #include "server/openai_api.h"
 #include "engine/stop_matcher.h"
 #include "serve_process.h"
-#include "server/tokenizer_codec.h"
+#include "text/tokenizer_codec.h"
 #include "test_support.h"
 
 using namespace kiln;

@@ -1,5 +1,6 @@
 // kiln generate: prefill a prompt and decode. With --ids it prints the generated ids; with
-// --prompt or --chat it streams text and stops at an end-of-sequence id or a --stop string.
+// --prompt or --chat it streams text (through the library's TextModel, text/text_model.h) and stops
+// at an end-of-sequence id or a --stop string.
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -9,9 +10,7 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "engine/generation.h"
-#include "engine/stop_matcher.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "text/text_model.h"
 
 namespace kiln::cli {
 namespace {
@@ -79,30 +78,23 @@ RegisterCommand register_generate([](CLI::App& app) {
       return;
     }
 
-    const Tokenizer tokenizer = Tokenizer::load(options->model.model_dir);
-    tokenizer.check_fits_model(opened.model->config().vocab_size);
-    generation.stop_ids = tokenizer.eos_ids();
-    std::vector<int32_t> prompt_ids;
+    TextOptions text_options;
+    text_options.max_tokens = generation.max_tokens;
+    text_options.sampling = generation.sampling;
+    text_options.stop = options->stops;
+    text_options.prefill_chunk = generation.prefill_chunk;
+    TextModel text(std::move(opened.model), options->model.model_dir);
+    const auto print_text = [](std::string_view text) {
+      print_now(std::string(text));
+      return true;
+    };
     if (*prompt) {
-      prompt_ids = tokenizer.encode(options->prompt, true);
       print_now(options->prompt);
+      text.generate(options->prompt, text_options, print_text);
     } else {
-      ChatTemplateOptions chat_options;
-      chat_options.add_generation_prompt = true;
-      const nlohmann::ordered_json messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", options->chat}}});
-      prompt_ids = tokenizer.encode(ChatTemplate::for_tokenizer(tokenizer).render(messages, chat_options), false);
+      text.chat(nlohmann::ordered_json::array({{{"role", "user"}, {"content", options->chat}}}), text_options,
+                print_text);
     }
-    StreamingDecoder decoder(tokenizer, true);
-    decoder.feed_prompt(prompt_ids);
-    StopMatcher stops(options->stops);
-    bool stopped = false;
-    generate(*opened.model, prompt_ids, generation, [&](const SampledToken& token) {
-      const StopMatcher::Output output = stops.push(decoder.push(token.token));
-      print_now(output.text);
-      stopped = output.matched.has_value();
-      return !stopped;
-    });
-    if (!stopped) print_now(stops.push(decoder.finish()).text + stops.flush());
     fmt::print("\n");
   });
 });

@@ -19,7 +19,7 @@
 #include "engine/memory_plan.h"
 #include "engine/scheduler.h"
 #include "server/server.h"
-#include "server/tokenizer_codec.h"
+#include "text/tokenizer_codec.h"
 
 namespace kiln::cli {
 namespace {
@@ -101,7 +101,7 @@ void serve(const ServeCommand& options) {
   const ModelConfig& config = opened.model->config();
   std::optional<std::string> chat_template;
   if (!options.chat_template.empty()) chat_template = read_text_file(options.chat_template);
-  const server::TokenizerCodec codec(options.model.model_dir, chat_template);
+  const TokenizerCodec codec(options.model.model_dir, chat_template);
   codec.tokenizer().check_fits_model(config.vocab_size);
 
   SchedulerOptions scheduler_options;

@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "server/api_error.h"
-#include "server/openai_api.h"
+#include "server/sse.h"
 
 namespace kiln::server {
 
@@ -217,6 +217,9 @@ json anthropic_error_body(int status, const std::string& message) {
   return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }
 
+namespace {
+
+// "end_turn" | "max_tokens" | "stop_sequence"
 std::string anthropic_stop_reason(const std::string& finish_reason, const std::optional<std::string>& stop_sequence) {
   if (finish_reason == "length") return "max_tokens";
   if (stop_sequence) return "stop_sequence";
@@ -225,6 +228,68 @@ std::string anthropic_stop_reason(const std::string& finish_reason, const std::o
 
 json anthropic_usage(int64_t input_tokens, int64_t output_tokens) {
   return {{"input_tokens", input_tokens}, {"output_tokens", output_tokens}};
+}
+
+json stop_sequence_field(const TextDelta& end) { return end.stop_sequence ? json(*end.stop_sequence) : json(); }
+
+}  // namespace
+
+MessagesResponse::MessagesResponse(std::string served_model)
+    : id_(random_id("msg_")), model_(std::move(served_model)) {}
+
+json MessagesResponse::whole(const WholeGeneration& whole, const TokenUsage& usage) const {
+  return {{"id", id_},
+          {"type", "message"},
+          {"role", "assistant"},
+          {"model", model_},
+          {"content", json::array({{{"type", "text"}, {"text", whole.text}}})},
+          {"stop_reason", anthropic_stop_reason(whole.last.finish_reason, whole.last.stop_sequence)},
+          {"stop_sequence", stop_sequence_field(whole.last)},
+          {"usage", anthropic_usage(usage.prompt_tokens, usage.completion_tokens)}};
+}
+
+std::vector<std::string> MessagesResponse::stream_start(const TokenUsage& usage) {
+  const json start = {{"type", "message_start"},
+                      {"message",
+                       {{"id", id_},
+                        {"type", "message"},
+                        {"role", "assistant"},
+                        {"model", model_},
+                        {"content", json::array()},
+                        {"stop_reason", nullptr},
+                        {"stop_sequence", nullptr},
+                        {"usage", anthropic_usage(usage.prompt_tokens, 0)}}}};
+  return {sse_event("message_start", start) +
+          sse_event("content_block_start", {{"type", "content_block_start"},
+                                            {"index", 0},
+                                            {"content_block", {{"type", "text"}, {"text", ""}}}}) +
+          sse_event("ping", {{"type", "ping"}})};
+}
+
+std::vector<std::string> MessagesResponse::stream_delta(const TextDelta& delta, const TokenUsage& usage) {
+  std::vector<std::string> events;
+  if (!delta.text.empty())
+    events.push_back(sse_event("content_block_delta", {{"type", "content_block_delta"},
+                                                       {"index", 0},
+                                                       {"delta", {{"type", "text_delta"}, {"text", delta.text}}}}));
+  if (!delta.finished) return events;
+  if (delta.finish_reason != "stop" && delta.finish_reason != "length") {
+    events.push_back(stream_failure(generation_failure(delta)));
+    return events;
+  }
+  events.push_back(sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
+                   sse_event("message_delta",
+                             {{"type", "message_delta"},
+                              {"delta",
+                               {{"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
+                                {"stop_sequence", stop_sequence_field(delta)}}},
+                              {"usage", {{"output_tokens", usage.completion_tokens}}}}) +
+                   sse_event("message_stop", {{"type", "message_stop"}}));
+  return events;
+}
+
+std::string MessagesResponse::stream_failure(const ApiError& failure) const {
+  return sse_event("error", anthropic_error_body(failure.status(), failure.what()));
 }
 
 }  // namespace kiln::server

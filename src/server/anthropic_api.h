@@ -1,14 +1,17 @@
 // The Anthropic Messages API (/v1/messages): request parsing and validation, the conversion of its
-// conversation into the OpenAI-shaped messages chat templates take, and its response bodies.
+// conversation into the OpenAI-shaped messages chat templates take, and everything it answers
+// with: message bodies, stream events, errors.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "server/generation_response.h"
 #include "server/request_fields.h"
-#include "server/text_codec.h"
+#include "text/text_codec.h"
 
 namespace kiln::server {
 
@@ -26,9 +29,19 @@ MessagesRequest parse_messages_request(const json& body, const std::string& serv
 // {"type": "error", "error": {"type", "message"}}
 json anthropic_error_body(int status, const std::string& message);
 
-// "end_turn" | "max_tokens" | "stop_sequence"
-std::string anthropic_stop_reason(const std::string& finish_reason, const std::optional<std::string>& stop_sequence);
+// A message's answer: a message body, or the event stream (message_start, one text content block,
+// message_delta, message_stop; an `error` event when generation fails).
+class MessagesResponse final : public GenerationResponse {
+ public:
+  explicit MessagesResponse(std::string served_model);
+  json whole(const WholeGeneration& whole, const TokenUsage& usage) const override;
+  std::vector<std::string> stream_start(const TokenUsage& usage) override;
+  std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) override;
+  std::string stream_failure(const ApiError& failure) const override;
 
-json anthropic_usage(int64_t input_tokens, int64_t output_tokens);
+ private:
+  std::string id_;
+  std::string model_;
+};
 
 }  // namespace kiln::server

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/scheduler.h"
+#include "text/generation_metrics.h"
 
 namespace kiln::server {
 
@@ -29,17 +30,17 @@ class Histogram {
   uint64_t total_ = 0;
 };
 
-class ServerMetrics {
+class ServerMetrics final : public GenerationMetrics {
  public:
   ServerMetrics();
 
   // A generation request that ran, by endpoint ("chat", "completions", "messages") and end.
-  void count_request(const std::string& endpoint, const std::string& finish_reason);
+  void count_request(const std::string& endpoint, const std::string& finish_reason) override;
   void count_response(int status);
-  void add_tokens(int64_t prompt_tokens, int64_t generated_tokens);
-  void observe_time_to_first_token(double seconds);
-  void observe_inter_token_latency(double seconds);
-  void observe_request_duration(double seconds);
+  void add_tokens(int64_t prompt_tokens, int64_t generated_tokens) override;
+  void observe_time_to_first_token(double seconds) override;
+  void observe_inter_token_latency(double seconds) override;
+  void observe_request_duration(double seconds) override;
 
   std::string render(const SchedulerStats& scheduler) const;
 

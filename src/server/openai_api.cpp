@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "server/api_error.h"
+#include "server/sse.h"
 #include "tokenizer/jinja_builtins.h"
 
 namespace kiln::server {
@@ -207,16 +208,6 @@ void accept_bookkeeping_fields(JsonFields& fields) {
 
 }  // namespace
 
-void check_model_field(JsonFields& fields, const std::string& served_model) {
-  const auto model = fields.string("model");
-  if (!model) reject_field("model", "`model` is required");
-  if (*model != served_model)
-    throw ApiError(404,
-                   fmt::format("the model `{}` does not exist; this server serves `{}`", quote_client_text(*model),
-                               served_model),
-                   "model", "model_not_found");
-}
-
 ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model) {
   ChatCompletionRequest request;
   JsonFields fields(body, "");
@@ -338,13 +329,13 @@ json openai_error_body(int status, const std::string& message, const std::string
             {"code", code.empty() ? json() : json(code)}}}};
 }
 
-json openai_usage(int64_t prompt_tokens, int64_t completion_tokens) {
-  return {{"prompt_tokens", prompt_tokens},
-          {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
-}
-
 namespace {
+
+json openai_usage(const TokenUsage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
 
 json utf8_bytes(const std::string& text) {
   json bytes = json::array();
@@ -352,8 +343,7 @@ json utf8_bytes(const std::string& text) {
   return bytes;
 }
 
-}  // namespace
-
+// chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}
 json chat_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& codec) {
   json content = json::array();
   for (const auto& token : tokens) {
@@ -369,6 +359,8 @@ json chat_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& c
   return {{"content", content}};
 }
 
+// legacy completions: {tokens, token_logprobs, top_logprobs, text_offset}; `text_offset` starts at
+// the length of the text already returned.
 json completion_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& codec, size_t text_offset) {
   json result = {{"tokens", json::array()},
                  {"token_logprobs", json::array()},
@@ -387,10 +379,16 @@ json completion_logprobs(const std::vector<GeneratedToken>& tokens, const TextCo
   return result;
 }
 
-json openai_finish_reason(const std::string& finish_reason) {
-  if (finish_reason == "stop" || finish_reason == "length") return finish_reason;
-  return json();
+bool finished_normally(const TextDelta& delta) {
+  return delta.finish_reason == "stop" || delta.finish_reason == "length";
 }
+
+// A generation that failed mid-stream: an error chunk (OpenAI's streams have no error event).
+std::string error_chunk(const ApiError& failure) {
+  return sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code()));
+}
+
+}  // namespace
 
 json models_list(const std::string& served_model, int64_t context_tokens, int64_t created) {
   return {{"object", "list"},
@@ -400,6 +398,127 @@ json models_list(const std::string& served_model, int64_t context_tokens, int64_
              {"created", created},
              {"owned_by", "kiln"},
              {"max_model_len", context_tokens}}}}};
+}
+
+ChatCompletionResponse::ChatCompletionResponse(const ChatCompletionRequest& request, std::string served_model,
+                                               const TextCodec& codec)
+    : codec_(codec),
+      id_(random_id("chatcmpl-")),
+      created_(unix_seconds()),
+      model_(std::move(served_model)),
+      logprobs_(request.logprobs),
+      include_usage_(request.include_usage) {}
+
+json ChatCompletionResponse::whole(const WholeGeneration& whole, const TokenUsage& usage) const {
+  json choice = {{"index", 0},
+                 {"message", {{"role", "assistant"}, {"content", whole.text}}},
+                 {"logprobs", logprobs_ ? chat_logprobs(whole.tokens, codec_) : json()},
+                 {"finish_reason", whole.last.finish_reason}};
+  return {{"id", id_},
+          {"object", "chat.completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", json::array({choice})},
+          {"usage", openai_usage(usage)}};
+}
+
+std::string ChatCompletionResponse::chunk(json delta, json logprobs, json finish_reason) const {
+  json body = {{"id", id_},
+               {"object", "chat.completion.chunk"},
+               {"created", created_},
+               {"model", model_},
+               {"choices", json::array({{{"index", 0},
+                                         {"delta", std::move(delta)},
+                                         {"logprobs", std::move(logprobs)},
+                                         {"finish_reason", std::move(finish_reason)}}})}};
+  if (include_usage_) body["usage"] = nullptr;
+  return sse_data(body);
+}
+
+std::vector<std::string> ChatCompletionResponse::stream_start(const TokenUsage&) {
+  return {chunk({{"role", "assistant"}, {"content", ""}}, json(), json())};
+}
+
+std::vector<std::string> ChatCompletionResponse::stream_delta(const TextDelta& delta, const TokenUsage& usage) {
+  std::vector<std::string> events;
+  const bool has_logprobs = logprobs_ && !delta.tokens.empty();
+  if (!delta.text.empty() || has_logprobs)
+    events.push_back(
+        chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(), json()));
+  if (!delta.finished) return events;
+  if (finished_normally(delta))
+    events.push_back(chunk(json::object(), json(), delta.finish_reason));
+  else
+    events.push_back(error_chunk(generation_failure(delta)));
+  if (include_usage_)
+    events.push_back(sse_data({{"id", id_},
+                               {"object", "chat.completion.chunk"},
+                               {"created", created_},
+                               {"model", model_},
+                               {"choices", json::array()},
+                               {"usage", openai_usage(usage)}}));
+  events.push_back(kSseDone);
+  return events;
+}
+
+std::string ChatCompletionResponse::stream_failure(const ApiError& failure) const {
+  return error_chunk(failure) + kSseDone;
+}
+
+CompletionResponse::CompletionResponse(const CompletionRequest& request, std::string served_model,
+                                       const TextCodec& codec)
+    : codec_(codec),
+      id_(random_id("cmpl-")),
+      created_(unix_seconds()),
+      model_(std::move(served_model)),
+      logprobs_(request.logprobs.has_value()),
+      include_usage_(request.include_usage) {}
+
+json CompletionResponse::body(json choices) const {
+  return {{"id", id_},
+          {"object", "text_completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", std::move(choices)}};
+}
+
+json CompletionResponse::whole(const WholeGeneration& whole, const TokenUsage& usage) const {
+  json response = body(json::array({{{"index", 0},
+                                     {"text", whole.text},
+                                     {"logprobs", logprobs_ ? completion_logprobs(whole.tokens, codec_, 0) : json()},
+                                     {"finish_reason", whole.last.finish_reason}}}));
+  response["usage"] = openai_usage(usage);
+  return response;
+}
+
+std::vector<std::string> CompletionResponse::stream_start(const TokenUsage&) { return {}; }
+
+std::vector<std::string> CompletionResponse::stream_delta(const TextDelta& delta, const TokenUsage& usage) {
+  std::vector<std::string> events;
+  const bool ended = delta.finished && finished_normally(delta);
+  if (!delta.text.empty() || ended) {
+    const json logprobs = logprobs_ ? completion_logprobs(delta.tokens, codec_, text_offset_) : json();
+    json chunk = body(json::array({{{"index", 0},
+                                    {"text", delta.text},
+                                    {"logprobs", logprobs},
+                                    {"finish_reason", ended ? json(delta.finish_reason) : json()}}}));
+    if (include_usage_) chunk["usage"] = nullptr;
+    text_offset_ += delta.text.size();
+    events.push_back(sse_data(chunk));
+  }
+  if (!delta.finished) return events;
+  if (!ended) events.push_back(error_chunk(generation_failure(delta)));
+  if (include_usage_) {
+    json usage_chunk = body(json::array());
+    usage_chunk["usage"] = openai_usage(usage);
+    events.push_back(sse_data(usage_chunk));
+  }
+  events.push_back(kSseDone);
+  return events;
+}
+
+std::string CompletionResponse::stream_failure(const ApiError& failure) const {
+  return error_chunk(failure) + kSseDone;
 }
 
 }  // namespace kiln::server

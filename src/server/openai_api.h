@@ -1,5 +1,5 @@
 // The OpenAI-compatible API: request parsing and validation for /v1/chat/completions and
-// /v1/completions, and the JSON bodies and stream chunks they answer with.
+// /v1/completions, and everything they answer with: JSON bodies, stream chunks, errors, /v1/models.
 #pragma once
 
 #include <cstdint>
@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "server/generation_response.h"
 #include "server/request_fields.h"
-#include "server/text_codec.h"
-#include "server/text_generation.h"
+#include "text/text_codec.h"
+#include "text/text_generation.h"
 
 namespace kiln::server {
 
@@ -44,21 +45,52 @@ struct CompletionRequest {
 ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model);
 CompletionRequest parse_completion_request(const json& body, const std::string& served_model, int64_t vocab_size);
 
-// Checks the request's `model` (a string naming the served model).
-void check_model_field(JsonFields& fields, const std::string& served_model);
-
 // {"error": {"message", "type", "param", "code"}}
 json openai_error_body(int status, const std::string& message, const std::string& param, const std::string& code);
 
-json openai_usage(int64_t prompt_tokens, int64_t completion_tokens);
-// chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}
-json chat_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& codec);
-// legacy completions: {tokens, token_logprobs, top_logprobs, text_offset}; `text_offset` starts at
-// the length of the text already returned.
-json completion_logprobs(const std::vector<GeneratedToken>& tokens, const TextCodec& codec, size_t text_offset);
-// OpenAI reports finish_reason "stop" or "length"; a cancelled request has none.
-json openai_finish_reason(const std::string& finish_reason);
-
+// /v1/models: the served model, with its context length.
 json models_list(const std::string& served_model, int64_t context_tokens, int64_t created);
+
+// A chat completion's answer: a chat.completion body, or chat.completion.chunk events (the first
+// carrying the role) ending with [DONE].
+class ChatCompletionResponse final : public GenerationResponse {
+ public:
+  ChatCompletionResponse(const ChatCompletionRequest& request, std::string served_model, const TextCodec& codec);
+  json whole(const WholeGeneration& whole, const TokenUsage& usage) const override;
+  std::vector<std::string> stream_start(const TokenUsage& usage) override;
+  std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) override;
+  std::string stream_failure(const ApiError& failure) const override;
+
+ private:
+  std::string chunk(json delta, json logprobs, json finish_reason) const;
+
+  const TextCodec& codec_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  bool logprobs_;
+  bool include_usage_;
+};
+
+// A legacy completion's answer: a text_completion body, or text_completion events ending with [DONE].
+class CompletionResponse final : public GenerationResponse {
+ public:
+  CompletionResponse(const CompletionRequest& request, std::string served_model, const TextCodec& codec);
+  json whole(const WholeGeneration& whole, const TokenUsage& usage) const override;
+  std::vector<std::string> stream_start(const TokenUsage& usage) override;
+  std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) override;
+  std::string stream_failure(const ApiError& failure) const override;
+
+ private:
+  json body(json choices) const;
+
+  const TextCodec& codec_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  bool logprobs_;
+  bool include_usage_;
+  size_t text_offset_ = 0;  // bytes of text streamed so far (where the next logprobs' text_offset starts)
+};
 
 }  // namespace kiln::server

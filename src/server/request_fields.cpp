@@ -6,6 +6,16 @@
 
 namespace kiln::server {
 
+void check_model_field(JsonFields& fields, const std::string& served_model) {
+  const auto model = fields.string("model");
+  if (!model) reject_field("model", "`model` is required");
+  if (*model != served_model)
+    throw ApiError(404,
+                   fmt::format("the model `{}` does not exist; this server serves `{}`", quote_client_text(*model),
+                               served_model),
+                   "model", "model_not_found");
+}
+
 void read_sampling(JsonFields& fields, double temperature_max, SamplingParams& sampling) {
   if (auto temperature = fields.number("temperature", 0.0, temperature_max))
     sampling.temperature = static_cast<float>(*temperature);

@@ -1,4 +1,5 @@
-// Request fields the OpenAI and Anthropic endpoints share: sampling, stop strings, token limits.
+// Request fields the OpenAI and Anthropic endpoints share: the model, sampling, stop strings, token
+// limits. Neither dialect owns them.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,8 @@ inline constexpr size_t kMaxStopBytes = 256;
 // The largest max_tokens a request may name before the context check (a sanity bound).
 inline constexpr int64_t kMaxTokensLimit = int64_t{1} << 31;
 
+// Checks the request's `model` (a string naming the served model; another name is a 404).
+void check_model_field(JsonFields& fields, const std::string& served_model);
 // temperature (0..temperature_max), top_p, top_k, min_p, seed.
 void read_sampling(JsonFields& fields, double temperature_max, SamplingParams& sampling);
 // A string or an array of strings (OpenAI's `stop`, Anthropic's `stop_sequences`).

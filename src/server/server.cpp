@@ -1,15 +1,15 @@
 #include "server/server.h"
 
 #include <functional>
-#include <random>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "server/anthropic_api.h"
+#include "server/generation_response.h"
 #include "server/json_fields.h"
 #include "server/openai_api.h"
-#include "server/sse.h"
 
 namespace kiln::server {
 
@@ -17,34 +17,7 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-// 96 bits drawn from the system's entropy source for every id. A generator per thread seeded with
-// one 32-bit random_device word gave each new handler thread's first id only 2^32 possibilities: a
-// soak of 45,000 streams (one handler thread each) met a duplicate id (docs/reliability.md).
-std::string random_id(const char* prefix) {
-  std::random_device entropy;
-  return fmt::format("{}{:08x}{:08x}{:08x}", prefix, entropy(), entropy(), entropy());
-}
-
-int64_t unix_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// A request that ended without finishing ("cancelled" at shutdown, or a failed step) as the error
-// its client sees.
-ApiError generation_failure(const TextDelta& end) {
-  if (end.finish_reason == "cancelled")
-    return ApiError(503, end.error.empty() ? "the request was cancelled" : "the request was cancelled: " + end.error,
-                    "", "cancelled");
-  return ApiError(500, "generation failed: " + end.error, "", "generation_error");
-}
-
-// A non-streamed generation run to its end: the whole text, its tokens, and the last delta (its
-// finish reason stop or length; any other end is thrown as generation_failure).
-struct WholeGeneration {
-  std::string text;
-  std::vector<GeneratedToken> tokens;
-  TextDelta last;
-};
+// Runs a non-streamed generation to its end; any end but stop or length is thrown as generation_failure.
 WholeGeneration run_to_end(TextGeneration& generation, const std::function<bool()>& client_gone) {
   WholeGeneration whole;
   do {
@@ -181,14 +154,12 @@ void Server::check_api_key(const HttpRequest& request) const {
                  "invalid_api_key");
 }
 
-void Server::stream_until_end(HttpExchange& exchange, Dialect dialect, const std::function<void()>& loop) {
+void Server::stream_until_end(HttpExchange& exchange, const GenerationResponse& response,
+                              const std::function<void()>& loop) {
   try {
     loop();
   } catch (const std::exception& error) {
-    const ApiError failure = failure_after_acceptance(error);
-    exchange.write(dialect == Dialect::Anthropic
-                       ? sse_event("error", anthropic_error_body(failure.status(), failure.what()))
-                       : sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())) + kSseDone);
+    exchange.write(response.stream_failure(failure_after_acceptance(error)));
   }
 }
 
@@ -303,81 +274,58 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
   return request;
 }
 
-void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
-  const ChatCompletionRequest request =
-      parse_chat_completion_request(parse_request_json(http_request.body), options_.model_name);
-  TextGenerationRequest generation_fields =
-      generation_request(chat_prompt(request.messages, request.prompt), request.generation, "messages", "max_tokens");
-  generation_fields.logprobs = request.logprobs;
-  generation_fields.top_logprobs = request.top_logprobs;
-  TextGeneration generation(scheduler_, codec_, std::move(generation_fields), metrics_, "chat", arrival,
-                            draining_.load());
-  const auto client_gone = [&] { return exchange.client_gone(); };
-  const std::string id = random_id("chatcmpl-");
-  const int64_t created = unix_seconds();
+std::unique_ptr<TextGeneration> Server::submit(TextGenerationRequest request, const std::string& endpoint,
+                                              Clock::time_point arrival) {
+  const bool shutting_down = draining_.load();
+  try {
+    return std::make_unique<TextGeneration>(scheduler_, codec_, std::move(request), metrics_, endpoint, arrival);
+  } catch (const QueueFull& error) {
+    throw ApiError(429, fmt::format("the server is busy: {}; retry later", error.what()), "", "queue_full");
+  } catch (const Error& error) {
+    // The scheduler refuses everything once it stops; the server knows it is shutting down.
+    if (shutting_down) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    throw ApiError(400, error.what());
+  }
+}
 
-  if (!request.generation.stream) {
+void Server::run(HttpExchange& exchange, Clock::time_point arrival, const std::string& endpoint,
+                 TextGenerationRequest request, bool stream, GenerationResponse& response) {
+  std::unique_ptr<TextGeneration> submitted = submit(std::move(request), endpoint, arrival);
+  TextGeneration& generation = *submitted;
+  const auto client_gone = [&] { return exchange.client_gone(); };
+  const auto usage = [&] { return TokenUsage{generation.prompt_tokens(), generation.completion_tokens()}; };
+
+  if (!stream) {
     after_acceptance([&] {
       const WholeGeneration whole = run_to_end(generation, client_gone);
-      json choice = {{"index", 0},
-                     {"message", {{"role", "assistant"}, {"content", whole.text}}},
-                     {"logprobs", request.logprobs ? chat_logprobs(whole.tokens, codec_) : json()},
-                     {"finish_reason", whole.last.finish_reason}};
-      respond_json(exchange, 200,
-                   {{"id", id},
-                    {"object", "chat.completion"},
-                    {"created", created},
-                    {"model", options_.model_name},
-                    {"choices", json::array({choice})},
-                    {"usage", openai_usage(generation.prompt_tokens(), generation.completion_tokens())}});
+      respond_json(exchange, 200, response.whole(whole, usage()));
     });
     return;
   }
 
-  auto chunk = [&](json delta, json logprobs, json finish_reason) {
-    json body = {{"id", id},
-                 {"object", "chat.completion.chunk"},
-                 {"created", created},
-                 {"model", options_.model_name},
-                 {"choices", json::array({{{"index", 0},
-                                           {"delta", std::move(delta)},
-                                           {"logprobs", std::move(logprobs)},
-                                           {"finish_reason", std::move(finish_reason)}}})}};
-    if (request.include_usage) body["usage"] = nullptr;
-    return sse_data(body);
-  };
   metrics_.count_response(200);
   if (!exchange.start_stream(200, "text/event-stream", {})) return;
-  if (!exchange.write(chunk({{"role", "assistant"}, {"content", ""}}, json(), json()))) return;
-  stream_until_end(exchange, Dialect::OpenAI, [&] {
+  for (const std::string& event : response.stream_start(usage()))
+    if (!exchange.write(event)) return;
+  stream_until_end(exchange, response, [&] {
     for (;;) {
-      TextDelta delta = generation.next(client_gone);
-      const bool has_logprobs = request.logprobs && !delta.tokens.empty();
-      if (!delta.text.empty() || has_logprobs) {
-        if (!exchange.write(
-                chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(), json())))
-          return;
-      }
-      if (!delta.finished) continue;
-      if (delta.finish_reason == "stop" || delta.finish_reason == "length") {
-        if (!exchange.write(chunk(json::object(), json(), delta.finish_reason))) return;
-      } else {
-        const ApiError failure = generation_failure(delta);
-        if (!exchange.write(sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())))) return;
-      }
-      if (request.include_usage) {
-        const json usage = {{"id", id},
-                            {"object", "chat.completion.chunk"},
-                            {"created", created},
-                            {"model", options_.model_name},
-                            {"choices", json::array()},
-                            {"usage", openai_usage(generation.prompt_tokens(), generation.completion_tokens())}};
-        if (!exchange.write(sse_data(usage))) return;
-      }
-      exchange.write(kSseDone);
-      return;
+      const TextDelta delta = generation.next(client_gone);
+      for (const std::string& event : response.stream_delta(delta, usage()))
+        if (!exchange.write(event)) return;
+      if (delta.finished) return;
     }
   });
+}
+
+void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
+  const ChatCompletionRequest request =
+      parse_chat_completion_request(parse_request_json(http_request.body), options_.model_name);
+  TextGenerationRequest generation =
+      generation_request(chat_prompt(request.messages, request.prompt), request.generation, "messages", "max_tokens");
+  generation.logprobs = request.logprobs;
+  generation.top_logprobs = request.top_logprobs;
+  ChatCompletionResponse response(request, options_.model_name, codec_);
+  run(exchange, arrival, "chat", std::move(generation), request.generation.stream, response);
 }
 
 void Server::completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
@@ -385,140 +333,19 @@ void Server::completions(const HttpRequest& http_request, HttpExchange& exchange
       parse_completion_request(parse_request_json(http_request.body), options_.model_name, options_.vocab_size);
   std::vector<int32_t> prompt = request.prompt_text ? codec_.encode(*request.prompt_text, true) : request.prompt_ids;
   if (prompt.empty()) throw ApiError(400, "the prompt is empty (it encodes to no tokens)", "prompt");
-  TextGenerationRequest generation_fields =
-      generation_request(std::move(prompt), request.generation, "prompt", "max_tokens");
-  generation_fields.logprobs = request.logprobs.has_value();
-  generation_fields.top_logprobs = request.logprobs.value_or(0);
-  TextGeneration generation(scheduler_, codec_, std::move(generation_fields), metrics_, "completions", arrival,
-                            draining_.load());
-  const auto client_gone = [&] { return exchange.client_gone(); };
-  const std::string id = random_id("cmpl-");
-  const int64_t created = unix_seconds();
-  auto body = [&](json choices) {
-    return json{{"id", id},
-                {"object", "text_completion"},
-                {"created", created},
-                {"model", options_.model_name},
-                {"choices", std::move(choices)}};
-  };
-
-  if (!request.generation.stream) {
-    after_acceptance([&] {
-      const WholeGeneration whole = run_to_end(generation, client_gone);
-      json response =
-          body(json::array({{{"index", 0},
-                             {"text", whole.text},
-                             {"logprobs", request.logprobs ? completion_logprobs(whole.tokens, codec_, 0) : json()},
-                             {"finish_reason", whole.last.finish_reason}}}));
-      response["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
-      respond_json(exchange, 200, response);
-    });
-    return;
-  }
-
-  metrics_.count_response(200);
-  if (!exchange.start_stream(200, "text/event-stream", {})) return;
-  stream_until_end(exchange, Dialect::OpenAI, [&] {
-    size_t text_offset = 0;
-    for (;;) {
-      TextDelta delta = generation.next(client_gone);
-      const bool ended = delta.finished && (delta.finish_reason == "stop" || delta.finish_reason == "length");
-      if (!delta.text.empty() || ended) {
-        json chunk = body(json::array(
-            {{{"index", 0},
-              {"text", delta.text},
-              {"logprobs", request.logprobs ? completion_logprobs(delta.tokens, codec_, text_offset) : json()},
-              {"finish_reason", ended ? json(delta.finish_reason) : json()}}}));
-        if (request.include_usage) chunk["usage"] = nullptr;
-        text_offset += delta.text.size();
-        if (!exchange.write(sse_data(chunk))) return;
-      }
-      if (!delta.finished) continue;
-      if (!ended) {
-        const ApiError failure = generation_failure(delta);
-        if (!exchange.write(sse_data(openai_error_body(failure.status(), failure.what(), "", failure.code())))) return;
-      }
-      if (request.include_usage) {
-        json usage = body(json::array());
-        usage["usage"] = openai_usage(generation.prompt_tokens(), generation.completion_tokens());
-        if (!exchange.write(sse_data(usage))) return;
-      }
-      exchange.write(kSseDone);
-      return;
-    }
-  });
+  TextGenerationRequest generation = generation_request(std::move(prompt), request.generation, "prompt", "max_tokens");
+  generation.logprobs = request.logprobs.has_value();
+  generation.top_logprobs = request.logprobs.value_or(0);
+  CompletionResponse response(request, options_.model_name, codec_);
+  run(exchange, arrival, "completions", std::move(generation), request.generation.stream, response);
 }
 
 void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
   const MessagesRequest request = parse_messages_request(parse_request_json(http_request.body), options_.model_name);
-  TextGeneration generation(
-      scheduler_, codec_,
+  MessagesResponse response(options_.model_name);
+  run(exchange, arrival, "messages",
       generation_request(chat_prompt(request.messages, request.prompt), request.generation, "messages", "max_tokens"),
-      metrics_, "messages", arrival, draining_.load());
-  const auto client_gone = [&] { return exchange.client_gone(); };
-  const std::string id = random_id("msg_");
-
-  if (!request.generation.stream) {
-    after_acceptance([&] {
-      const WholeGeneration whole = run_to_end(generation, client_gone);
-      respond_json(exchange, 200,
-                   {{"id", id},
-                    {"type", "message"},
-                    {"role", "assistant"},
-                    {"model", options_.model_name},
-                    {"content", json::array({{{"type", "text"}, {"text", whole.text}}})},
-                    {"stop_reason", anthropic_stop_reason(whole.last.finish_reason, whole.last.stop_sequence)},
-                    {"stop_sequence", whole.last.stop_sequence ? json(*whole.last.stop_sequence) : json()},
-                    {"usage", anthropic_usage(generation.prompt_tokens(), generation.completion_tokens())}});
-    });
-    return;
-  }
-
-  metrics_.count_response(200);
-  if (!exchange.start_stream(200, "text/event-stream", {})) return;
-  const json start = {{"type", "message_start"},
-                      {"message",
-                       {{"id", id},
-                        {"type", "message"},
-                        {"role", "assistant"},
-                        {"model", options_.model_name},
-                        {"content", json::array()},
-                        {"stop_reason", nullptr},
-                        {"stop_sequence", nullptr},
-                        {"usage", anthropic_usage(generation.prompt_tokens(), 0)}}}};
-  if (!exchange.write(sse_event("message_start", start) +
-                      sse_event("content_block_start", {{"type", "content_block_start"},
-                                                        {"index", 0},
-                                                        {"content_block", {{"type", "text"}, {"text", ""}}}}) +
-                      sse_event("ping", {{"type", "ping"}})))
-    return;
-  stream_until_end(exchange, Dialect::Anthropic, [&] {
-    for (;;) {
-      TextDelta delta = generation.next(client_gone);
-      if (!delta.text.empty() &&
-          !exchange.write(sse_event("content_block_delta",
-                                    {{"type", "content_block_delta"},
-                                     {"index", 0},
-                                     {"delta", {{"type", "text_delta"}, {"text", delta.text}}}})))
-        return;
-      if (!delta.finished) continue;
-      if (delta.finish_reason != "stop" && delta.finish_reason != "length") {
-        const ApiError failure = generation_failure(delta);
-        exchange.write(sse_event("error", anthropic_error_body(failure.status(), failure.what())));
-        return;
-      }
-      exchange.write(
-          sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
-          sse_event("message_delta",
-                    {{"type", "message_delta"},
-                     {"delta",
-                      {{"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
-                       {"stop_sequence", delta.stop_sequence ? json(*delta.stop_sequence) : json()}}},
-                     {"usage", {{"output_tokens", generation.completion_tokens()}}}}) +
-          sse_event("message_stop", {{"type", "message_stop"}}));
-      return;
-    }
-  });
+      request.generation.stream, response);
 }
 
 }  // namespace kiln::server

@@ -1,6 +1,8 @@
 // kiln's API server: OpenAI-compatible (/v1/chat/completions, /v1/completions, /v1/models) and
 // Anthropic-compatible (/v1/messages) endpoints, /health and /metrics, over the continuous-batching
-// scheduler. Each request's handler thread drives it; the scheduler batches them all.
+// scheduler. Each request's handler thread drives it; the scheduler batches them all. The server
+// only routes requests and runs their generations: each dialect (openai_api.h, anthropic_api.h)
+// parses its requests and writes its answers, whole and streamed.
 #pragma once
 
 #include <atomic>
@@ -8,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,13 +18,16 @@
 
 #include "engine/scheduler.h"
 #include "server/api_error.h"
+#include "server/generation_response.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/request_fields.h"
-#include "server/text_codec.h"
-#include "server/text_generation.h"
+#include "text/text_codec.h"
+#include "text/text_generation.h"
 
 namespace kiln::server {
+
+using Clock = std::chrono::steady_clock;
 
 struct ServerOptions {
   HttpServerOptions http;
@@ -62,14 +68,22 @@ class Server {
                               const std::string& code);
   void check_api_key(const HttpRequest& request) const;
   // Runs a streamed response's loop after its 200 went out. What the loop throws can no longer be a
-  // status, so the stream ends with an error event (OpenAI: an error chunk, then [DONE]; Anthropic:
-  // an `error` event) rather than stopping with neither a finish reason nor an error.
-  void stream_until_end(HttpExchange& exchange, Dialect dialect, const std::function<void()>& loop);
+  // status, so the stream ends with the dialect's error event (response.stream_failure) rather than
+  // stopping with neither a finish reason nor an error.
+  void stream_until_end(HttpExchange& exchange, const GenerationResponse& response, const std::function<void()>& loop);
 
   std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                            const std::string& prompt_param, const std::string& max_tokens_param) const;
 
+  // Submits a generation; the scheduler's refusals become what the client sees (429 when its queue
+  // is full, 503 while shutting down, else 400).
+  std::unique_ptr<TextGeneration> submit(TextGenerationRequest request, const std::string& endpoint,
+                                         Clock::time_point arrival);
+  // Submits a generation and answers it, whole or streamed, in the words of `response`'s dialect.
+  // `endpoint` labels the request in the metrics.
+  void run(HttpExchange& exchange, Clock::time_point arrival, const std::string& endpoint,
+           TextGenerationRequest request, bool stream, GenerationResponse& response);
   void chat_completions(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
   void completions(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
   void messages(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);

@@ -1,10 +1,10 @@
-#include "server/tokenizer_codec.h"
+#include "text/tokenizer_codec.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 
-namespace kiln::server {
+namespace kiln {
 
 namespace {
 
@@ -74,4 +74,4 @@ std::string TokenizerCodec::render_chat(const nlohmann::ordered_json& messages,
   return chat_template_->render(messages, template_options);
 }
 
-}  // namespace kiln::server
+}  // namespace kiln

@@ -1,5 +1,5 @@
-// What the server needs from a tokenizer and chat template: text → prompt ids, generated ids →
-// text as it streams, the text of single tokens (logprobs), and the ids that end generation.
+// What text generation needs from a tokenizer and chat template: text → prompt ids, generated ids
+// → text as it streams, the text of single tokens (logprobs), and the ids that end generation.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-namespace kiln::server {
+namespace kiln {
 
 struct ChatPromptOptions {
   bool add_generation_prompt = true;
@@ -43,4 +43,4 @@ class TextCodec {
   virtual std::vector<int32_t> stop_token_ids() const = 0;
 };
 
-}  // namespace kiln::server
+}  // namespace kiln

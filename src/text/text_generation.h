@@ -13,13 +13,11 @@
 #include <vector>
 
 #include "engine/scheduler.h"
-#include "server/metrics.h"
 #include "engine/stop_matcher.h"
-#include "server/text_codec.h"
+#include "text/generation_metrics.h"
+#include "text/text_codec.h"
 
-namespace kiln::server {
-
-using Clock = std::chrono::steady_clock;
+namespace kiln {
 
 struct TextGenerationRequest {
   std::vector<int32_t> prompt;
@@ -49,10 +47,13 @@ struct TextDelta {
 
 class TextGeneration {
  public:
-  // Submits the request. A full queue is a 429 ApiError, a stopping scheduler a 503, an invalid
-  // request a 400. `endpoint` labels the request in the metrics.
-  TextGeneration(Scheduler& scheduler, const TextCodec& codec, TextGenerationRequest request, ServerMetrics& metrics,
-                 std::string endpoint, Clock::time_point arrival, bool shutting_down);
+  using Clock = std::chrono::steady_clock;
+
+  // Submits the request: the scheduler's QueueFull when its queue is full, a kiln::Error when it
+  // refuses the request (invalid, or the scheduler stopping). `endpoint` labels the request in the
+  // metrics; `arrival` is when the request came, for its latencies.
+  TextGeneration(Scheduler& scheduler, const TextCodec& codec, TextGenerationRequest request,
+                 GenerationMetrics& metrics, std::string endpoint, Clock::time_point arrival);
   ~TextGeneration();  // cancels a generation that has not finished (its cache slot is freed)
   TextGeneration(const TextGeneration&) = delete;
   TextGeneration& operator=(const TextGeneration&) = delete;
@@ -72,7 +73,7 @@ class TextGeneration {
   bool absorb(const std::string& text, TextDelta& delta);
   TextDelta& finish(TextDelta& delta, std::string reason);
 
-  ServerMetrics& metrics_;
+  GenerationMetrics& metrics_;
   std::string endpoint_;
   bool logprobs_;
   size_t prompt_tokens_;
@@ -86,4 +87,4 @@ class TextGeneration {
   bool finished_ = false;
 };
 
-}  // namespace kiln::server
+}  // namespace kiln

@@ -1,29 +1,11 @@
-#include "server/text_generation.h"
+#include "text/text_generation.h"
 
 #include "core/error.h"
-#include "server/api_error.h"
 
-namespace kiln::server {
-
-namespace {
-
-std::shared_ptr<RequestStream> submit(Scheduler& scheduler, GenerationRequest request, bool shutting_down) {
-  try {
-    return scheduler.submit(std::move(request));
-  } catch (const QueueFull& error) {
-    throw ApiError(429, fmt::format("the server is busy: {}; retry later", error.what()), "", "queue_full");
-  } catch (const Error& error) {
-    // The scheduler refuses everything once it stops; the server knows it is shutting down.
-    if (shutting_down) throw ApiError(503, "the server is shutting down", "", "shutting_down");
-    throw ApiError(400, error.what());
-  }
-}
-
-}  // namespace
+namespace kiln {
 
 TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, TextGenerationRequest request,
-                               ServerMetrics& metrics, std::string endpoint, Clock::time_point arrival,
-                               bool shutting_down)
+                               GenerationMetrics& metrics, std::string endpoint, Clock::time_point arrival)
     : metrics_(metrics),
       endpoint_(std::move(endpoint)),
       logprobs_(request.logprobs),
@@ -38,7 +20,7 @@ TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, Tex
   generation.sampling = request.sampling;
   if (!request.ignore_eos) generation.stop_ids = codec.stop_token_ids();
   generation.top_logprobs = request.logprobs ? request.top_logprobs : 0;
-  stream_ = submit(scheduler, std::move(generation), shutting_down);
+  stream_ = scheduler.submit(std::move(generation));
 }
 
 TextGeneration::~TextGeneration() {
@@ -108,4 +90,4 @@ TextDelta TextGeneration::next(const std::function<bool()>& client_gone) {
   }
 }
 
-}  // namespace kiln::server
+}  // namespace kiln

@@ -1,4 +1,4 @@
-// The server's TextCodec bound to kiln's tokenizer (tokenizer/): a model directory's
+// The TextCodec bound to kiln's tokenizer (tokenizer/): a model directory's
 // tokenizer.json, its special tokens and end-of-generation ids, and its chat template (or one
 // given in place of it, e.g. for a model that ships none).
 #pragma once
@@ -8,11 +8,11 @@
 #include <optional>
 #include <string>
 
-#include "server/text_codec.h"
+#include "text/text_codec.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
-namespace kiln::server {
+namespace kiln {
 
 class TokenizerCodec final : public TextCodec {
  public:
@@ -37,4 +37,4 @@ class TokenizerCodec final : public TextCodec {
   std::string anchor_text_;
 };
 
-}  // namespace kiln::server
+}  // namespace kiln
