@@ -2,15 +2,12 @@
 // split of one input into two parts, and the rule for which exceptions are expected.
 #pragma once
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
-#include <functional>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -29,41 +26,6 @@ inline std::pair<std::string_view, std::string_view> split_at_nul(std::string_vi
   const size_t nul = input.find('\0');
   if (nul == std::string_view::npos) return {input, {}};
   return {input.substr(0, nul), input.substr(nul + 1)};
-}
-
-// Runs `work` on a thread with a 64 MiB stack and passes back its exception. kiln renders chat
-// templates on threads of 8 MiB, and ASan's frames are about six times larger than Release's
-// (tokenizer/jinja_limits.h measures both), so on the fuzzer's own 8 MiB stack a render within the
-// interpreter's depth limits could overflow here and nowhere else. A stack overflow on 64 MiB is a
-// finding: the limits do not bound the recursion.
-inline void on_large_stack(const std::function<void()>& work) {
-  struct Job {
-    const std::function<void()>* work;
-    std::exception_ptr error;
-  } job{&work, nullptr};
-  pthread_attr_t attributes;
-  pthread_attr_init(&attributes);
-  pthread_attr_setstacksize(&attributes, size_t{64} << 20);
-  pthread_t thread;
-  const int created = pthread_create(
-      &thread, &attributes,
-      [](void* argument) -> void* {
-        auto* job = static_cast<Job*>(argument);
-        try {
-          (*job->work)();
-        } catch (...) {
-          job->error = std::current_exception();
-        }
-        return nullptr;
-      },
-      &job);
-  pthread_attr_destroy(&attributes);
-  if (created != 0) {
-    std::fprintf(stderr, "fuzz: cannot start a thread (error %d)\n", created);
-    std::abort();  // not a finding in kiln
-  }
-  pthread_join(thread, nullptr);
-  if (job.error) std::rethrow_exception(job.error);
 }
 
 // A directory of this process's own (parallel workers of one target run side by side), under

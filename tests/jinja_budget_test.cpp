@@ -4,7 +4,6 @@
 // conversation still render. Deep inputs run on a thread with an 8 MiB stack, as the server's
 // connection threads have.
 #include <gtest/gtest.h>
-#include <pthread.h>
 #include <sys/resource.h>
 
 #include <ctime>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/thread_stack.h"
 #include "npm_reference.h"
 #include "test_support.h"
 #include "tokenizer/chat_template.h"
@@ -48,31 +48,7 @@ constexpr size_t kSanitizerStackScale = 1;
 // Runs `action` on a thread with a `stack_bytes` stack (scaled under sanitizers), passing back any
 // exception.
 void on_thread_with_stack(size_t stack_bytes, const std::function<void()>& action) {
-  stack_bytes *= kSanitizerStackScale;
-  struct Job {
-    const std::function<void()>* action;
-    std::exception_ptr error;
-  } job{&action, nullptr};
-  pthread_attr_t attributes;
-  pthread_attr_init(&attributes);
-  pthread_attr_setstacksize(&attributes, stack_bytes);
-  pthread_t thread;
-  const int created = pthread_create(
-      &thread, &attributes,
-      [](void* argument) -> void* {
-        auto* job = static_cast<Job*>(argument);
-        try {
-          (*job->action)();
-        } catch (...) {
-          job->error = std::current_exception();
-        }
-        return nullptr;
-      },
-      &job);
-  pthread_attr_destroy(&attributes);
-  ASSERT_EQ(created, 0);
-  pthread_join(thread, nullptr);
-  if (job.error) std::rethrow_exception(job.error);
+  kiln::run_with_stack(stack_bytes * kSanitizerStackScale, action);
 }
 
 std::string render(const std::string& source, const ordered_json& variables = ordered_json::object(),
