@@ -21,6 +21,7 @@
 #include "test_support.h"
 #include "tokenizer/jinja_template.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace {
 
@@ -273,6 +274,20 @@ TEST(ChatTemplateJinja, ErrorsNameTheTemplateLine) {
   expect_render_error("{{ [1]|tojson(indent='x') }}", {"tojson indent must be an integer"});
   expect_render_error("{% for x in [1] recursive %}{% endfor %}", {"recursive loops are not supported"});
   expect_render_error("{% break %}", {"break or continue outside a loop"});
+  // Found by fuzz/jinja_fuzz: the string functions decoded a UTF-8 sequence the template cut short
+  // past the end of the string. Templates are text, checked as they are read.
+  expect_render_error("{{ 'a\xE2\x82' }}", {"test template", "not valid UTF-8 (at byte 5)"});
+  expect_render_error("{{ 'ok' }}\xFF", {"not valid UTF-8 (at byte 10)"});
+}
+
+TEST(ChatTemplateJinja, DecodingNeverReadsPastTheText) {
+  // "a" then the first two bytes of the three-byte "€": each cut byte comes back as itself.
+  const std::string text = "a\xE2\x82";
+  size_t offset = 1;
+  EXPECT_EQ(kiln::unicode::next_code_point(std::string_view(text), offset), char32_t{0xE2});
+  EXPECT_EQ(offset, 2u);
+  EXPECT_EQ(kiln::unicode::next_code_point(std::string_view(text), offset), char32_t{0x82});
+  EXPECT_EQ(offset, 3u);
 }
 
 TEST(ChatTemplateJinja, StrftimeNowFormatsTheLocalTime) {

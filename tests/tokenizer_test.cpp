@@ -383,6 +383,18 @@ TEST(TokenizerErrors, TokenIdsAreReportedAsWrittenAndCheckedAgainstTheModel) {
   expect_error([&] { Tokenizer::load(dir.path()); }, {"generation_config.json", "eos_token_id", "token id 4000000000"});
   fs::remove(dir.path() / "generation_config.json");
 
+  // Found by fuzz/tokenizer_fuzz: one id far past the others made kiln allocate a table for all the
+  // ids below it (4 GB for 130 million). Ids at or past kMaxTokenIds (4,194,304) are refused.
+  json sparse = sentencepiece_tokenizer();
+  sparse["model"]["vocab"]["far"] = 130000000;
+  expect_error([&] { Tokenizer::load(write_tokenizer(dir, sparse)); },
+               {"tokenizer.json", "model.vocab[\"far\"]", "from 0 to 4194303, not 130000000"});
+  json largest = sentencepiece_tokenizer();
+  largest["added_tokens"].push_back({{"id", 2147483647}, {"content", "<last>"}, {"special", true}});
+  expect_error([&] { Tokenizer::load(write_tokenizer(dir, largest)); },
+               {"tokenizer.json: added_tokens[3]", "token id 2147483647 is not an integer from 0 to 4194303"});
+  write_tokenizer(dir, sentencepiece_tokenizer());
+
   // 267 ids (0 to 266): a model with fewer logit rows has no logits for the last ones.
   const Tokenizer tokenizer = Tokenizer::load(dir.path());
   tokenizer.check_fits_model(267);

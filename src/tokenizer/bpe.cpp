@@ -182,8 +182,9 @@ BpeModel BpeModel::from_json(const nlohmann::json& model, bool byte_level, const
   bpe.vocab_.reserve(vocab.size());
   int32_t limit = 0;
   for (const auto& [token, id_json] : vocab.items()) {
-    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() > INT32_MAX)
-      fail("{}: model.vocab[\"{}\"] must be a non-negative integer id", where, token);
+    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() >= kMaxTokenIds)
+      fail("{}: model.vocab[\"{}\"] must be an integer id from 0 to {}, not {}", where, token, kMaxTokenIds - 1,
+           id_json.dump());
     const auto id = id_json.get<int32_t>();
     bpe.vocab_[token] = id;
     limit = std::max(limit, id + 1);

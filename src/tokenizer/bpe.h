@@ -18,6 +18,12 @@
 
 namespace kiln {
 
+// Token ids index dense tables (the vocabulary's, the special-token flags, the model's embedding
+// rows), so kiln refuses ids at or past this bound instead of allocating for them: a tokenizer.json
+// holding one id of two billion would otherwise take gigabytes. The largest vocabularies published
+// hold 262,144 tokens (Gemma 3); this leaves sixteen times that.
+inline constexpr int32_t kMaxTokenIds = int32_t{1} << 22;
+
 // Hash for string-keyed maps looked up by std::string_view without a copy.
 struct StringHash {
   using is_transparent = void;

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_template.h"
+#include "tokenizer/unicode.h"
 
 namespace kiln::jinja {
 
@@ -351,6 +352,10 @@ class Renderer {
 
 Template::Template(std::string_view source, std::string origin, Limits limits)
     : origin_(std::make_shared<const std::string>(std::move(origin))), limits_(limits) {
+  // Templates are text (transformers reads them as Python str); the interpreter's string
+  // functions decode UTF-8 and rely on it being well formed.
+  if (const size_t invalid = unicode::find_invalid_utf8(source); invalid != std::string_view::npos)
+    fail("{}: the template is not valid UTF-8 (at byte {})", *origin_, invalid);
   try {
     body_ = std::make_shared<const Body>(parse_template(source, *origin_, limits_.parse_depth));
   } catch (const std::bad_alloc&) {

@@ -114,13 +114,13 @@ std::string read_text(const fs::path& path) {
   return buffer.str();
 }
 
-// A token id written in a JSON file, checked before it is narrowed: narrowing first would report an
-// id of 4000000000 as -294967296.
+// A token id written in a JSON file, checked before it is narrowed (narrowing first would report an
+// id of 4000000000 as -294967296) and against kMaxTokenIds (bpe.h).
 int32_t checked_token_id(const json& value, const std::string& where) {
-  const bool in_range = value.is_number_unsigned()  ? value.get<uint64_t>() <= INT32_MAX
-                        : value.is_number_integer() ? value.get<int64_t>() >= 0 && value.get<int64_t>() <= INT32_MAX
+  const bool in_range = value.is_number_unsigned()  ? value.get<uint64_t>() < kMaxTokenIds
+                        : value.is_number_integer() ? value.get<int64_t>() >= 0 && value.get<int64_t>() < kMaxTokenIds
                                                     : false;
-  if (!in_range) fail("{}: token id {} is not an integer from 0 to {}", where, value.dump(), INT32_MAX);
+  if (!in_range) fail("{}: token id {} is not an integer from 0 to {}", where, value.dump(), kMaxTokenIds - 1);
   return value.get<int32_t>();
 }
 

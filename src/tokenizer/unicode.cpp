@@ -78,7 +78,8 @@ size_t find_invalid_utf8(std::string_view text) {
 char32_t next_code_point(std::string_view text, size_t& offset) {
   const auto lead = static_cast<unsigned char>(text[offset]);
   const int length = utf8_sequence_length(lead);
-  if (length <= 1) {
+  // A sequence the text cuts short is read as its lead byte: never past the end, whatever the input.
+  if (length <= 1 || offset + static_cast<size_t>(length) > text.size()) {
     ++offset;
     return lead;
   }

@@ -18,7 +18,9 @@ int utf8_sequence_length(unsigned char lead);
 // Byte offset of the first ill-formed UTF-8 sequence in text, or std::string_view::npos.
 size_t find_invalid_utf8(std::string_view text);
 
-// Decodes the code point at `offset` of well-formed UTF-8 and advances `offset` past it.
+// Decodes the code point at `offset` of well-formed UTF-8 and advances `offset` past it. On other
+// bytes it still stays inside `text`: a byte that starts no sequence, or one the text cuts short,
+// is returned as itself and skipped.
 char32_t next_code_point(std::string_view text, size_t& offset);
 
 void append_utf8(std::string& out, char32_t code_point);
