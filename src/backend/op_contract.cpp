@@ -51,12 +51,11 @@ void require_shape(const OpContext& context, std::string_view op, const Tensor& 
 void require_same_numel(const OpContext& context, std::string_view op, const Tensor& a, std::string_view a_name,
                         const Tensor& b, std::string_view b_name) {
   if (a.numel() != b.numel())
-    fail("{} {}: {} {} and {} {} differ in element count", context.backend, op, a_name, shape_string(a.shape()),
-         b_name, shape_string(b.shape()));
+    fail("{} {}: {} {} and {} {} differ in element count", context.backend, op, a_name, shape_string(a.shape()), b_name,
+         shape_string(b.shape()));
 }
 
-void require_layout_tokens(const OpContext& context, std::string_view op, const BatchLayout& layout,
-                           int64_t tokens) {
+void require_layout_tokens(const OpContext& context, std::string_view op, const BatchLayout& layout, int64_t tokens) {
   if (layout.total_tokens != tokens)
     fail("{} {}: the inputs have {} tokens, but the layout has {}", context.backend, op, tokens, layout.total_tokens);
 }
@@ -138,8 +137,8 @@ NormDims check_rms_norm(const OpContext& context, const Tensor& x, const Tensor&
   return {x.numel() / width, width};
 }
 
-NormDims check_add_rms_norm(const OpContext& context, const Tensor& residual, const Tensor& delta,
-                            const Tensor& weight, const Tensor& out) {
+NormDims check_add_rms_norm(const OpContext& context, const Tensor& residual, const Tensor& delta, const Tensor& weight,
+                            const Tensor& out) {
   constexpr std::string_view op = "add_rms_norm";
   require_stream(context, op, residual, "residual");
   const int64_t width = check_norm_weight(context, op, residual, weight);
@@ -179,8 +178,7 @@ GatherDims check_gather_rows(const OpContext& context, const Tensor& x, const Te
   const int64_t available = x.dim(0);
   const int64_t row_elements = available ? x.numel() / available : 0;
   require_dtype(context, op, rows, DType::I32, "rows");
-  if (rows.ndim() != 1)
-    fail("{} {}: rows has shape {}, expected [R]", context.backend, op, shape_string(rows.shape()));
+  if (rows.ndim() != 1) fail("{} {}: rows has shape {}, expected [R]", context.backend, op, shape_string(rows.shape()));
   require_dtype(context, op, out, x.dtype(), "out");
   // The CPU required out [R, ...]; CUDA only R rows' elements.
   if (out.ndim() < 1 || out.dim(0) != rows.dim(0) || out.numel() != rows.dim(0) * row_elements)
@@ -196,8 +194,7 @@ RopeDims check_rope(const OpContext& context, std::string_view op, std::string_v
     fail("{} {}: {} has shape {}, expected [T, heads, head_dim]", context.backend, op, name, shape_string(x.shape()));
   const RopeDims dims{x.dim(0), x.dim(1), x.dim(2)};
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > dims.head_dim)
-    fail("{} {}: rotary_dim {} must be even and in (0, head_dim = {}]", context.backend, op, rotary_dim,
-         dims.head_dim);
+    fail("{} {}: rotary_dim {} must be even and in (0, head_dim = {}]", context.backend, op, rotary_dim, dims.head_dim);
   require_dtype(context, op, positions, DType::I32, "positions");
   // The CPU required positions [T] and inv_freq [rotary_dim / 2]; CUDA only their element counts.
   require_shape(context, op, positions, {dims.tokens}, "positions");
@@ -232,8 +229,8 @@ void check_cache_layout(const OpContext& context, std::string_view op, const Bat
       fail("{} {}: span {} starts at position {}", context.backend, op, index, span.first_position);
     const int64_t last_position = int64_t{span.first_position} + span.tokens - 1;
     if (last_position >= cache.capacity)
-      fail("{} {}: span {} reaches position {}, but the cache holds {} positions per slot", context.backend, op,
-           index, last_position, cache.capacity);
+      fail("{} {}: span {} reaches position {}, but the cache holds {} positions per slot", context.backend, op, index,
+           last_position, cache.capacity);
   }
 }
 
@@ -341,16 +338,16 @@ PrepareQkvDims check_gated_delta_prepare_qkv(const OpContext& context, const Ten
   require_dtype(context, op, k, DType::F32, "k");
   require_dtype(context, op, v, DType::F32, "v");
   if (q.ndim() != 3 || v.ndim() != 3)
-    fail("{} {}: q must be [T, key_heads, key_dim] and v [T, value_heads, value_dim], got {} and {}",
-         context.backend, op, shape_string(q.shape()), shape_string(v.shape()));
+    fail("{} {}: q must be [T, key_heads, key_dim] and v [T, value_heads, value_dim], got {} and {}", context.backend,
+         op, shape_string(q.shape()), shape_string(v.shape()));
   const PrepareQkvDims dims{q.dim(0), q.dim(1), q.dim(2), v.dim(1), v.dim(2)};
   if (dims.key_heads <= 0 || dims.key_dim <= 0 || dims.value_heads <= 0 || dims.value_dim <= 0)
-    fail("{} {}: head counts and dims must be positive (key {}x{}, value {}x{})", context.backend, op,
-         dims.key_heads, dims.key_dim, dims.value_heads, dims.value_dim);
+    fail("{} {}: head counts and dims must be positive (key {}x{}, value {}x{})", context.backend, op, dims.key_heads,
+         dims.key_dim, dims.value_heads, dims.value_dim);
   require_shape(context, op, k, q.shape(), "k");
   require_shape(context, op, v, {dims.tokens, dims.value_heads, dims.value_dim}, "v");
-  require_shape(context, op, qkv,
-                {dims.tokens, 2 * dims.key_heads * dims.key_dim + dims.value_heads * dims.value_dim}, "qkv");
+  require_shape(context, op, qkv, {dims.tokens, 2 * dims.key_heads * dims.key_dim + dims.value_heads * dims.value_dim},
+                "qkv");
   return dims;
 }
 
@@ -440,8 +437,8 @@ void check_feed_tokens(const OpContext& context, const Tensor& previous, const T
   require_dtype(context, op, feed, DType::I32, "feed");
   require_dtype(context, op, token_ids, DType::I32, "token_ids");
   if (feed.numel() != token_ids.numel())
-    fail("{} {}: feed {} and token_ids {} must have one entry per row", context.backend, op,
-         shape_string(feed.shape()), shape_string(token_ids.shape()));
+    fail("{} {}: feed {} and token_ids {} must have one entry per row", context.backend, op, shape_string(feed.shape()),
+         shape_string(token_ids.shape()));
 }
 
 }  // namespace kiln

@@ -54,8 +54,8 @@ struct NormDims {
 // (in place only when x is in the activation dtype too).
 NormDims check_rms_norm(const OpContext& context, const Tensor& x, const Tensor& weight, const Tensor& out);
 // rms_norm's rules on (residual, weight, out), and delta like residual in dtype and elements.
-NormDims check_add_rms_norm(const OpContext& context, const Tensor& residual, const Tensor& delta,
-                            const Tensor& weight, const Tensor& out);
+NormDims check_add_rms_norm(const OpContext& context, const Tensor& residual, const Tensor& delta, const Tensor& weight,
+                            const Tensor& out);
 
 // a and b activations of as many elements.
 int64_t check_add(const OpContext& context, const Tensor& a, const Tensor& b);

@@ -28,7 +28,9 @@ std::vector<Tensor> upload_inputs(Backend& backend, const std::vector<Input>& in
         uploaded.push_back(backend.upload(backend.activation_dtype() == DType::F32 ? as_f32(stored) : stored));
         break;
       }
-      case Role::Weight: uploaded.push_back(backend.upload(f32_as(input.values, weights))); break;
+      case Role::Weight:
+        uploaded.push_back(backend.upload(f32_as(input.values, weights)));
+        break;
       case Role::Index:
       case Role::Float32: {
         // A copy: the CPU's upload shares the host tensor, and ops write into their inputs.

@@ -63,7 +63,7 @@ struct OpCase {
   std::vector<Input> inputs;
   OpRun run;
   std::vector<DType> f32_weight_dtypes{DType::F32};  // weight dtypes tried with F32 activations
-  bool bf16 = true;  // whether the CUDA BF16 tensor-core path takes this case
+  bool bf16 = true;                                  // whether the CUDA BF16 tensor-core path takes this case
   double f32_tolerance = kF32Tolerance;
   bool same_bits_on_every_cpu = true;  // false: the CPU instruction sets are held to f32_tolerance
   ExactCheck exact;                    // or empty
