@@ -1,9 +1,9 @@
-// CPU backend ops against double-precision references, over a table of shapes (odd sizes, GQA
-// ratios, head sizes), on every instruction set this CPU runs; plus the invariance contract:
-// a row's result is bit-identical alone or inside a larger batch, and for 1, 2 or 3 threads.
+// What only the CPU backend has: the invariance contract on its threads (a row's result is
+// bit-identical alone or inside a larger batch, and for 1, 2 or 3 threads), the default fused ops,
+// the errors of its host-side checks, its batch layouts and its memory. Its ops against exact
+// arithmetic, on every instruction set, are cases of the op table (tests/backend_ops_test.cpp).
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -56,14 +56,6 @@ Tensor random_weight(const Shape& shape, DType dtype, uint32_t seed, float low =
   return tensor;
 }
 
-double weight_value(const Tensor& weight, int64_t index) {
-  switch (weight.dtype()) {
-    case DType::BF16: return bf16_to_f32(weight.data<uint16_t>()[index]);
-    case DType::F16: return f16_to_f32(weight.data<uint16_t>()[index]);
-    default: return weight.data<float>()[index];
-  }
-}
-
 Tensor i32_tensor(const std::vector<int32_t>& values) {
   Tensor tensor = Tensor::empty({static_cast<int64_t>(values.size())}, DType::I32);
   std::copy(values.begin(), values.end(), tensor.data<int32_t>());
@@ -78,52 +70,10 @@ bool same_bits(const float* a, const float* b, int64_t count) {
   return std::memcmp(a, b, static_cast<size_t>(count) * sizeof(float)) == 0;
 }
 
-constexpr double kUnitRoundoff = 1.0 / (1 << 24);  // f32 rounding to nearest: relative error ≤ 2^-24
-
 std::string isa_label(CpuIsa isa) { return std::string(cpu::isa_name(isa)); }
 
 // ---------------------------------------------------------------------------------------------
 // matmul
-
-struct MatmulCase {
-  int64_t rows, k, n;
-  bool bias;
-};
-
-const std::vector<MatmulCase> kMatmulCases = {
-    {1, 17, 3, false},   {5, 67, 130, true},  {64, 1000, 1, false}, {65, 64, 33, true},
-    {3, 32, 7, false},   {1, 1000, 130, true}, {7, 16, 13, false},  {2, 1, 5, true},
-};
-
-TEST(CpuMatmul, MatchesDoubleReferenceForEveryWeightDtype) {
-  for (CpuIsa isa : supported_isas()) {
-    auto backend = cpu::make_cpu_backend(isa);
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-      for (const MatmulCase& c : kMatmulCases) {
-        SCOPED_TRACE(isa_label(isa) + " " + std::string(dtype_name(dtype)) + " T=" + std::to_string(c.rows) +
-                     " K=" + std::to_string(c.k) + " N=" + std::to_string(c.n));
-        const Tensor x = random_f32({c.rows, c.k}, 1);
-        const Tensor w = random_weight({c.n, c.k}, dtype, 2);
-        const Tensor bias = random_weight({c.n}, dtype, 3);
-        Tensor out = Tensor::empty({c.rows, c.n}, DType::F32);
-        backend->matmul(x, w, c.bias ? &bias : nullptr, out);
-        for (int64_t t = 0; t < c.rows; ++t)
-          for (int64_t n = 0; n < c.n; ++n) {
-            double exact = c.bias ? weight_value(bias, n) : 0.0;
-            double magnitude = std::abs(exact);
-            for (int64_t k = 0; k < c.k; ++k) {
-              const double product = double(x.data<float>()[t * c.k + k]) * weight_value(w, n * c.k + k);
-              exact += product;
-              magnitude += std::abs(product);
-            }
-            // The classic bound for a sum of K + 1 f32 terms, whatever the order: (K + 2)·u·Σ|terms|.
-            const double bound = double(c.k + 2) * kUnitRoundoff * magnitude;
-            ASSERT_LE(std::abs(out.data<float>()[t * c.n + n] - exact), bound) << "t=" << t << " n=" << n;
-          }
-      }
-    }
-  }
-}
 
 TEST(CpuMatmul, RowsAreBitIdenticalAloneInABatchAndForAnyThreadCount) {
   const int64_t rows = 65, k = 1000, n = 130;
@@ -211,42 +161,6 @@ TEST(CpuMatmul, GroupEqualsOneMatmulPerProductAndRejectsTooManyProducts) {
 // ---------------------------------------------------------------------------------------------
 // rms_norm / add_rms_norm
 
-TEST(CpuNorm, MatchesDoubleReferenceInBothStyles) {
-  auto backend = make_cpu_backend();
-  struct NormCase {
-    Shape shape;
-    int64_t width;
-  };
-  for (const NormCase& c : {NormCase{{5, 67}, 67}, NormCase{{3, 4, 16}, 16}, NormCase{{65, 1000}, 1000},
-                            NormCase{{1, 8}, 8}, NormCase{{2, 3, 128}, 128}}) {
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-      for (NormStyle style : {NormStyle::Plain, NormStyle::ZeroCentred}) {
-        SCOPED_TRACE(shape_string(c.shape) + " " + std::string(dtype_name(dtype)) +
-                     (style == NormStyle::Plain ? " plain" : " zero-centred"));
-        const Tensor x = random_f32(c.shape, 11, -3.0f, 3.0f);
-        const Tensor weight = random_weight({c.width}, dtype, 12, -0.5f, 1.5f);
-        const float eps = 1e-6f;
-        Tensor out = Tensor::empty(c.shape, DType::F32);
-        backend->rms_norm(x, weight, eps, style, out);
-        for (int64_t row = 0; row < x.numel() / c.width; ++row) {
-          const float* in = x.data<float>() + row * c.width;
-          double squares = 0;
-          for (int64_t i = 0; i < c.width; ++i) squares += double(in[i]) * in[i];
-          const double inverse_rms = 1.0 / std::sqrt(squares / c.width + eps);
-          for (int64_t i = 0; i < c.width; ++i) {
-            // The gain 1 + w is itself an f32 sum, so the reference rounds it as the contract says.
-            const double gain = style == NormStyle::Plain ? weight_value(weight, i)
-                                                          : double(1.0f + float(weight_value(weight, i)));
-            const double exact = gain * in[i] * inverse_rms;
-            const double bound = double(c.width + 8) * kUnitRoundoff * std::abs(exact) + 1e-30;
-            ASSERT_LE(std::abs(out.data<float>()[row * c.width + i] - exact), bound) << "row " << row << " i " << i;
-          }
-        }
-      }
-    }
-  }
-}
-
 TEST(CpuNorm, AddRmsNormEqualsAddThenNormBitForBit) {
   auto backend = make_cpu_backend();
   const Tensor x = random_f32({9, 100}, 13);
@@ -297,52 +211,7 @@ TEST(CpuNorm, WorksInPlaceAndRejectsAWrongWidth) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// rope, swiglu, add, embedding, gather_rows
-
-std::vector<float> inverse_frequencies(int rotary_dim, double theta) {
-  std::vector<float> frequencies(static_cast<size_t>(rotary_dim / 2));
-  for (int j = 0; j < rotary_dim / 2; ++j)
-    frequencies[j] = static_cast<float>(1.0 / std::pow(theta, 2.0 * j / rotary_dim));
-  return frequencies;
-}
-
-TEST(CpuRope, RotatesHalvesByTheF32AngleAndLeavesTheRestAlone) {
-  auto backend = make_cpu_backend();
-  struct RopeCase {
-    int64_t tokens, heads, head_dim;
-    int rotary_dim;
-    double theta;
-  };
-  for (const RopeCase& c : {RopeCase{5, 3, 64, 64, 10000.0}, RopeCase{4, 2, 128, 32, 1e6}, RopeCase{3, 1, 8, 8, 500000.0},
-                            RopeCase{2, 4, 16, 4, 10000.0}}) {
-    SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " rotary " + std::to_string(c.rotary_dim));
-    const Tensor original = random_f32({c.tokens, c.heads, c.head_dim}, 21);
-    Tensor x = backend->download(original);
-    const std::vector<int32_t> position_values = {0, 1, 17, 4095, 131071};
-    const Tensor positions = i32_tensor(std::vector<int32_t>(position_values.begin(), position_values.begin() + c.tokens));
-    const std::vector<float> frequencies = inverse_frequencies(c.rotary_dim, c.theta);
-    Tensor inv_freq = Tensor::empty({c.rotary_dim / 2}, DType::F32);
-    std::copy(frequencies.begin(), frequencies.end(), inv_freq.data<float>());
-    backend->rope(x, positions, inv_freq, c.rotary_dim);
-    const int64_t half = c.rotary_dim / 2;
-    for (int64_t t = 0; t < c.tokens; ++t)
-      for (int64_t h = 0; h < c.heads; ++h) {
-        const float* in = original.data<float>() + (t * c.heads + h) * c.head_dim;
-        const float* got = x.data<float>() + (t * c.heads + h) * c.head_dim;
-        for (int64_t j = 0; j < half; ++j) {
-          const float angle = float(position_values[t]) * frequencies[j];
-          const double cosine = std::cos(double(angle)), sine = std::sin(double(angle));
-          const double first = in[j] * cosine - in[j + half] * sine;
-          const double second = in[j + half] * cosine + in[j] * sine;
-          // cos/sin within an ulp (2u relative) of the f32 angle's, then a multiply each and a sum.
-          const double bound = 6 * kUnitRoundoff * (std::abs(in[j]) + std::abs(in[j + half]));
-          ASSERT_LE(std::abs(got[j] - first), bound) << "t " << t << " j " << j;
-          ASSERT_LE(std::abs(got[j + half] - second), bound) << "t " << t << " j " << j;
-        }
-        EXPECT_TRUE(same_bits(in + c.rotary_dim, got + c.rotary_dim, c.head_dim - c.rotary_dim));
-      }
-  }
-}
+// rope, swiglu, embedding, gather_rows
 
 TEST(CpuRope, RejectsAnOddRotaryDim) {
   auto backend = make_cpu_backend();
@@ -351,38 +220,16 @@ TEST(CpuRope, RejectsAnOddRotaryDim) {
   EXPECT_THROW(backend->rope(x, i32_tensor({0}), inv_freq, 7), Error);
 }
 
-TEST(CpuElementwise, SwigluAndAddMatchTheirFormulas) {
+TEST(CpuElementwise, SwigluRejectsInputsOfOtherSizes) {
   auto backend = make_cpu_backend();
   const Tensor gate = random_f32({7, 133}, 24, -100.0f, 100.0f);
-  const Tensor up = random_f32({7, 133}, 25, -2.0f, 2.0f);
   Tensor out = Tensor::empty({7, 133}, DType::F32);
-  backend->swiglu(gate, up, out);
-  for (int64_t i = 0; i < gate.numel(); ++i) {
-    const double g = gate.data<float>()[i];
-    const double exact = g / (1.0 + std::exp(-g)) * up.data<float>()[i];
-    // expf within an ulp, then an add, a divide and a multiply; e^-g overflows for g < -88.72,
-    // where f32 gives 0 and the exact |g·u| / (1 + e^-g) is below 88.8 · 2 / FLT_MAX < 1e-36.
-    ASSERT_LE(std::abs(out.data<float>()[i] - exact), 8 * kUnitRoundoff * std::abs(exact) + 1e-36) << i;
-  }
-  Tensor sum = backend->download(gate);
-  backend->add(sum, up);
-  for (int64_t i = 0; i < gate.numel(); ++i)
-    ASSERT_EQ(sum.data<float>()[i], gate.data<float>()[i] + up.data<float>()[i]) << i;
   Tensor short_up = random_f32({7, 132}, 26);
   EXPECT_THROW(backend->swiglu(gate, short_up, out), Error);
 }
 
-TEST(CpuEmbedding, WidensTableRowsExactlyAndNamesABadId) {
+TEST(CpuEmbedding, NamesABadId) {
   auto backend = make_cpu_backend();
-  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-    const Tensor table = random_weight({11, 37}, dtype, 27);
-    const std::vector<int32_t> ids = {3, 0, 10, 3};
-    Tensor out = Tensor::empty({4, 37}, DType::F32);
-    backend->embedding(table, i32_tensor(ids), out);
-    for (int64_t t = 0; t < 4; ++t)
-      for (int64_t i = 0; i < 37; ++i)
-        ASSERT_EQ(out.data<float>()[t * 37 + i], float(weight_value(table, ids[t] * 37 + i)));
-  }
   const Tensor table = random_weight({11, 37}, DType::BF16, 28);
   Tensor out = Tensor::empty({2, 37}, DType::F32);
   for (int32_t bad : {11, -1}) {
@@ -397,14 +244,10 @@ TEST(CpuEmbedding, WidensTableRowsExactlyAndNamesABadId) {
   }
 }
 
-TEST(CpuGatherRows, CopiesTheListedRowsAndRejectsOthers) {
+TEST(CpuGatherRows, RejectsARowOutsideX) {
   auto backend = make_cpu_backend();
   const Tensor x = random_f32({6, 5}, 29);
   Tensor out = Tensor::empty({3, 5}, DType::F32);
-  backend->gather_rows(x, i32_tensor({5, 0, 5}), out);
-  EXPECT_TRUE(same_bits(out.data<float>(), x.data<float>() + 25, 5));
-  EXPECT_TRUE(same_bits(out.data<float>() + 5, x.data<float>(), 5));
-  EXPECT_TRUE(same_bits(out.data<float>() + 10, x.data<float>() + 25, 5));
   EXPECT_THROW(backend->gather_rows(x, i32_tensor({0, 6, 1}), out), Error);
 }
 
@@ -484,70 +327,6 @@ Tensor run_attention(Backend& backend, const AttentionShape& shape, const std::v
 // GQA ratios 1, 2, 3, 4, 5, 8; head sizes with and without a remainder of 16 lanes.
 const std::vector<AttentionShape> kAttentionShapes = {{4, 4, 8},  {4, 2, 16}, {8, 2, 64}, {4, 1, 128},
                                                       {6, 2, 24}, {10, 2, 40}, {8, 1, 80}};
-
-TEST(CpuAttention, MatchesDoubleReferenceWithTheSameBitsOnEveryInstructionSet) {
-  for (const AttentionShape& shape : kAttentionShapes) {
-    SCOPED_TRACE("heads " + std::to_string(shape.heads) + " kv " + std::to_string(shape.kv_heads) + " dh " +
-                 std::to_string(shape.head_dim));
-    const std::vector<Sequence> sequences = {{1, 70}, {0, 3}};
-    std::vector<Tensor> q, k, v;
-    for (size_t s = 0; s < sequences.size(); ++s) {
-      q.push_back(random_f32({sequences[s].length, shape.heads, shape.head_dim}, 30 + s, -2.0f, 2.0f));
-      k.push_back(random_f32({sequences[s].length, shape.kv_heads, shape.head_dim}, 40 + s, -2.0f, 2.0f));
-      v.push_back(random_f32({sequences[s].length, shape.kv_heads, shape.head_dim}, 50 + s));
-    }
-    // attention_kernels.h: SIMD changes the speed, not the bits.
-    Tensor out;
-    for (CpuIsa isa : supported_isas()) {
-      auto backend = cpu::make_cpu_backend(isa);
-      Tensor k_cache = Tensor::zeros({2, 80, shape.kv_heads, shape.head_dim}, DType::F32);
-      Tensor v_cache = Tensor::zeros({2, 80, shape.kv_heads, shape.head_dim}, DType::F32);
-      const Tensor isa_out = run_attention(*backend, shape, sequences, q, k, v, k_cache, v_cache);
-      if (out.defined())
-        EXPECT_TRUE(same_bits(out, isa_out)) << isa_label(isa) << " differs from " << isa_label(supported_isas()[0]);
-      else
-        out = isa_out;
-    }
-    const double scale = 1.0 / std::sqrt(double(shape.head_dim));
-    const int64_t group = shape.heads / shape.kv_heads;
-    int64_t row = 0;
-    for (size_t s = 0; s < sequences.size(); ++s)
-      for (int64_t t = 0; t < sequences[s].length; ++t, ++row)
-        for (int64_t h = 0; h < shape.heads; ++h) {
-          const float* query = q[s].data<float>() + (t * shape.heads + h) * shape.head_dim;
-          std::vector<double> scores(static_cast<size_t>(t + 1));
-          double max_score = -INFINITY;
-          double score_error = 0;  // a bound on any f32 score's error: its dot's, its scaling's
-          for (int64_t j = 0; j <= t; ++j) {
-            const float* key = k[s].data<float>() + (j * shape.kv_heads + h / group) * shape.head_dim;
-            double dot = 0, dot_magnitude = 0;
-            for (int64_t d = 0; d < shape.head_dim; ++d) {
-              dot += double(query[d]) * key[d];
-              dot_magnitude += std::abs(double(query[d]) * key[d]);
-            }
-            scores[j] = scale * dot;
-            max_score = std::max(max_score, scores[j]);
-            score_error = std::max(score_error, double(shape.head_dim + 2) * kUnitRoundoff * scale * dot_magnitude +
-                                                    2 * kUnitRoundoff * std::abs(scores[j]));
-          }
-          double total = 0;
-          for (double& score : scores) total += (score = std::exp(score - max_score));
-          for (int64_t d = 0; d < shape.head_dim; ++d) {
-            double exact = 0, magnitude = 0;
-            for (int64_t j = 0; j <= t; ++j) {
-              const double value = v[s].data<float>()[(j * shape.kv_heads + h / group) * shape.head_dim + d];
-              exact += scores[j] / total * value;
-              magnitude += scores[j] / total * std::abs(value);
-            }
-            // A weight e^(s_j - max) moves by ≤ 2·score_error relatively (plus expf's ulp), the
-            // normalisation doubles that, and the sums over keys add ≤ (keys + 4)·u.
-            const double bound = (4 * score_error + double(t + 12) * kUnitRoundoff) * magnitude;
-            const float got = out.data<float>()[(row * shape.heads + h) * shape.head_dim + d];
-            ASSERT_LE(std::abs(got - exact), bound) << "seq " << s << " t " << t << " h " << h << " d " << d;
-          }
-        }
-  }
-}
 
 TEST(CpuAttention, ASequenceGivesTheSameBitsAloneInABatchOneTokenAtATimeAndOnAnyThreads) {
   auto backend = make_cpu_backend();

@@ -353,10 +353,10 @@ TEST(GatedDeltaConv, SpanErrorsNameTheOpAndTheSpan) {
     return "no error";
   };
   EXPECT_EQ(message_of({{0, 2, 3, 0}}),
-            "causal_conv1d_silu: span (slot 0, first_token 2, tokens 3, first_position 0) lies outside the 4 tokens "
-            "of the batch");
-  EXPECT_EQ(message_of({{2, 0, 4, 0}}), "causal_conv1d_silu: span slot 2 is outside the 2 slots of the state");
-  EXPECT_EQ(message_of({{1, 0, 2, 0}, {1, 2, 2, 0}}), "causal_conv1d_silu: two spans of one batch use slot 1");
+            "cpu causal_conv1d_silu: span (slot 0, first_token 2, tokens 3, first_position 0) lies outside the 4 "
+            "tokens of the batch");
+  EXPECT_EQ(message_of({{2, 0, 4, 0}}), "cpu causal_conv1d_silu: span slot 2 is outside the 2 slots of the state");
+  EXPECT_EQ(message_of({{1, 0, 2, 0}, {1, 2, 2, 0}}), "cpu causal_conv1d_silu: two spans of one batch use slot 1");
 }
 
 TEST(GatedDeltaPrepare, NormalisesAndScalesPerHead) {

@@ -1,17 +1,21 @@
 #include "backend/backend.h"
 
+#include "backend/op_contract.h"
 #include "core/error.h"
 
 namespace kiln {
 
 void Backend::matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) {
-  if (targets.empty() || targets.size() > kMaxMatmulGroup)
-    fail("{} matmul_group: {} products, it takes 1 to {}", name(), targets.size(), kMaxMatmulGroup);
+  const std::string backend = name();
+  check_matmul_group(OpContext{backend, activation_dtype()}, x, targets);
   for (const MatmulTarget& target : targets) matmul(x, *target.w, target.bias, *target.out);
 }
 
 void Backend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
                             int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) {
+  const std::string backend = name();
+  check_rope_kv_write(OpContext{backend, activation_dtype()}, q, k, v, layout, inv_freq, rotary_dim, head_norms,
+                      k_cache, v_cache);
   if (head_norms) {
     rms_norm(q, head_norms->q_weight, head_norms->eps, head_norms->style, q);
     rms_norm(k, head_norms->k_weight, head_norms->eps, head_norms->style, k);

@@ -4,7 +4,8 @@
 // Invariance contract (DEVELOPERS.md / README): for every op, each output element is computed
 // with a reduction order that depends only on that element's own inputs — never on the number of
 // tokens in the call, the batch composition, the chunking of a prefill, or the thread count.
-// Each op has a parity test against the CPU backend (tests/backend_ops_test.cpp).
+// Each op's shape and dtype rules are stated once, for every backend, in backend/op_contract.h;
+// each op's cases are rows of the op table (tests/op_table), run on every backend against the CPU.
 #pragma once
 
 #include <algorithm>

@@ -19,33 +19,28 @@
 namespace kiln::cpu {
 namespace {
 
-struct CacheShape {
-  int64_t slots, capacity, kv_heads, head_dim;
-};
-
-CacheShape check_caches(std::string_view op, const Tensor& k_cache, const Tensor& v_cache) {
-  require_dtype(k_cache, DType::F32, op, "k_cache");
-  require_dtype(v_cache, DType::F32, op, "v_cache");
-  if (k_cache.ndim() != 4)
-    fail("{}: k_cache has shape {}, expected [slots, capacity, kv_heads, head_dim]", op,
-         shape_string(k_cache.shape()));
-  require_shape(v_cache, k_cache.shape(), op, "v_cache");
-  return {k_cache.dim(0), k_cache.dim(1), k_cache.dim(2), k_cache.dim(3)};
+void require_caches_on_cpu(std::string_view op, const Tensor& k_cache, const Tensor& v_cache) {
+  require_cpu(k_cache, op, "k_cache");
+  require_cpu(v_cache, op, "v_cache");
 }
 
-// The layout's host slot and position of every token, each checked against the cache.
-void check_layout(std::string_view op, const BatchLayout& layout, int64_t tokens, const CacheShape& cache) {
-  require_dtype(layout.slots, DType::I32, op, "layout.slots");
-  require_dtype(layout.positions, DType::I32, op, "layout.positions");
-  require_shape(layout.slots, {tokens}, op, "layout.slots");
-  require_shape(layout.positions, {tokens}, op, "layout.positions");
+// The CPU's own layout rule: its kernels read the layout's host slot and position of every token,
+// so each is checked against the cache (the contract checks the spans they were made from).
+void check_token_rows(std::string_view op, const BatchLayout& layout, int64_t tokens, const CacheDims& cache) {
+  require_cpu(layout.slots, op, "layout.slots");
+  require_cpu(layout.positions, op, "layout.positions");
+  if (layout.slots.dtype() != DType::I32 || layout.positions.dtype() != DType::I32 ||
+      layout.slots.shape() != Shape{tokens} || layout.positions.shape() != Shape{tokens})
+    fail("cpu {}: layout.slots {} {} and layout.positions {} {} must be I32 [{}]", op,
+         dtype_name(layout.slots.dtype()), shape_string(layout.slots.shape()), dtype_name(layout.positions.dtype()),
+         shape_string(layout.positions.shape()), tokens);
   const int32_t* slots = layout.slots.data<int32_t>();
   const int32_t* positions = layout.positions.data<int32_t>();
   for (int64_t t = 0; t < tokens; ++t) {
     if (slots[t] < 0 || slots[t] >= cache.slots)
-      fail("{}: token {} is in slot {}, but the cache has {} slots", op, t, slots[t], cache.slots);
+      fail("cpu {}: token {} is in slot {}, but the cache has {} slots", op, t, slots[t], cache.slots);
     if (positions[t] < 0 || positions[t] >= cache.capacity)
-      fail("{}: token {} is at position {}, but the cache holds {} positions per slot", op, t, positions[t],
+      fail("cpu {}: token {} is at position {}, but the cache holds {} positions per slot", op, t, positions[t],
            cache.capacity);
   }
 }
@@ -75,14 +70,13 @@ const AttentionKernels& attention_kernels_scalar() {
 
 void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache, Tensor& v_cache) {
   constexpr std::string_view op = "kv_write";
-  const CacheShape cache = check_caches(op, k_cache, v_cache);
+  const CacheDims cache = check_kv_write(kCpuOps, k, v, layout, k_cache, v_cache);
+  require_caches_on_cpu(op, k_cache, v_cache);
+  require_cpu(k, op, "k");
+  require_cpu(v, op, "v");
   const int64_t row = cache.kv_heads * cache.head_dim;
-  require_dtype(k, DType::F32, op, "k");
-  require_dtype(v, DType::F32, op, "v");
   const int64_t tokens = layout.total_tokens;
-  require_shape(k, {tokens, cache.kv_heads, cache.head_dim}, op, "k");
-  require_shape(v, {tokens, cache.kv_heads, cache.head_dim}, op, "v");
-  check_layout(op, layout, tokens, cache);
+  check_token_rows(op, layout, tokens, cache);
   const int32_t* slots = layout.slots.data<int32_t>();
   const int32_t* positions = layout.positions.data<int32_t>();
   for (int64_t t = 0; t < tokens; ++t) {
@@ -95,21 +89,16 @@ void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tenso
 void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                const BatchLayout& layout, float scale, Tensor& out) {
   constexpr std::string_view op = "attention";
-  const CacheShape cache = check_caches(op, k_cache, v_cache);
-  require_dtype(q, DType::F32, op, "q");
-  if (q.ndim() != 3 || q.dim(2) != cache.head_dim)
-    fail("attention: q has shape {}, expected [T, heads, head_dim = {}]", shape_string(q.shape()), cache.head_dim);
-  const int64_t tokens = q.dim(0);
-  const int64_t heads = q.dim(1);
+  const AttentionDims dims = check_attention(kCpuOps, q, k_cache, v_cache, layout, out);
+  require_caches_on_cpu(op, k_cache, v_cache);
+  require_cpu(q, op, "q");
+  require_cpu(out, op, "out");
+  const CacheDims& cache = dims.cache;
+  const int64_t tokens = dims.tokens;
+  const int64_t heads = dims.heads;
   const int64_t head_dim = cache.head_dim;
-  if (cache.kv_heads == 0 || heads % cache.kv_heads != 0)
-    fail("attention: {} query heads are not a multiple of {} kv heads", heads, cache.kv_heads);
   const int64_t group = heads / cache.kv_heads;
-  require_dtype(out, DType::F32, op, "out");
-  require_shape(out, q.shape(), op, "out");
-  if (layout.total_tokens != tokens)
-    fail("attention: q has {} tokens, but the layout has {}", tokens, layout.total_tokens);
-  check_layout(op, layout, tokens, cache);
+  check_token_rows(op, layout, tokens, cache);
 
   const int32_t* slots = layout.slots.data<int32_t>();
   const int32_t* positions = layout.positions.data<int32_t>();

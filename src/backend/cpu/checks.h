@@ -1,21 +1,21 @@
-// Argument checks and dtype widening shared by the CPU ops (internal to backend/cpu).
-// Every failure is a kiln::Error naming the op and the argument.
+// What the CPU ops check beyond the op contract (backend/op_contract.h), and dtype widening shared
+// by the CPU ops (internal to backend/cpu). Every failure is a kiln::Error naming the op and the
+// argument.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 
+#include "backend/op_contract.h"
 #include "core/tensor.h"
 
 namespace kiln::cpu {
 
+// The CPU backend as the op contract sees it: activations are f32.
+inline constexpr OpContext kCpuOps{"cpu", DType::F32};
+
+// The tensor is defined and in host memory (the CPU's own placement rule).
 void require_cpu(const Tensor& tensor, std::string_view op, std::string_view argument);
-void require_dtype(const Tensor& tensor, DType dtype, std::string_view op, std::string_view argument);
-// F32, BF16 or F16: the dtypes a weight may be stored in.
-void require_weight_dtype(const Tensor& tensor, std::string_view op, std::string_view argument);
-void require_shape(const Tensor& tensor, const Shape& shape, std::string_view op, std::string_view argument);
-void require_same_numel(const Tensor& a, const Tensor& b, std::string_view op, std::string_view a_name,
-                        std::string_view b_name);
 
 // Element `index` of a weight tensor's storage (F32, BF16 or F16, already checked) as f32; exact.
 inline float weight_as_f32(const void* data, DType dtype, int64_t index) {

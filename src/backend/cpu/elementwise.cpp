@@ -15,9 +15,9 @@ constexpr int64_t kElementsPerBlock = 32768;
 }  // namespace
 
 void add(Tensor& a, const Tensor& b) {
-  require_dtype(a, DType::F32, "add", "a");
-  require_dtype(b, DType::F32, "add", "b");
-  require_same_numel(a, b, "add", "a", "b");
+  check_add(kCpuOps, a, b);
+  require_cpu(a, "add", "a");
+  require_cpu(b, "add", "b");
   float* sums = a.data<float>();
   const float* addends = b.data<float>();
   ThreadPool::global().parallel_for(a.numel(), kElementsPerBlock, [&](int64_t begin, int64_t end) {
@@ -26,11 +26,10 @@ void add(Tensor& a, const Tensor& b) {
 }
 
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
-  require_dtype(gate, DType::F32, "swiglu", "gate");
-  require_dtype(up, DType::F32, "swiglu", "up");
-  require_dtype(out, DType::F32, "swiglu", "out");
-  require_same_numel(gate, up, "swiglu", "gate", "up");
-  require_same_numel(gate, out, "swiglu", "gate", "out");
+  check_swiglu(kCpuOps, gate, up, out);
+  require_cpu(gate, "swiglu", "gate");
+  require_cpu(up, "swiglu", "up");
+  require_cpu(out, "swiglu", "out");
   const float* gates = gate.data<float>();
   const float* ups = up.data<float>();
   float* outputs = out.data<float>();
@@ -44,13 +43,10 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
 }
 
 void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) {
-  require_dtype(query_and_gate, DType::F32, "split_query_gate", "query_and_gate");
-  require_dtype(query, DType::F32, "split_query_gate", "query");
-  require_dtype(gate, DType::F32, "split_query_gate", "gate");
-  require_same_numel(query, gate, "split_query_gate", "query", "gate");
-  if (query.ndim() != 3 || query_and_gate.numel() != 2 * query.numel())
-    fail("split_query_gate: query must be [T, heads, head_dim] and query_and_gate twice its size, got {} and {}",
-         shape_string(query.shape()), shape_string(query_and_gate.shape()));
+  check_split_query_gate(kCpuOps, query_and_gate, query, gate);
+  require_cpu(query_and_gate, "split_query_gate", "query_and_gate");
+  require_cpu(query, "split_query_gate", "query");
+  require_cpu(gate, "split_query_gate", "gate");
   const int64_t head_dim = query.dim(2);
   const int64_t heads = query.numel() / head_dim;  // over all tokens
   const float* source = query_and_gate.data<float>();
@@ -65,9 +61,9 @@ void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate)
 }
 
 void sigmoid_gate(Tensor& x, const Tensor& gate) {
-  require_dtype(x, DType::F32, "sigmoid_gate", "x");
-  require_dtype(gate, DType::F32, "sigmoid_gate", "gate");
-  require_same_numel(x, gate, "sigmoid_gate", "x", "gate");
+  check_sigmoid_gate(kCpuOps, x, gate);
+  require_cpu(x, "sigmoid_gate", "x");
+  require_cpu(gate, "sigmoid_gate", "gate");
   float* values = x.data<float>();
   const float* gates = gate.data<float>();
   ThreadPool::global().parallel_for(x.numel(), kElementsPerBlock, [&](int64_t begin, int64_t end) {

@@ -2,29 +2,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "backend/cpu/checks.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
 namespace kiln::cpu {
 namespace {
 
-void require_f32(const Tensor& tensor, const char* op, const char* argument) {
-  if (tensor.device() != Device::CPU) fail("{}: {} is not a host tensor", op, argument);
-  if (tensor.dtype() != DType::F32)
-    fail("{}: {} must be F32, got {}", op, argument, dtype_name(tensor.dtype()));
-}
-
-void require_shape(const Tensor& tensor, const Shape& expected, const char* op, const char* argument) {
-  if (tensor.shape() != expected)
-    fail("{}: {} has shape {}, expected {}", op, argument, shape_string(tensor.shape()), shape_string(expected));
+// Every tensor of an op in host memory (the CPU's own rule; the contract checks dtypes and shapes).
+void require_on_cpu(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
+  for (const auto& [tensor, name] : tensors) require_cpu(*tensor, op, name);
 }
 
 // A weight in its stored floating dtype, widened exactly to f32.
 std::vector<float> widen_weight(const Tensor& weight, const char* op, const char* argument) {
-  if (weight.device() != Device::CPU) fail("{}: {} is not a host tensor", op, argument);
+  require_cpu(weight, op, argument);
   std::vector<float> values(static_cast<size_t>(weight.numel()));
   switch (weight.dtype()) {
     case DType::F32:
@@ -37,7 +34,7 @@ std::vector<float> widen_weight(const Tensor& weight, const char* op, const char
       for (size_t i = 0; i < values.size(); ++i) values[i] = f16_to_f32(weight.data<uint16_t>()[i]);
       break;
     case DType::I32:
-      fail("{}: {} must be F32, BF16 or F16, got I32", op, argument);
+      fail("cpu {}: {} has dtype I32, expected F32, BF16 or F16", op, argument);
   }
   return values;
 }
@@ -89,39 +86,12 @@ void conv_span_block(const float* x, int64_t channels, const float* taps, int64_
 
 // --- gated delta rule ----------------------------------------------------------------------------
 
-struct DeltaRuleShape {
-  int64_t total_tokens = 0;
-  int64_t key_heads = 0;
-  int64_t value_heads = 0;
-  int64_t key_dim = 0;
-  int64_t value_dim = 0;
-  int64_t slots = 0;
-};
-
-DeltaRuleShape check_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                                const Tensor& beta, std::span<const SequenceSpan> spans, const Tensor& state,
-                                const Tensor& out, const char* op) {
-  require_f32(q, op, "q");
-  require_f32(k, op, "k");
-  require_f32(v, op, "v");
-  require_f32(g, op, "g");
-  require_f32(beta, op, "beta");
-  require_f32(state, op, "state");
-  require_f32(out, op, "out");
-  if (q.ndim() != 3) fail("{}: q must be [T, key_heads, key_dim], got {}", op, shape_string(q.shape()));
-  if (v.ndim() != 3) fail("{}: v must be [T, value_heads, value_dim], got {}", op, shape_string(v.shape()));
-  DeltaRuleShape shape{q.dim(0), q.dim(1), v.dim(1), q.dim(2), v.dim(2), state.ndim() == 4 ? state.dim(0) : 0};
-  if (shape.key_heads == 0 || shape.value_heads % shape.key_heads != 0)
-    fail("{}: value heads ({}) must be a positive multiple of key heads ({})", op, shape.value_heads,
-         shape.key_heads);
-  require_shape(k, q.shape(), op, "k");
-  require_shape(v, {shape.total_tokens, shape.value_heads, shape.value_dim}, op, "v");
-  require_shape(g, {shape.total_tokens, shape.value_heads}, op, "g");
-  require_shape(beta, {shape.total_tokens, shape.value_heads}, op, "beta");
-  require_shape(state, {shape.slots, shape.value_heads, shape.key_dim, shape.value_dim}, op, "state");
-  require_shape(out, v.shape(), op, "out");
-  check_recurrent_spans(spans, shape.total_tokens, shape.slots, op);
-  return shape;
+DeltaRuleDims check_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                               const Tensor& beta, std::span<const SequenceSpan> spans, const Tensor& state,
+                               const Tensor& out, const char* op) {
+  const DeltaRuleDims dims = check_gated_delta_rule(kCpuOps, op, q, k, v, g, beta, spans, state, out);
+  require_on_cpu(op, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&g, "g"}, {&beta, "beta"}, {&state, "state"}, {&out, "out"}});
+  return dims;
 }
 
 // One (sequence, value head) task: strided views of its inputs and its [dk, dv] state.
@@ -141,7 +111,7 @@ struct HeadStream {
 };
 
 HeadStream head_stream(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                       Tensor& state, Tensor& out, const DeltaRuleShape& shape, const SequenceSpan& span,
+                       Tensor& state, Tensor& out, const DeltaRuleDims& shape, const SequenceSpan& span,
                        int64_t value_head) {
   const int64_t key_head = value_head / (shape.value_heads / shape.key_heads);
   const int64_t key_stride = shape.key_heads * shape.key_dim;
@@ -331,21 +301,10 @@ void zero_state_of_fresh_sequence(const HeadStream& s, const SequenceSpan& span)
 void causal_conv1d_silu(const Tensor& x, const Tensor& weight, std::span<const SequenceSpan> spans,
                         Tensor& conv_state, Tensor& out) {
   constexpr const char* op = "causal_conv1d_silu";
-  require_f32(x, op, "x");
-  require_f32(conv_state, op, "conv_state");
-  require_f32(out, op, "out");
-  if (x.ndim() != 2) fail("{}: x must be [T, channels], got {}", op, shape_string(x.shape()));
-  if (weight.ndim() != 2 || weight.dim(0) != x.dim(1) || weight.dim(1) < 1)
-    fail("{}: weight has shape {}, expected [{}, kernel]", op, shape_string(weight.shape()), x.dim(1));
-  const int64_t channels = x.dim(1);
-  const int64_t kernel = weight.dim(1);
-  if (conv_state.ndim() != 3)
-    fail("{}: conv_state must be [slots, {}, {}], got {}", op, kernel - 1, channels,
-         shape_string(conv_state.shape()));
-  require_shape(conv_state, {conv_state.dim(0), kernel - 1, channels}, op, "conv_state");
-  require_shape(out, x.shape(), op, "out");
-  if (out.raw() == x.raw() && x.numel() > 0) fail("{}: out must not alias x (earlier inputs are re-read)", op);
-  check_recurrent_spans(spans, x.dim(0), conv_state.dim(0), op);
+  const ConvDims dims = check_causal_conv1d_silu(kCpuOps, x, weight, spans, conv_state, out);
+  require_on_cpu(op, {{&x, "x"}, {&conv_state, "conv_state"}, {&out, "out"}});
+  const int64_t channels = dims.channels;
+  const int64_t kernel = dims.kernel;
   const std::vector<float> weight_f32 = widen_weight(weight, op, "weight");
   std::vector<float> taps(weight_f32.size());
   for (int64_t c = 0; c < channels; ++c)
@@ -369,21 +328,15 @@ void causal_conv1d_silu(const Tensor& x, const Tensor& weight, std::span<const S
 void gated_delta_prepare_qkv(const Tensor& qkv, int64_t key_heads, int64_t key_dim, int64_t value_heads,
                              int64_t value_dim, Tensor& q, Tensor& k, Tensor& v) {
   constexpr const char* op = "gated_delta_prepare_qkv";
-  require_f32(qkv, op, "qkv");
-  require_f32(q, op, "q");
-  require_f32(k, op, "k");
-  require_f32(v, op, "v");
+  const PrepareQkvDims dims = check_gated_delta_prepare_qkv(kCpuOps, qkv, q, k, v);
+  require_on_cpu(op, {{&qkv, "qkv"}, {&q, "q"}, {&k, "k"}, {&v, "v"}});
+  if (dims.key_heads != key_heads || dims.key_dim != key_dim || dims.value_heads != value_heads ||
+      dims.value_dim != value_dim)
+    fail("cpu {}: q {} and v {} are not the key heads {}x{} and value heads {}x{} asked for", op,
+         shape_string(q.shape()), shape_string(v.shape()), key_heads, key_dim, value_heads, value_dim);
   const int64_t key_width = key_heads * key_dim;
   const int64_t value_width = value_heads * value_dim;
-  if (key_heads <= 0 || key_dim <= 0 || value_heads <= 0 || value_dim <= 0)
-    fail("{}: head counts and dims must be positive (key {}x{}, value {}x{})", op, key_heads, key_dim,
-         value_heads, value_dim);
-  if (qkv.ndim() != 2 || qkv.dim(1) != 2 * key_width + value_width)
-    fail("{}: qkv has shape {}, expected [T, {}]", op, shape_string(qkv.shape()), 2 * key_width + value_width);
-  const int64_t tokens = qkv.dim(0);
-  require_shape(q, {tokens, key_heads, key_dim}, op, "q");
-  require_shape(k, {tokens, key_heads, key_dim}, op, "k");
-  require_shape(v, {tokens, value_heads, value_dim}, op, "v");
+  const int64_t tokens = dims.tokens;
   // HF-Q35 multiplies by the python float 1/sqrt(dk), which torch applies as an f32 scalar.
   const float query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(key_dim)));
 
@@ -409,17 +362,8 @@ void gated_delta_prepare_qkv(const Tensor& qkv, int64_t key_heads, int64_t key_d
 void gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias,
                        Tensor& beta, Tensor& g) {
   constexpr const char* op = "gated_delta_gates";
-  require_f32(b, op, "b");
-  require_f32(a, op, "a");
-  require_f32(beta, op, "beta");
-  require_f32(g, op, "g");
-  if (b.ndim() != 2) fail("{}: b must be [T, value_heads], got {}", op, shape_string(b.shape()));
-  const int64_t heads = b.dim(1);
-  require_shape(a, b.shape(), op, "a");
-  require_shape(a_log, {heads}, op, "A_log");
-  require_shape(dt_bias, {heads}, op, "dt_bias");
-  require_shape(beta, b.shape(), op, "beta");
-  require_shape(g, b.shape(), op, "g");
+  const int64_t heads = check_gated_delta_gates(kCpuOps, b, a, a_log, dt_bias, beta, g).heads;
+  require_on_cpu(op, {{&b, "b"}, {&a, "a"}, {&beta, "beta"}, {&g, "g"}});
   const std::vector<float> a_log_f32 = widen_weight(a_log, op, "A_log");
   const std::vector<float> dt_bias_f32 = widen_weight(dt_bias, op, "dt_bias");
   std::vector<float> negative_rate(static_cast<size_t>(heads));
@@ -436,7 +380,7 @@ void gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, co
 void gated_delta_rule_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                 const Tensor& beta, std::span<const SequenceSpan> spans, Tensor& state,
                                 Tensor& out) {
-  const DeltaRuleShape shape =
+  const DeltaRuleDims shape =
       check_delta_rule(q, k, v, g, beta, spans, state, out, "gated_delta_rule_recurrent");
   const int64_t tasks = static_cast<int64_t>(spans.size()) * shape.value_heads;
   ThreadPool::global().parallel_for(tasks, 1, [&](int64_t begin, int64_t end) {
@@ -453,8 +397,8 @@ void gated_delta_rule_recurrent(const Tensor& q, const Tensor& k, const Tensor& 
 void gated_delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                               const Tensor& beta, std::span<const SequenceSpan> spans, Tensor& state,
                               Tensor& out, int64_t chunk) {
-  const DeltaRuleShape shape = check_delta_rule(q, k, v, g, beta, spans, state, out, "gated_delta_rule_chunked");
-  if (chunk < 1) fail("gated_delta_rule_chunked: chunk must be positive, got {}", chunk);
+  const DeltaRuleDims shape = check_delta_rule(q, k, v, g, beta, spans, state, out, "gated_delta_rule_chunked");
+  if (chunk < 1) fail("cpu gated_delta_rule_chunked: chunk must be positive, got {}", chunk);
   const int64_t tasks = static_cast<int64_t>(spans.size()) * shape.value_heads;
   ThreadPool::global().parallel_for(tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> recurrent_scratch(static_cast<size_t>(shape.value_dim));
@@ -475,16 +419,8 @@ void gated_delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
 
 void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) {
   constexpr const char* op = "rms_norm_gated";
-  require_f32(x, op, "x");
-  require_f32(z, op, "z");
-  require_f32(out, op, "out");
-  if (weight.ndim() != 1 || weight.numel() == 0)
-    fail("{}: weight must be a non-empty vector, got {}", op, shape_string(weight.shape()));
-  const int64_t width = weight.numel();
-  if (x.ndim() == 0 || x.dim(-1) != width)
-    fail("{}: x has shape {}, expected [..., {}]", op, shape_string(x.shape()), width);
-  require_shape(z, x.shape(), op, "z");
-  require_shape(out, x.shape(), op, "out");
+  const int64_t width = check_rms_norm_gated(kCpuOps, x, z, weight, out).width;
+  require_on_cpu(op, {{&x, "x"}, {&z, "z"}, {&out, "out"}});
   const std::vector<float> gain = widen_weight(weight, op, "weight");
   const int64_t rows = x.numel() / width;
   ThreadPool::global().parallel_for(rows, 16, [&](int64_t begin, int64_t end) {

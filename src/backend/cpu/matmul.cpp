@@ -84,23 +84,12 @@ const MatmulKernels& matmul_kernels_scalar() {
 void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
             MatmulScratch& scratch) {
   constexpr std::string_view op = "matmul";
-  require_weight_dtype(w, op, "weight");
-  if (w.ndim() != 2 || w.dim(1) == 0)
-    fail("matmul: weight has shape {}, expected [N, K] with K > 0", shape_string(w.shape()));
-  const int64_t n = w.dim(0);
-  const int64_t k = w.dim(1);
-  require_dtype(x, DType::F32, op, "x");
-  if (x.ndim() < 1 || x.dim(-1) != k)
-    fail("matmul: x has shape {}, expected its last axis to be K = {} of weight {}", shape_string(x.shape()), k,
-         shape_string(w.shape()));
-  const int64_t rows = x.numel() / k;
-  require_dtype(out, DType::F32, op, "out");
-  if (out.ndim() < 1 || out.dim(-1) != n || out.numel() != rows * n)
-    fail("matmul: out has shape {}, expected {} rows of N = {}", shape_string(out.shape()), rows, n);
-  if (bias) {
-    require_weight_dtype(*bias, op, "bias");
-    require_shape(*bias, {n}, op, "bias");
-  }
+  const MatmulDims dims = check_matmul(kCpuOps, x, w, bias, out);
+  const int64_t rows = dims.rows, n = dims.n, k = dims.k;
+  require_cpu(x, op, "x");
+  require_cpu(w, op, "weight");
+  require_cpu(out, op, "out");
+  if (bias) require_cpu(*bias, op, "bias");
   if (rows == 0 || n == 0) return;
 
   const int64_t k_padded = (k + kernels.block_k - 1) / kernels.block_k * kernels.block_k;

@@ -31,24 +31,13 @@ void normalize_row(const float* x, const float* gains, int64_t width, float eps,
   for (int64_t i = 0; i < width; ++i) out[i] = gains[i] * (x[i] * inverse_rms);
 }
 
-// Checks shared by both norms; returns the row width D.
-int64_t check_norm(std::string_view op, const Tensor& x, const Tensor& weight, const Tensor& out) {
-  require_weight_dtype(weight, op, "weight");
-  if (weight.ndim() != 1 || weight.numel() == 0)
-    fail("{}: weight has shape {}, expected [D] with D > 0", op, shape_string(weight.shape()));
-  const int64_t width = weight.numel();
-  require_dtype(x, DType::F32, op, "x");
-  if (x.ndim() < 1 || x.dim(-1) != width)
-    fail("{}: x has shape {}, expected its last axis to be D = {}", op, shape_string(x.shape()), width);
-  require_dtype(out, DType::F32, op, "out");
-  require_same_numel(x, out, op, "x", "out");
-  return width;
-}
-
 }  // namespace
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) {
-  const int64_t width = check_norm("rms_norm", x, weight, out);
+  const int64_t width = check_rms_norm(kCpuOps, x, weight, out).width;
+  require_cpu(x, "rms_norm", "x");
+  require_cpu(weight, "rms_norm", "weight");
+  require_cpu(out, "rms_norm", "out");
   const std::vector<float> gains = gains_of(weight, style);
   const float* input = x.data<float>();
   float* output = out.data<float>();
@@ -62,9 +51,11 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style,
 
 void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
                   Tensor& out) {
-  const int64_t width = check_norm("add_rms_norm", residual, weight, out);
-  require_dtype(delta, DType::F32, "add_rms_norm", "delta");
-  require_same_numel(residual, delta, "add_rms_norm", "residual", "delta");
+  const int64_t width = check_add_rms_norm(kCpuOps, residual, delta, weight, out).width;
+  require_cpu(residual, "add_rms_norm", "residual");
+  require_cpu(delta, "add_rms_norm", "delta");
+  require_cpu(weight, "add_rms_norm", "weight");
+  require_cpu(out, "add_rms_norm", "out");
   const std::vector<float> gains = gains_of(weight, style);
   float* sums = residual.data<float>();
   const float* addends = delta.data<float>();

@@ -11,18 +11,12 @@ namespace kiln::cpu {
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {
   constexpr std::string_view op = "rope";
-  require_dtype(x, DType::F32, op, "x");
-  if (x.ndim() != 3) fail("rope: x has shape {}, expected [T, heads, head_dim]", shape_string(x.shape()));
-  const int64_t tokens = x.dim(0);
-  const int64_t heads = x.dim(1);
-  const int64_t head_dim = x.dim(2);
-  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
-    fail("rope: rotary_dim {} must be even and in (0, head_dim = {}]", rotary_dim, head_dim);
+  const RopeDims dims = check_rope(kCpuOps, op, "x", x, positions, inv_freq, rotary_dim);
+  const int64_t tokens = dims.tokens, heads = dims.heads, head_dim = dims.head_dim;
+  require_cpu(x, op, "x");
+  require_cpu(positions, op, "positions");
+  require_cpu(inv_freq, op, "inv_freq");
   const int64_t half = rotary_dim / 2;
-  require_dtype(positions, DType::I32, op, "positions");
-  require_shape(positions, {tokens}, op, "positions");
-  require_dtype(inv_freq, DType::F32, op, "inv_freq");
-  require_shape(inv_freq, {half}, op, "inv_freq");
 
   const int32_t* position = positions.data<int32_t>();
   const float* frequencies = inv_freq.data<float>();

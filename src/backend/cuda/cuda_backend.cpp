@@ -380,25 +380,6 @@ void CudaBackend::require_device(const Tensor& tensor, const char* op, const cha
     fail("CUDA {}: {} {} is not on the CUDA device (upload it first)", op, name, shape_string(tensor.shape()));
 }
 
-void CudaBackend::require_dtype(const Tensor& tensor, DType dtype, const char* op, const char* name) {
-  if (tensor.dtype() != dtype)
-    fail("CUDA {}: {} must be {}, got {} {}", op, name, dtype_name(dtype), dtype_name(tensor.dtype()),
-         shape_string(tensor.shape()));
-}
-
-void CudaBackend::require_activation(const Tensor& tensor, const char* op, const char* name) const {
-  if (tensor.dtype() != activations_)
-    fail("CUDA {}: {} is {} {} but this backend's activations are {}", op, name, dtype_name(tensor.dtype()),
-         shape_string(tensor.shape()), dtype_name(activations_));
-}
-
-// The residual stream (embedding output, norm input, matmul output) may be f32 or activations.
-void CudaBackend::require_stream(const Tensor& tensor, const char* op, const char* name) const {
-  if (tensor.dtype() != activations_ && tensor.dtype() != DType::F32)
-    fail("CUDA {}: {} is {} {} but must be f32 or this backend's activations ({})", op, name,
-         dtype_name(tensor.dtype()), shape_string(tensor.shape()), dtype_name(activations_));
-}
-
 int cuda_device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

@@ -1,10 +1,12 @@
 // The CUDA backend's class, declared once for the files that define it: cuda_backend.cpp (the
-// device, memory, batch layouts, graph capture, host transfers and the argument checks every op
-// shares), cuda_dense_ops.cpp (the ops every family uses), cuda_hybrid_ops.cpp (Gated DeltaNet's)
-// and cuda_sampling.cpp. Each op checks its shapes and dtypes, failing with a kiln::Error naming
-// the op and tensor, then launches its kernel on the backend's stream (kernels.h). Plain C++: fmt
-// cannot be compiled by nvcc, so the kernels live in the .cu files, one per op group. Only those
-// files include this header; everyone else makes the backend with make_cuda_backend.
+// device, memory, batch layouts, graph capture, host transfers and the device-placement check every
+// op shares), cuda_dense_ops.cpp (the ops every family uses), cuda_hybrid_ops.cpp (Gated DeltaNet's)
+// and cuda_sampling.cpp. Each op first checks the op contract (backend/op_contract.h: the shapes and
+// dtypes every backend requires), then what is CUDA's own (device placement, layouts made here, the
+// limits of its kernels), each failure a kiln::Error naming the op and tensor, then launches its
+// kernel on the backend's stream (kernels.h). Plain C++: fmt cannot be compiled by nvcc, so the
+// kernels live in the .cu files, one per op group. Only those files include this header; everyone
+// else makes the backend with make_cuda_backend.
 #pragma once
 
 #include <array>
@@ -21,6 +23,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_allocator.h"
 #include "backend/cuda/kernels.h"
+#include "backend/op_contract.h"
 
 namespace kiln {
 
@@ -138,12 +141,9 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
 
  private:
   static bool is_activation(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16; }
-  static bool is_float(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16; }
 
-  struct CacheShape {
-    int64_t slots, capacity, kv_heads, head_dim;
-    DType dtype;
-  };
+  // This backend as the op contract sees it (errors say "CUDA <op>: ...").
+  OpContext contract() const { return {"CUDA", activations_}; }
 
   // cudaSetDevice only when another device is current: the call is then a no-op inside captures.
   void activate() const;
@@ -183,29 +183,21 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   void fail_on_device_error(const cuda::DeviceErrorRecord record);
 
   static void require_device(const Tensor& tensor, const char* op, const char* name);
-  static void require_dtype(const Tensor& tensor, DType dtype, const char* op, const char* name);
-  void require_activation(const Tensor& tensor, const char* op, const char* name) const;
-  // The residual stream (embedding output, norm input, matmul output) may be f32 or activations.
-  void require_stream(const Tensor& tensor, const char* op, const char* name) const;
 
-  // x [tokens, heads, head_dim] in the activation dtype, one I32 position per token, f32 inv_freq
-  // of rotary_dim / 2 entries, rotary_dim even and within head_dim.
-  void check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim, const char* op,
-                  const char* name) const;
-
-  // Validates one product and describes it for the kernels (both matmul paths).
+  // Checks one product (the contract, then the BF16 path's own limits) and describes it for the
+  // kernels (both matmul paths).
   cuda::MatmulArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) const;
 
-  cuda::NormArgs norm_args(const Tensor& x, const Tensor& weight, float eps, NormStyle style, const Tensor& out,
-                           const char* op) const;
+  // Describes a norm whose contract check gave `dims`, after checking its tensors' placement.
+  cuda::NormArgs norm_args(const NormDims& dims, const Tensor& x, const Tensor& weight, float eps, NormStyle style,
+                           const Tensor& out, const char* op) const;
 
-  static CacheShape cache_shape(const Tensor& k_cache, const Tensor& v_cache, const char* op);
+  // The layout's device tensors, which the kernels read, come from this backend's make_layout.
+  static void require_device_layout(const BatchLayout& layout, const char* op);
 
-  static void check_layout(const BatchLayout& layout, int64_t tokens, const CacheShape& cache, const char* op);
-
-  // A recurrent-state op's layout: made by this backend, spans inside the batch with one distinct
-  // slot each, inside the state.
-  static void check_state_layout(const BatchLayout& layout, int64_t tokens, int64_t slots, const char* op);
+  // A recurrent-state op's layout: made by this backend (the kernels read its device spans) and
+  // describing the op's tokens (the contract checks the spans themselves).
+  static void require_state_layout(const BatchLayout& layout, int64_t tokens, const char* op);
 
   int device_;
   DType activations_;

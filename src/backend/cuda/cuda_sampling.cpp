@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "backend/op_contract.h"
 #include "core/error.h"
 
 namespace kiln {
@@ -16,20 +17,12 @@ uint64_t CudaBackend::sampling_scratch_bytes(int64_t rows, int64_t vocab) const 
 
 void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
                                 Tensor& logprobs) {
+  const SamplingDims dims = check_sample_tokens(contract(), logits, settings, tokens, logprobs);
+  const int64_t rows = dims.rows, vocab = dims.vocab;
   require_device(logits, "sample_tokens", "logits");
   require_device(settings, "sample_tokens", "settings");
   require_device(tokens, "sample_tokens", "tokens");
   require_device(logprobs, "sample_tokens", "logprobs");
-  require_dtype(logits, DType::F32, "sample_tokens", "logits");
-  require_dtype(settings, DType::I32, "sample_tokens", "settings");
-  require_dtype(tokens, DType::I32, "sample_tokens", "tokens");
-  require_dtype(logprobs, DType::F32, "sample_tokens", "logprobs");
-  if (logits.ndim() != 2 || logits.dim(1) == 0)
-    fail("CUDA sample_tokens: logits must be [rows, vocab], got {}", shape_string(logits.shape()));
-  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
-  if (settings.numel() != rows * kSamplingSettingsWords || tokens.numel() != rows || logprobs.numel() != rows)
-    fail("CUDA sample_tokens: settings {}, tokens {} and logprobs {} do not fit {} rows", shape_string(settings.shape()),
-         shape_string(tokens.shape()), shape_string(logprobs.shape()), rows);
   if (rows * vocab > std::numeric_limits<int>::max())
     fail("CUDA sample_tokens: {} rows of {} logits exceed the sort's {} items", rows, vocab,
          std::numeric_limits<int>::max());
@@ -56,15 +49,10 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& settings, bo
 
 void CudaBackend::feed_tokens(const Tensor& previous, const Tensor& feed, Tensor& token_ids) {
   constexpr const char* op = "feed_tokens";
+  check_feed_tokens(contract(), previous, feed, token_ids);
   require_device(previous, op, "previous");
   require_device(feed, op, "feed");
   require_device(token_ids, op, "token_ids");
-  require_dtype(previous, DType::I32, op, "previous");
-  require_dtype(feed, DType::I32, op, "feed");
-  require_dtype(token_ids, DType::I32, op, "token_ids");
-  if (feed.numel() != token_ids.numel())
-    fail("CUDA feed_tokens: feed {} and token_ids {} must have one entry per row", shape_string(feed.shape()),
-         shape_string(token_ids.shape()));
   activate();
   launched(cuda::launch_feed_tokens(previous.data<int32_t>(), previous.numel(), feed.data<int32_t>(), feed.numel(),
                                     token_ids.data<int32_t>(), errors_, stream_),
