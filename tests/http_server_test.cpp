@@ -89,8 +89,8 @@ TEST(HttpRequestReader, ChunkedBodyArrivingInPieces) {
 }
 
 // Found by fuzz/http_request_fuzz: a last chunk whose end arrives a byte at a time tripped a wrong
-// assertion of Beast 1.74 (boostorg/beast#2861), aborting any build with assertions on. Also a
-// trailer field, and a malformed trailer, arriving the same way.
+// assertion of Beast 1.74 (boostorg/beast#2861), aborting any build with assertions on (this test
+// checks it under build-asan). Also a trailer field, and a malformed trailer, arriving the same way.
 TEST(HttpRequestReader, TheLastChunkAndTrailerArrivingAByteAtATime) {
   const std::string header = "POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
   for (const std::string& pieces : {std::string("0\r\n\r\n"), std::string("0\r\nX-Sum: 1\r\n\r\n")}) {
@@ -102,7 +102,7 @@ TEST(HttpRequestReader, TheLastChunkAndTrailerArrivingAByteAtATime) {
   }
   HttpRequestReader reader(1024, 1024);
   reader.feed(header);
-  for (char byte : std::string("0\r\n{\"a\":\r\n2;ext=\r\n")) reader.feed(std::string_view(&byte, 1));
+  for (char byte : std::string("0\r\n{\"a\":\r\n\r\n")) reader.feed(std::string_view(&byte, 1));
   EXPECT_TRUE(reader.failed());
   EXPECT_EQ(reader.error_status(), 400);
 }

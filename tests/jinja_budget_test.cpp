@@ -168,7 +168,9 @@ TEST(JinjaBudget, NestedLoopsEndQuickly) {
                      {"more than 20000000 steps"});
   expect_limit_error("{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}",
                      {"more than 20000000 steps"});
-  EXPECT_LT(cpu_seconds() - start, 2.0);
+  // Not a timing: without the budget these loops run for hours; with it, seconds even on a busy
+  // machine or under ASan.
+  EXPECT_LT(cpu_seconds() - start, 60.0);
 }
 
 TEST(JinjaBudget, WorkInsideBuiltinsCountsAsSteps) {
@@ -183,7 +185,7 @@ TEST(JinjaBudget, WorkInsideBuiltinsCountsAsSteps) {
   expect_limit_error("{% set s = 'a' * 60000000 %}{% for i in range(100000) %}{% set t = s ~ '' %}{% endfor %}",
                      {"more than 1000000 steps"}, ordered_json::object(), fewer);
   expect_limit_error("{{ range(1000000)|unique|length }}", {"steps"});
-  EXPECT_LT(cpu_seconds() - start, 10.0);  // without the budget, each would run for hours
+  EXPECT_LT(cpu_seconds() - start, 120.0);  // without the budget, each would run for hours
   EXPECT_EQ(render("{{ 1 ** 999999999999 }}"), "1");
   expect_limit_error("{{ 2 ** 999999999999 }}", {"overflows"});
   EXPECT_EQ(render("{{ 3 ** 5 }} {{ (-2) ** 63 }}"), "243 -9223372036854775808");
