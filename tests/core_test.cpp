@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "core/thread_stack.h"
 
 using namespace kiln;
 
@@ -72,4 +73,20 @@ TEST(ThreadPool, BackToBackJobsAndSleepingWorkersEachCoverTheirRangeOnce) {
     });
     for (int64_t i = 0; i < count; ++i) ASSERT_EQ(hits[i].exchange(0), 1) << "job " << job << " index " << i;
   }
+}
+
+TEST(ThreadStack, RunsTheWorkAndPassesItsExceptionBack) {
+  int ran = 0;
+  kiln::run_with_stack(size_t{1} << 20, [&] { ++ran; });
+  EXPECT_EQ(ran, 1);
+  EXPECT_THROW(kiln::run_with_stack(size_t{1} << 20, [] { kiln::fail("from the thread"); }), kiln::Error);
+  // A stack below PTHREAD_STACK_MIN cannot be set: one clear error, not a thread on another stack.
+  try {
+    kiln::run_with_stack(1, [&] { ++ran; });
+    ADD_FAILURE() << "a 1-byte stack was accepted";
+  } catch (const kiln::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("cannot start a thread with a 1-byte stack"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(ran, 1);
 }

@@ -259,7 +259,7 @@ TEST(JinjaBudget, TemplatesCannotBuildDeepValues) {
 
 TEST(JinjaBudget, RenderDepthBoundsTheStack) {
   // A macro chain as deep as the render depth allows fits half a connection thread's stack (it
-  // needs about 1.7 MiB in Release and 4 MiB in a Debug build; jinja_limits.h).
+  // needs about 1.7 MiB in Release; jinja_limits.h).
   Limits limits;
   limits.call_depth = 100000;
   const std::string source = "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(100000) }}";

@@ -1,6 +1,6 @@
 // Beast 1.74 (Debian's Boost) asserts `n >= 5` when a final chunk's trailer arrives in small
 // pieces, e.g. "0\r\n" then "\r": a wrong assertion (the code after it returns need_more correctly;
-// fixed upstream by boostorg/beast#2861, in Boost 1.86). With assertions on, a client could abort
+// fixed upstream in 2024 by boostorg/beast#2861). With assertions on, a client could abort
 // a Debug server that way (fuzz/http_request_fuzz found it). This file is the only one that
 // instantiates the request parser, so its assertions are off here alone; ASan still checks every
 // access the parser makes.
