@@ -1,5 +1,7 @@
 // Continuous batching: every request served among others equals the same request served alone.
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -105,14 +107,19 @@ TEST(Scheduler, RefusesInvalidRequestsAndAFullQueue) {
   EXPECT_EQ(collect(*waiting).size(), 2u);
 }
 
+// The first `count` tokens of a fixture's prompt.
+std::vector<int32_t> prompt_start(const std::filesystem::path& fixture, size_t count) {
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  EXPECT_GE(prompt.size(), count);
+  return {prompt.begin(), prompt.begin() + std::min(count, prompt.size())};
+}
+
 // generate() runs the same core for one request: the same chunk rule, the same ends, one context.
 TEST(Generate, IsOneRequestOfTheCoreWithItsRules) {
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny/llama3-tiny";
   TestModel loaded = open_cpu_model(fixture / "f32");
-  const std::vector<int32_t> full_prompt = fixture_prompt(fixture);
-  ASSERT_GE(full_prompt.size(), 150u);
-  const std::vector<int32_t> prompt(full_prompt.begin(), full_prompt.begin() + 150);
+  const std::vector<int32_t> prompt = prompt_start(fixture, 150);
   GenerationOptions options;
   options.max_tokens = 6;
   options.sampling.temperature = 0;
@@ -149,9 +156,7 @@ TEST(PromptLogits, ChunksSplitAsTheStepPlanSplitsThem) {
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny/qwen3_5-text-tiny";
   TestModel loaded = open_cpu_model(fixture / "f32");
-  const std::vector<int32_t> full_prompt = fixture_prompt(fixture);
-  ASSERT_GE(full_prompt.size(), 150u);
-  const std::vector<int32_t> prompt(full_prompt.begin(), full_prompt.begin() + 150);
+  const std::vector<int32_t> prompt = prompt_start(fixture, 150);
   const Tensor one_shot = prompt_logits(*loaded.model, prompt, kWholePrompt);
   const Tensor chunked = prompt_logits(*loaded.model, prompt, 64);
   ASSERT_EQ(one_shot.shape(), chunked.shape());
