@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "engine/generation.h"
-#include "engine/serving_sizes.h"
 
 namespace kiln {
 
@@ -85,10 +84,6 @@ TokenEvent final_event(FinishReason reason, std::string error) {
 GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
                                int64_t step_token_budget)
     : model_(model), prefill_chunk_(prefill_chunk), step_token_budget_(step_token_budget) {
-  if (slots < 1) fail("max batch must be at least 1, got {}", slots);
-  check_prefill_chunk(prefill_chunk_);
-  if (step_token_budget_ < slots)
-    fail("a step's token budget ({}) must let each of the {} sequences decode", step_token_budget_, slots);
   // Decode steps run as captured graphs where the backend can; their padded rows need the spare
   // slots of decode_bucket(slots) (engine/decode_graph.h), which requests never hold.
   const bool graphs = DecodeGraphs::supported(model_);

@@ -81,7 +81,8 @@ class GenerationCore {
  public:
   // `slots` sequences of `context_tokens` each (on a backend with GraphOps the cache gets the spare
   // slots of decode_bucket(slots) that padded graph rows take); each step runs at most
-  // `step_token_budget` tokens, a prefilling sequence at most `prefill_chunk` of them.
+  // `step_token_budget` tokens, a prefilling sequence at most `prefill_chunk` of them. The sizes are
+  // those of a ServingSizes that passed check_serving_sizes, and the budget its step_token_budget.
   GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
                  int64_t step_token_budget);
   ~GenerationCore();
