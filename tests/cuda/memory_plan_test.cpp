@@ -40,13 +40,15 @@ void expect_planned(const char* part, uint64_t planned, uint64_t held) {
 void expect_the_allocator_holds_the_plan(const std::filesystem::path& dir, DType activations,
                                          const MemoryRequest& request) {
   auto backend = make_cuda_backend(0, activations);
+  const auto held = [&] { return cuda_allocator_held_bytes(*backend); };
   const ModelPlan model_plan = plan_model(dir, Device::CUDA, /*backend_present=*/true);
+  const uint64_t before_planning = held();
   const MemoryPlan plan = plan_memory(model_plan, *backend, std::nullopt, request);
+  EXPECT_EQ(held(), before_planning) << "planning took device memory";
   ASSERT_TRUE(plan.steps_planned) << describe_memory_plan(plan, "cuda");
   std::printf("%s, %s activations, %lld x %lld tokens, %lld-token chunks:\n", dir.string().c_str(),
               std::string(dtype_name(activations)).c_str(), static_cast<long long>(request.sequences),
               static_cast<long long>(request.context), static_cast<long long>(request.prefill_chunk));
-  const auto held = [&] { return cuda_allocator_held_bytes(*backend); };
 
   uint64_t start = held();
   const std::unique_ptr<Model> model = build_model(model_plan, *backend);
