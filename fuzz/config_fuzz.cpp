@@ -1,7 +1,7 @@
 // config.json, optionally followed by a NUL byte and generation_config.json: load_config parses and
 // validates both (io/config.h), then everything decided from the config alone before any weight
-// is read runs on it: profile resolution, implementation selection, the tensor-parallel split check
-// and the memory the cache and one step would take (what `kiln fit` adds up).
+// is read runs on it: profile resolution, implementation selection and the tensor-parallel split
+// check (the memory plan needs a checkpoint too: load_plan_fuzz runs it).
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -14,15 +14,10 @@
 
 namespace {
 
-// A step of one prefill chunk (kiln serve's default --prefill-chunk) with one logit row.
-constexpr int64_t kStepTokens = 256;
-
 void plan_from_config(const kiln::ModelConfig& config) {
   const kiln::ResolvedProfile resolved = kiln::resolve_profile(config, std::nullopt, kiln::builtin_profile_table());
   kiln::check_resolved_profile(config, resolved);
   const auto implementation = kiln::builtin_registry().select(config, resolved, kiln::Device::CPU);
-  (void)implementation->cache_tensor_bytes(config, 1, config.max_position_embeddings, kiln::DType::F32);
-  (void)implementation->step_tensor_bytes(config, kStepTokens, 1, kiln::DType::F32);
   if (implementation->tensor_parallel.supported()) implementation->tensor_parallel.check(config, 2);
 }
 

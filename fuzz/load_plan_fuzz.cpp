@@ -1,11 +1,16 @@
 // A model directory: config.json, a NUL byte, then model.safetensors. The whole pre-weight path of
 // model/loader.h runs on it (config, profile resolution, implementation selection, checkpoint,
-// the family's load plan), then the plan is materialised (fix-ups included), sharded over two
-// tensor-parallel ranks when the graph and config allow, and converted.
+// the family's load plan), then the memory plan's dry run (the family's construction over
+// shape-only weights, its cache and a step, on the measuring backend), then the plan is
+// materialised (fix-ups included), sharded over two tensor-parallel ranks when the graph and config
+// allow, and converted.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
+#include "backend/backend.h"
 #include "core/error.h"
+#include "engine/memory_plan.h"
 #include "fuzz_support.h"
 #include "model/load_plan.h"
 #include "model/loader.h"
@@ -15,8 +20,13 @@ namespace {
 
 constexpr int kRanks = 2;
 
+// Two sequences of 256 tokens prefilling 64 at a time, with the weights converted to BF16.
+constexpr kiln::MemoryRequest kRequest{2, 256, 64};
+
 void materialise(const kiln::ModelPlan& plan) {
   (void)plan.to_json();
+  static const std::unique_ptr<kiln::Backend> cpu = kiln::make_cpu_backend();
+  (void)kiln::plan_memory(plan, *cpu, kiln::DType::BF16, kRequest);
   kiln::WeightMap whole(plan.checkpoint, plan.load_plan);
   whole.convert_to(kiln::DType::BF16);
   const kiln::TensorParallelSupport& split = plan.implementation->tensor_parallel;

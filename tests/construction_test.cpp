@@ -13,7 +13,6 @@
 #include "backend/backend.h"
 #include "io/fingerprint.h"
 #include "io/safetensors_writer.h"
-#include "model/llama.h"
 #include "model/loader.h"
 #include "profile_support.h"
 #include "test_support.h"
@@ -133,8 +132,6 @@ ModelImplementation probing_implementation(ConstructionProbe& probe, bool fault,
     if (fault) fail("injected fault after taking {} tensors", taken);
     return model;
   };
-  implementation.cache_tensor_bytes = llama_cache_tensor_bytes;
-  implementation.step_tensor_bytes = llama_step_tensor_bytes;
   return implementation;
 }
 
@@ -421,8 +418,6 @@ TEST(LoadModel, AnImplementationThatReturnsNoModelIsAnError) {
   empty_handed.create = [](WeightMap&, const ModelConfig&, const ResolvedProfile&, Backend&) {
     return std::unique_ptr<Model>();
   };
-  empty_handed.cache_tensor_bytes = llama_cache_tensor_bytes;
-  empty_handed.step_tensor_bytes = llama_step_tensor_bytes;
   const ImplementationRegistry registry({empty_handed});
   auto backend = make_cpu_backend();
   EXPECT_FAILS_MENTIONING(load_model(dir, *backend, options_with(registry)), "implementation llama",

@@ -1,49 +1,349 @@
-// The memory plan (engine/memory_plan.h) that `kiln fit` prints and `kiln serve` checks: each
-// family's cache plan equals what make_cache allocates, and the verdict and the longest fitting
-// context follow from the parts.
-#include <gtest/gtest.h>
+// The memory plan (engine/memory_plan.h) that `kiln fit` prints and `kiln serve` checks, and the
+// measuring backend it is made on (backend/measuring_backend.h): for each family the dry run's
+// parts are exactly what the CPU backend hands out for the same work, the measuring backend
+// keeps blocks as the allocator it stands in for does and still checks every op's shapes, a plan
+// of an 8B model is made in milliseconds without its memory, and the verdict and the longest
+// fitting context follow from the parts.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <utility>
 
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/measuring_backend.h"
 #include "core/error.h"
 #include "engine/memory_plan.h"
+#include "io/config.h"
 #include "model/loader.h"
+#include "model/synth.h"
 #include "profile_support.h"
 #include "test_support.h"
 
 using namespace kiln;
+using namespace kiln::testing;
 
 namespace {
 
-TEST(MemoryPlan, EachFamilysCachePlanIsWhatMakeCacheAllocates) {
+// The CPU backend with the memory of every tensor it hands out counted while the tensor lives:
+// what alloc returns, what upload hands over (on the CPU the host tensor itself: a weight's
+// mapped or converted bytes) and a layout's host tensors. With `as_caching_allocator` it answers
+// the measuring backend's questions as a caching allocator of 512-byte granules would, and with
+// `device` it reports that memory instead of the machine's (its ops stay the CPU's).
+class CountingCpuBackend final : public Backend, public HybridOps {
+ public:
+  explicit CountingCpuBackend(bool as_caching_allocator = false, std::optional<DeviceMemory> device = std::nullopt)
+      : cpu_(make_cpu_backend()),
+        hybrid_(*cpu_->hybrid_ops()),
+        as_caching_allocator_(as_caching_allocator),
+        device_(device) {}
+
+  uint64_t live() const { return counts_->live; }
+  uint64_t peak() const { return counts_->peak; }
+  void restart_peak() { counts_->peak = counts_->live; }
+
+  std::string name() const override { return cpu_->name(); }
+  Device device() const override { return cpu_->device(); }
+  DType activation_dtype() const override { return cpu_->activation_dtype(); }
+  double measure_copy_bandwidth_gbps() override { return cpu_->measure_copy_bandwidth_gbps(); }
+  void synchronize() override { cpu_->synchronize(); }
+  Tensor alloc(const Shape& shape, DType dtype) override {
+    const Tensor tensor = cpu_->alloc(shape, dtype);
+    return counted(tensor, hold(tensor.nbytes()));
+  }
+  DeviceMemory memory() override { return device_ ? *device_ : cpu_->memory(); }
+  uint64_t allocation_bytes(uint64_t bytes) const override {
+    return as_caching_allocator_ ? (bytes + 511) / 512 * 512 : cpu_->allocation_bytes(bytes);
+  }
+  bool caches_freed_blocks() const override { return as_caching_allocator_; }
+  Tensor upload(const Tensor& host) override { return counted(cpu_->upload(host), hold(host.nbytes())); }
+  Tensor download(const Tensor& tensor) override { return cpu_->download(tensor); }
+  void zero(Tensor& tensor) override { cpu_->zero(tensor); }
+  BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override {
+    BatchLayout layout = cpu_->make_layout(spans, token_ids);
+    const auto held = hold(layout.token_ids.nbytes() + layout.positions.nbytes() + layout.slots.nbytes() +
+                           layout.spans_device.nbytes());
+    for (Tensor* tensor : {&layout.token_ids, &layout.positions, &layout.slots, &layout.spans_device})
+      *tensor = counted(*tensor, held);
+    return layout;
+  }
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override { cpu_->embedding(table, ids, out); }
+  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
+    cpu_->matmul(x, w, bias, out);
+  }
+  void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override { cpu_->matmul_group(x, targets); }
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override {
+    cpu_->rms_norm(x, weight, eps, style, out);
+  }
+  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
+                    Tensor& out) override {
+    cpu_->add_rms_norm(residual, delta, weight, eps, style, out);
+  }
+  void add(Tensor& a, const Tensor& b) override { cpu_->add(a, b); }
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override { cpu_->gather_rows(x, rows, out); }
+  void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override {
+    cpu_->rope(x, positions, inv_freq, rotary_dim);
+  }
+  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override { cpu_->swiglu(gate, up, out); }
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
+                Tensor& v_cache) override {
+    cpu_->kv_write(k, v, layout, k_cache, v_cache);
+  }
+  void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
+                     int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) override {
+    cpu_->rope_kv_write(q, k, v, layout, inv_freq, rotary_dim, head_norms, k_cache, v_cache);
+  }
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+                 float scale, Tensor& out) override {
+    cpu_->attention(q, k_cache, v_cache, layout, scale, out);
+  }
+
+  HybridOps* hybrid_ops() override { return this; }
+  void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) override {
+    hybrid_.split_query_gate(query_and_gate, query, gate);
+  }
+  void sigmoid_gate(Tensor& x, const Tensor& gate) override { hybrid_.sigmoid_gate(x, gate); }
+  void causal_conv1d_silu(const Tensor& x, const Tensor& weight, const BatchLayout& layout, Tensor& conv_state,
+                          Tensor& out) override {
+    hybrid_.causal_conv1d_silu(x, weight, layout, conv_state, out);
+  }
+  void gated_delta_prepare_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) override {
+    hybrid_.gated_delta_prepare_qkv(qkv, q, k, v);
+  }
+  void gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias, Tensor& beta,
+                         Tensor& g) override {
+    hybrid_.gated_delta_gates(b, a, a_log, dt_bias, beta, g);
+  }
+  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        const BatchLayout& layout, Tensor& state, Tensor& out) override {
+    hybrid_.gated_delta_rule(q, k, v, g, beta, layout, state, out);
+  }
+  void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override {
+    hybrid_.rms_norm_gated(x, z, weight, eps, out);
+  }
+
+ private:
+  struct Counts {
+    uint64_t live = 0, peak = 0;
+  };
+
+  // Counts `bytes` as live until the returned handle goes.
+  std::shared_ptr<const void> hold(uint64_t bytes) {
+    counts_->live += bytes;
+    counts_->peak = std::max(counts_->peak, counts_->live);
+    return std::shared_ptr<const void>(nullptr, [counts = counts_, bytes](const void*) { counts->live -= bytes; });
+  }
+
+  // `tensor`, keeping `held` for as long as it or a view of it lives.
+  static Tensor counted(const Tensor& tensor, std::shared_ptr<const void> held) {
+    auto owner = std::make_shared<const std::pair<Tensor, std::shared_ptr<const void>>>(tensor, std::move(held));
+    return Tensor::borrow(tensor.raw(), tensor.shape(), tensor.dtype(), std::move(owner), tensor.device());
+  }
+
+  std::unique_ptr<Backend> cpu_;
+  HybridOps& hybrid_;
+  bool as_caching_allocator_;
+  std::optional<DeviceMemory> device_;
+  std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
+};
+
+TEST(MemoryPlan, EachPartIsWhatTheCpuBackendHandsOutForTheSameWork) {
   KILN_REQUIRE_SHARED(shared);
-  for (const char* family : {"llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny"}) {
+  for (const char* family : {"llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny", "qwen3_5-vl-tiny"}) {
     for (const char* dtype : {"f32", "bf16"}) {
       SCOPED_TRACE(std::string(family) + " " + dtype);
-      const auto dir = shared / "fixtures/tiny" / family / dtype;
-      auto backend = make_cpu_backend();
-      const ModelPlan model_plan = plan_model(dir, Device::CPU, /*backend_present=*/true);
-      const MemoryPlan plan = plan_memory(model_plan, *backend, std::nullopt, {3, 200, 64});
+      const ModelPlan model_plan = plan_model(shared / "fixtures/tiny" / family / dtype, Device::CPU, true);
+      CountingCpuBackend backend;
+      const MemoryRequest request{3, 200, 64};
+      const MemoryPlan plan = plan_memory(model_plan, backend, std::nullopt, request);
       EXPECT_EQ(plan.cache_slots, 3);  // the CPU backend runs no decode graphs
       EXPECT_EQ(plan.graph_scratch, 0u);
       EXPECT_EQ(plan.step_tokens, 3 * 64);
-      auto model = build_model(model_plan, *backend);
-      EXPECT_EQ(plan.cache, model->make_cache(plan.cache_slots, 200)->bytes());
+      EXPECT_TRUE(plan.steps_planned);
+      EXPECT_EQ(backend.live(), 0u) << "the dry run handed out memory of the CPU backend";
+
+      const std::unique_ptr<Model> model = build_model(model_plan, backend);
+      EXPECT_EQ(plan.weights, backend.live());
+      const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context);
+      EXPECT_EQ(plan.cache, backend.live() - plan.weights);
+      EXPECT_EQ(plan.cache, cache->bytes());
+      const uint64_t before_step = backend.live();
+      backend.restart_peak();
+      run_largest_step(*model, *cache, request);
+      EXPECT_EQ(plan.step_scratch, backend.peak() - before_step);
+      EXPECT_EQ(backend.live(), before_step);
       EXPECT_GT(plan.step_scratch, 0u);
-      // The weights as stored: every planned tensor, none twice.
-      uint64_t stored = 0;
-      for (const PlannedTensor& planned : model_plan.load_plan.tensors)
-        stored += model_plan.checkpoint.info(planned.source).nbytes;
-      EXPECT_EQ(plan.weights, stored);
     }
   }
 }
 
 TEST(MemoryPlan, ConvertedWeightsArePlannedInTheLoadDtype) {
   KILN_REQUIRE_SHARED(shared);
-  auto backend = make_cpu_backend();
-  const ModelPlan bf16 = plan_model(shared / "fixtures/tiny/llama3-tiny/bf16", Device::CPU, true);
-  const MemoryPlan as_stored = plan_memory(bf16, *backend, std::nullopt, {1, 64, 64});
-  const MemoryPlan widened = plan_memory(bf16, *backend, DType::F32, {1, 64, 64});
-  EXPECT_EQ(widened.weights, 2 * as_stored.weights);
+  for (const char* family : {"llama3-tiny", "qwen3_5-text-tiny"}) {
+    SCOPED_TRACE(family);
+    const ModelPlan bf16 = plan_model(shared / "fixtures/tiny" / family / "bf16", Device::CPU, true);
+    CountingCpuBackend backend;
+    const MemoryPlan as_stored = plan_memory(bf16, backend, std::nullopt, {1, 64, 64});
+    const MemoryPlan widened = plan_memory(bf16, backend, DType::F32, {1, 64, 64});
+    EXPECT_GT(widened.weights, as_stored.weights);
+    const std::unique_ptr<Model> model = build_model(bf16, backend, DType::F32);
+    EXPECT_EQ(widened.weights, backend.live());
+  }
+}
+
+TEST(MemoryPlan, ShapeOnlyWeightsHaveTheDtypeConstructionSees) {
+  KILN_REQUIRE_SHARED(shared);
+  // The Qwen3.5 checkpoint stores its zero-centred norm gains as 1 + γ: the SubtractOne fix-up
+  // makes them F32, whatever the checkpoint's dtype; --dtype converts every tensor.
+  const ModelPlan plan = plan_model(shared / "fixtures/tiny/qwen3_5-text-tiny/bf16", Device::CPU, true);
+  WeightMap stored = WeightMap(plan.checkpoint, plan.load_plan);
+  WeightMap shapes = WeightMap::shapes_only(plan.checkpoint, plan.load_plan, std::nullopt);
+  WeightMap converted = WeightMap::shapes_only(plan.checkpoint, plan.load_plan, DType::F16);
+  for (const PlannedTensor& planned : plan.load_plan.tensors) {
+    SCOPED_TRACE(planned.canonical);
+    const Tensor real = stored.take(planned.canonical, planned.canonical_shape);
+    const Tensor shape_only = shapes.take(planned.canonical, planned.canonical_shape);
+    EXPECT_EQ(shape_only.dtype(), real.dtype());
+    EXPECT_EQ(converted.take(planned.canonical, planned.canonical_shape).dtype(), DType::F16);
+  }
+  EXPECT_NO_THROW(shapes.require_all_used());
+  EXPECT_FAILS_MENTIONING(WeightMap::shapes_only(plan.checkpoint, plan.load_plan, DType::I32), "cannot be converted");
+}
+
+TEST(MeasuringBackend, AWrongShapeStillFails) {
+  auto cpu = make_cpu_backend();
+  MeasuringBackend measuring(*cpu);
+  const Tensor x = measuring.alloc({4, 64}, DType::F32);
+  const Tensor w = measuring.upload(Tensor::unbacked({32, 48}, DType::BF16));
+  Tensor out = measuring.alloc({4, 32}, DType::F32);
+  EXPECT_FAILS_MENTIONING(measuring.matmul(x, w, nullptr, out), "cpu matmul", "x has shape [4, 64]", "K = 48");
+  const MatmulTarget products[] = {{&w, nullptr, &out}};
+  EXPECT_FAILS_MENTIONING(measuring.matmul_group(x, products), "cpu matmul", "K = 48");
+  // The activation dtype is the target's: BF16 activations are refused where the CPU refuses them.
+  const Tensor bf16_x = measuring.alloc({4, 48}, DType::BF16);
+  EXPECT_FAILS_MENTIONING(measuring.matmul(bf16_x, w, nullptr, out), "cpu matmul", "x has dtype BF16");
+  Tensor gate = measuring.alloc({4, 32}, DType::F32);
+  const Tensor up = measuring.alloc({4, 31}, DType::F32);
+  EXPECT_FAILS_MENTIONING(measuring.swiglu(gate, up, gate), "cpu swiglu");
+  const Tensor right_x = measuring.alloc({4, 48}, DType::F32);
+  EXPECT_NO_THROW(measuring.matmul(right_x, w, nullptr, out));
+}
+
+TEST(MeasuringBackend, HoldsWhatANonCachingAllocatorHoldsAndItsPeak) {
+  CountingCpuBackend target;
+  MeasuringBackend measuring(target);
+  {
+    const Tensor a = measuring.alloc({100}, DType::F32);
+    const Tensor b = measuring.alloc({50}, DType::F32);
+    EXPECT_EQ(measuring.measured().held, 600u);
+    EXPECT_EQ(measuring.measured().in_use, 600u);
+  }
+  EXPECT_EQ(measuring.measured().held, 0u);
+  EXPECT_EQ(measuring.measured().peak_held, 600u);
+  measuring.restart_peak();
+  EXPECT_EQ(measuring.measured().peak_held, 0u);
+  EXPECT_EQ(target.live(), 0u) << "the measuring backend allocated through its target";
+}
+
+TEST(MeasuringBackend, KeepsBlocksAsACachingAllocatorDoes) {
+  CountingCpuBackend target(/*as_caching_allocator=*/true);
+  MeasuringBackend measuring(target);
+  const auto held = [&] { return measuring.measured().held; };
+  { const Tensor a = measuring.alloc({100}, DType::F32); }  // 400 bytes: a 512-byte block
+  EXPECT_EQ(held(), 512u);
+  EXPECT_EQ(measuring.measured().in_use, 0u);
+  {
+    const Tensor again = measuring.alloc({128}, DType::F32);  // the cached block of its size
+    EXPECT_EQ(held(), 512u);
+    const Tensor wider = measuring.alloc({200}, DType::F32);  // no cached block of 1,024 bytes
+    EXPECT_EQ(held(), 1536u);
+  }
+  // Captured work takes a cached block and keeps it in its own pool: the next ordinary request of
+  // that size needs a new block, and the next capture finds it in the pool.
+  measuring.capture([&] { const Tensor scratch = measuring.alloc({100}, DType::F32); });
+  EXPECT_EQ(held(), 1536u);
+  { const Tensor a = measuring.alloc({100}, DType::F32); }
+  EXPECT_EQ(held(), 2048u);
+  measuring.capture([&] { const Tensor scratch = measuring.alloc({100}, DType::F32); });
+  EXPECT_EQ(held(), 2048u);
+  EXPECT_EQ(measuring.measured().peak_held, 2048u);
+}
+
+TEST(MeasuringBackend, ItsTensorsTakeNoMemory) {
+  auto cpu = make_cpu_backend();
+  MeasuringBackend measuring(*cpu);
+  // Four tebibytes, measured: the tensor has its shape and no storage.
+  const Tensor huge = measuring.alloc({int64_t{1} << 40}, DType::F32);
+  EXPECT_EQ(huge.nbytes(), uint64_t{1} << 42);
+  EXPECT_EQ(measuring.measured().held, uint64_t{1} << 42);
+  EXPECT_EQ(measuring.download(huge).nbytes(), uint64_t{1} << 42);
+  EXPECT_EQ(measuring.measured().held, uint64_t{1} << 42) << "a download is host memory, not the backend's";
+}
+
+// A checkpoint of `shape`'s tensors in BF16 whose data is one hole of a sparse file: its headers
+// are real, and none of its bytes takes disk or memory.
+void write_sparse_checkpoint(const std::string& shape, const std::filesystem::path& dir) {
+  const SynthShape& synth = find_synth_shape(shape);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << synth.config.dump();
+  nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};
+  uint64_t offset = 0;
+  for (const SynthTensor& tensor : synth_tensor_layout(parse_config(synth.config, dir / "config.json"))) {
+    const uint64_t bytes = static_cast<uint64_t>(shape_numel(tensor.shape)) * 2;
+    header[tensor.name] = {{"dtype", "BF16"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t length = text.size();
+  {
+    std::ofstream file(dir / "model.safetensors", std::ios::binary);
+    char prefix[8];
+    std::memcpy(prefix, &length, 8);  // little-endian, as x86-64 stores it
+    file.write(prefix, 8);
+    file << text;
+  }
+  std::filesystem::resize_file(dir / "model.safetensors", 8 + length + offset);
+}
+
+// The address space this process has mapped (VmSize), in bytes.
+uint64_t mapped_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  uint64_t kib = 0;
+  while (status >> key) {
+    if (key == "VmSize:" && status >> kib) return kib * 1024;
+    status.ignore(1 << 20, '\n');
+  }
+  ADD_FAILURE() << "/proc/self/status has no VmSize line";
+  return 0;
+}
+
+TEST(MemoryPlan, An80GigabytePlanIsMadeInUnderASecondWithoutItsMemory) {
+  TempDir temp;
+  write_sparse_checkpoint("llama-3.1-8b", temp.path() / "model");
+  // Planned for a device of 96 GiB, as for a GPU from a host with less memory than the plan.
+  CountingCpuBackend backend(/*as_caching_allocator=*/false, DeviceMemory{uint64_t{96} << 30, uint64_t{96} << 30});
+  const ModelPlan model = plan_model(temp.path() / "model", Device::CPU, true);
+  // 32 sequences of 8,192 tokens: 64 GiB of cache beside 15 GiB of weights.
+  const MemoryRequest request{32, 8192, 256};
+  const uint64_t mapped_before = mapped_bytes();
+  const auto start = std::chrono::steady_clock::now();
+  const MemoryPlan plan = plan_memory(model, backend, std::nullopt, request);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(elapsed, std::chrono::seconds(1)) << describe_memory_plan(plan, "cpu");
+  EXPECT_LT(mapped_bytes() - mapped_before, uint64_t{256} << 20) << "the dry run mapped memory of the planned size";
+  EXPECT_EQ(backend.live(), 0u);
+  EXPECT_TRUE(plan.steps_planned);
+  EXPECT_TRUE(plan.fits()) << describe_memory_plan(plan, "cpu");
+  EXPECT_GT(plan.total(), uint64_t{80} << 30);
+  EXPECT_EQ(plan.cache, uint64_t{64} << 30);  // 32 layers x K and V x 32 x 8,192 x 8 heads x 128 x f32
+  EXPECT_EQ(plan.step_tokens, 32 * 256);
+  EXPECT_GT(plan.step_scratch, 0u);
 }
 
 TEST(MemoryPlan, TheVerdictAndTheLongestContextFollowFromTheParts) {
@@ -59,7 +359,11 @@ TEST(MemoryPlan, TheVerdictAndTheLongestContextFollowFromTheParts) {
   const MemoryPlan too_big = plan_memory(model, *backend, std::nullopt, huge);
   EXPECT_FALSE(too_big.fits());
   EXPECT_GT(too_big.cache, too_big.memory.available);
-  EXPECT_NE(describe_memory_plan(too_big, "cpu").find("does not fit"), std::string::npos);
+  // Beyond the memory whatever its steps take: they are not dry-run, and the shortfall is a floor.
+  EXPECT_FALSE(too_big.steps_planned);
+  EXPECT_EQ(too_big.step_scratch, 0u);
+  EXPECT_NE(describe_memory_plan(too_big, "cpu").find("not planned"), std::string::npos);
+  EXPECT_NE(describe_memory_plan(too_big, "cpu").find("does not fit: at least"), std::string::npos);
   const int64_t longest = longest_fitting_context(model, *backend, std::nullopt, too_big);
   ASSERT_GT(longest, 0);
   // Judged against the memory too_big was judged by (what is available moves between readings).

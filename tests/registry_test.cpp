@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include "model/llama.h"
 #include "model/registry.h"
 #include "profile_support.h"
 
@@ -27,8 +26,6 @@ ModelImplementation implementation(std::string id, Graph graph = Graph::Llama, D
     ADD_FAILURE() << "selection must not construct a model";
     return nullptr;
   };
-  entry.cache_tensor_bytes = llama_cache_tensor_bytes;
-  entry.step_tensor_bytes = llama_step_tensor_bytes;
   return entry;
 }
 
@@ -65,15 +62,6 @@ TEST(Registry, RejectsAnImplementationWithoutFactoryOrWithAnIllegalLoop) {
   auto wrong_loop = implementation("qwen3_5", Graph::Qwen3_5);
   wrong_loop.loop = Loop::Autoregressive;
   EXPECT_FAILS_MENTIONING(ImplementationRegistry({wrong_loop}), "qwen3_5", "loop autoregressive");
-}
-
-TEST(Registry, RejectsAnImplementationThatDoesNotSayWhatItAllocates) {
-  auto no_cache_plan = implementation("llama");
-  no_cache_plan.cache_tensor_bytes = nullptr;
-  EXPECT_FAILS_MENTIONING(ImplementationRegistry({no_cache_plan}), "llama", "cache_tensor_bytes");
-  auto no_step_plan = implementation("llama");
-  no_step_plan.step_tensor_bytes = nullptr;
-  EXPECT_FAILS_MENTIONING(ImplementationRegistry({no_step_plan}), "llama", "step_tensor_bytes");
 }
 
 TEST(Registry, SelectsTheGraphDefault) {

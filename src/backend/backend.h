@@ -85,16 +85,30 @@ class Backend {
   virtual Tensor alloc(const Shape& shape, DType dtype) = 0;
   // What the device can still give, and its size (`kiln fit`, engine/memory_plan.h).
   virtual DeviceMemory memory() = 0;
+  // What the backend's memory use follows from, beyond the tensors it is asked for: the measuring
+  // backend (backend/measuring_backend.h) allocates as the backend does, from these, so that a dry
+  // run gives the backend's own footprint (`kiln fit`, engine/memory_plan.h).
+  //
   // The bytes alloc takes from the device for a tensor of `bytes` (allocators round up).
   virtual uint64_t allocation_bytes(uint64_t bytes) const { return bytes; }
-  // The most scratch the attention op allocates for itself in a call of up to `tokens` tokens over
-  // caches of `capacity` positions (the CUDA decode attention's split partials).
-  virtual uint64_t attention_scratch_bytes(int64_t /*tokens*/, int64_t /*heads*/, int64_t /*head_dim*/,
-                                           int64_t /*capacity*/) const {
+  // Whether a freed tensor's block stays with the backend for later requests of its rounded size
+  // (a caching allocator: what it holds then grows to the most blocks of each size live at once)
+  // rather than going back to the system.
+  virtual bool caches_freed_blocks() const { return false; }
+  // The scratch (bytes of one block, 0: none) that one matmul_group call over these products
+  // allocates for itself while it runs (CUDA's split prefill GEMM); a matmul call is a group of one.
+  virtual uint64_t matmul_scratch_bytes(const Tensor& /*x*/, std::span<const MatmulTarget> /*targets*/) const {
     return 0;
   }
-  // Memory the backend takes beyond the tensors it is asked for (kernel code, captured graphs,
-  // the scratch of its own ops), which `kiln fit` keeps free.
+  // The scratch (bytes of one block, 0: none) that an attention call of `tokens` tokens whose
+  // latest position is `max_position` allocates for itself while it runs (the CUDA decode
+  // attention's split partials).
+  virtual uint64_t attention_scratch_bytes(int64_t /*tokens*/, int64_t /*heads*/, int64_t /*head_dim*/,
+                                           int64_t /*max_position*/) const {
+    return 0;
+  }
+  // Memory the backend takes that no tensor accounts for (kernel code, captured graphs'
+  // executables), which `kiln fit` keeps free.
   virtual uint64_t reserved_bytes() const { return 0; }
   // A copy (or, on the CPU, the same tensor) of a host tensor on this device.
   virtual Tensor upload(const Tensor& host) = 0;
@@ -197,8 +211,11 @@ class GraphOps {
   // logit) are [rows]. `sorting` false promises every row is greedy (no sort is queued).
   virtual void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
                              Tensor& logprobs) = 0;
-  // The most scratch sample_tokens allocates for `rows` rows of `vocab` logits (with sorting).
-  virtual uint64_t sampling_scratch_bytes(int64_t /*rows*/, int64_t /*vocab*/) const { return 0; }
+  // The scratch blocks (bytes of each, in the order it allocates them) that one sample_tokens call
+  // over `rows` rows of `vocab` logits allocates for itself while it runs.
+  virtual std::vector<uint64_t> sampling_scratch_bytes(int64_t /*rows*/, int64_t /*vocab*/, bool /*sorting*/) const {
+    return {};
+  }
   // token_ids[i] ← previous[feed[i]] for every i with feed[i] ≥ 0; the other rows keep their
   // token (all I32 on the device; the caller keeps feed[i] below previous's size). A decode step
   // takes the token the step before it sampled this way, without the host reading it first.

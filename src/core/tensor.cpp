@@ -1,5 +1,8 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -50,6 +53,22 @@ Tensor Tensor::borrow(void* data, Shape shape, DType dtype, std::shared_ptr<cons
   tensor.dtype_ = dtype;
   tensor.device_ = device;
   return tensor;
+}
+
+Tensor Tensor::unbacked(Shape shape, DType dtype, Device device, std::shared_ptr<const void> owner) {
+  for (int64_t extent : shape)
+    if (extent < 0) fail("tensor shape {} has a negative extent", shape_string(shape));
+  // Address space with no access rights and no memory behind it, reserved once and never
+  // unmapped; addresses are handed out a granule apart, round the range.
+  constexpr size_t kReserved = size_t{64} << 20, kGranule = 64;
+  static char* const inaccessible = [] {
+    void* range = ::mmap(nullptr, kReserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (range == MAP_FAILED) fail("cannot reserve the address range of unbacked tensors");
+    return static_cast<char*>(range);
+  }();
+  static std::atomic<size_t> made{0};
+  char* data = inaccessible + made.fetch_add(1, std::memory_order_relaxed) % (kReserved / kGranule) * kGranule;
+  return borrow(data, std::move(shape), dtype, std::move(owner), device);
 }
 
 int64_t Tensor::dim(int axis) const {

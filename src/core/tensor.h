@@ -32,6 +32,13 @@ class Tensor {
   // A tensor over memory owned by `owner` (kept alive as long as any view exists).
   static Tensor borrow(void* data, Shape shape, DType dtype, std::shared_ptr<const void> owner,
                        Device device = Device::CPU);
+  // A tensor of this shape and dtype with no storage, for dry runs that only follow shapes (the
+  // measuring backend, shape-only weights); `owner`, when given, is kept alive as for borrow. Its
+  // data address lies in a reserved range with no access rights, so that reading or writing
+  // through it faults instead of touching memory, and is its own (ops compare addresses to find
+  // aliases) among the last million unbacked tensors made.
+  static Tensor unbacked(Shape shape, DType dtype, Device device = Device::CPU,
+                         std::shared_ptr<const void> owner = nullptr);
 
   bool defined() const { return data_ != nullptr || numel() == 0; }
   const Shape& shape() const { return shape_; }

@@ -3,74 +3,103 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
+#include <memory>
 
+#include "backend/measuring_backend.h"
 #include "core/error.h"
 #include "engine/decode_graph.h"
+#include "engine/generation.h"
+#include "engine/sampler.h"
+#include "model/load_plan.h"
 
 namespace kiln {
 namespace {
 
-uint64_t allocated(const Backend& backend, const std::vector<uint64_t>& tensors) {
-  uint64_t total = 0;
-  for (uint64_t bytes : tensors) total += backend.allocation_bytes(bytes);
-  return total;
-}
-
-// One step's scratch: the family's tensors, the f32 logits of `logit_rows` rows, and what the
-// attention allocates for itself.
-uint64_t step_bytes(const ModelPlan& model, const Backend& backend, int64_t tokens, int64_t logit_rows,
-                    int64_t capacity) {
-  const ModelConfig& config = model.config;
-  const DType activation = backend.activation_dtype();
-  return allocated(backend, model.implementation->step_tensor_bytes(config, tokens, logit_rows, activation)) +
-         backend.allocation_bytes(static_cast<uint64_t>(logit_rows * config.vocab_size) * dtype_size(DType::F32)) +
-         backend.attention_scratch_bytes(tokens, config.num_attention_heads, config.head_dim, capacity);
-}
-
 double gib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30); }
 
-// Every part of the plan but the memory available (read once by its callers).
+int64_t chunk_tokens(const MemoryRequest& request) { return std::min(request.prefill_chunk, request.context); }
+
+// The end of the positions a step can reach in a cache of `capacity` positions (BatchLayout's
+// positions are 32-bit).
+int64_t reachable_end(int64_t capacity) { return std::min<int64_t>(capacity, std::numeric_limits<int32_t>::max()); }
+
+// Every part of the plan but the memory, judged against `available` bytes (read once by the
+// callers): the dry run.
 MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
-                      const MemoryRequest& request) {
+                      const MemoryRequest& request, uint64_t available) {
   if (request.sequences < 1) fail("memory plan: at least one sequence is needed, got {}", request.sequences);
   if (request.context < 1) fail("memory plan: the context must be at least one token, got {}", request.context);
   if (request.prefill_chunk < 1) fail("memory plan: the prefill chunk must be positive, got {}", request.prefill_chunk);
   MemoryPlan plan;
   plan.request = request;
-  for (const PlannedTensor& planned : model.load_plan.tensors) {
-    const TensorInfo& info = model.checkpoint.info(planned.source);
-    int64_t elements = 1;
-    for (int64_t extent : planned.canonical_shape) elements *= extent;
-    const DType dtype = load_dtype ? *load_dtype : info.dtype;
-    plan.weights += backend.allocation_bytes(static_cast<uint64_t>(elements) * dtype_size(dtype));
-  }
+  plan.step_tokens = request.sequences * chunk_tokens(request);
+  plan.reserve = backend.reserved_bytes();
+
+  MeasuringBackend measuring(backend);
+  const auto held = [&measuring] { return measuring.measured().held; };
+  const auto peak_since = [&measuring](uint64_t start) { return measuring.measured().peak_held - start; };
+  WeightMap weights = WeightMap::shapes_only(model.checkpoint, model.load_plan, load_dtype);
+  const std::unique_ptr<Model> dry = model.implementation->create(weights, model.config, model.resolved, measuring);
+  if (!dry) fail("model implementation {} returned no model to plan", model.implementation->id);
+  plan.weights = held();
+
   // The engine's cache has decode_bucket(sequences) slots where decode steps run as graphs
   // (engine/decode_graph.h: padded rows take spare slots).
-  GraphOps* graphs = backend.graph_ops();
+  const bool graphs = DecodeGraphs::supported(*dry);
   plan.cache_slots = graphs ? decode_bucket(request.sequences) : request.sequences;
-  const DType activation = backend.activation_dtype();
-  plan.cache = allocated(backend, model.implementation->cache_tensor_bytes(model.config, plan.cache_slots,
-                                                                           request.context, activation));
-  // Every sequence may prefill a chunk in the same step (engine/scheduler.cpp).
-  plan.step_tokens = request.sequences * std::min(request.prefill_chunk, request.context);
-  plan.step_scratch = step_bytes(model, backend, plan.step_tokens, request.sequences, request.context);
+  const std::unique_ptr<ModelCache> cache = dry->make_cache(plan.cache_slots, request.context);
+  plan.cache = held() - plan.weights;
+  if (plan.weights + plan.cache + plan.reserve > available) return plan;
+
+  plan.steps_planned = true;
+  uint64_t start = held();
+  measuring.restart_peak();
+  run_largest_step(*dry, *cache, request);
+  plan.step_scratch = peak_since(start);
   if (graphs) {
-    // One captured graph per bucket up to the cache's slots, each with its own step scratch and
-    // the sampler's sort buffers.
-    for (int64_t rows = 1; rows <= plan.cache_slots; rows = decode_bucket(rows + 1))
-      plan.graph_scratch += step_bytes(model, backend, rows, rows, request.context) +
-                            graphs->sampling_scratch_bytes(rows, model.config.vocab_size);
+    start = held();
+    measuring.restart_peak();
+    DecodeGraphs decode_graphs(*dry, *cache);
+    capture_every_decode_graph(decode_graphs, *cache);
+    // Blocks a capture took from the allocator's cache are the graphs' now: the next largest step
+    // allocates them again.
+    run_largest_step(*dry, *cache, request);
+    plan.graph_scratch = peak_since(start);
   }
-  plan.reserve = backend.reserved_bytes();
   return plan;
 }
 
 }  // namespace
 
+void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& request) {
+  const int64_t tokens = chunk_tokens(request);
+  std::vector<SequenceStep> steps;
+  for (int64_t sequence = 0; sequence < request.sequences; ++sequence)
+    steps.push_back({static_cast<int32_t>(sequence), static_cast<int32_t>(reachable_end(request.context) - tokens),
+                     std::vector<int32_t>(static_cast<size_t>(tokens), 0), false});
+  run_step(model, cache, steps);
+}
+
+void capture_every_decode_graph(DecodeGraphs& graphs, const ModelCache& cache) {
+  SamplingParams sampling;
+  sampling.temperature = 1.0f;
+  Sampler sampler(sampling);
+  const auto position = static_cast<int32_t>(reachable_end(cache.capacity()) - 1);
+  for (int64_t rows = 1; rows <= cache.slots(); rows = decode_bucket(rows + 1))
+    for (Sampler* row_sampler : {static_cast<Sampler*>(nullptr), &sampler}) {
+      std::vector<DecodeRow> decode_rows;
+      for (int64_t row = 0; row < rows; ++row)
+        decode_rows.push_back({static_cast<int32_t>(row), position, 0, row_sampler});
+      graphs.step(decode_rows);
+    }
+}
+
 MemoryPlan plan_memory(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
                        const MemoryRequest& request) {
-  MemoryPlan plan = plan_parts(model, backend, load_dtype, request);
-  plan.memory = backend.memory();
+  const DeviceMemory memory = backend.memory();
+  MemoryPlan plan = plan_parts(model, backend, load_dtype, request, memory.available);
+  plan.memory = memory;
   return plan;
 }
 
@@ -82,7 +111,8 @@ int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::o
   int64_t fits = 0, too_long = plan.request.context + 1;
   while (too_long - fits > 1) {
     probe.context = fits + (too_long - fits) / 2;
-    const bool probe_fits = plan_parts(model, backend, load_dtype, probe).total() <= plan.memory.available;
+    const uint64_t available = plan.memory.available;
+    const bool probe_fits = plan_parts(model, backend, load_dtype, probe, available).total() <= available;
     (probe_fits ? fits : too_long) = probe.context;
   }
   return fits;
@@ -94,16 +124,19 @@ std::string describe_memory_plan(const MemoryPlan& plan, const std::string& devi
   text += fmt::format("weights          {:9.3f} GiB\n", gib(plan.weights));
   text += fmt::format("cache            {:9.3f} GiB  ({} slots x {} tokens)\n", gib(plan.cache), plan.cache_slots,
                       request.context);
-  text += fmt::format("step scratch     {:9.3f} GiB  ({} tokens a step: {} x {}-token prefill chunks)\n",
-                      gib(plan.step_scratch), plan.step_tokens, request.sequences,
-                      std::min(request.prefill_chunk, request.context));
+  if (plan.steps_planned)
+    text += fmt::format("step scratch     {:9.3f} GiB  ({} tokens a step: {} x {}-token prefill chunks)\n",
+                        gib(plan.step_scratch), plan.step_tokens, request.sequences, chunk_tokens(request));
+  else
+    text += "step scratch     not planned: the weights and the cache alone do not fit\n";
   if (plan.graph_scratch) text += fmt::format("decode graphs    {:9.3f} GiB\n", gib(plan.graph_scratch));
   text += fmt::format("backend reserve  {:9.3f} GiB\n", gib(plan.reserve));
   text += fmt::format("total            {:9.3f} GiB\n", gib(plan.total()));
   text += fmt::format("available        {:9.3f} GiB of {:.3f} GiB on {}\n", gib(plan.memory.available),
                       gib(plan.memory.total), device);
   text += plan.fits() ? fmt::format("fits: {} sequences of {} tokens", request.sequences, request.context)
-                      : fmt::format("does not fit: {:.3f} GiB short", gib(plan.total() - plan.memory.available));
+                      : fmt::format("does not fit: {}{:.3f} GiB short", plan.steps_planned ? "" : "at least ",
+                                    gib(plan.total() - plan.memory.available));
   return text;
 }
 

@@ -2,12 +2,13 @@
 // `kiln fit` prints it, and `kiln serve` refuses to load what does not fit (instead of failing
 // part-way through loading, or later, in the middle of a request).
 //
-// Every part is the sum of the tensors that will be allocated, each rounded as the backend's
-// allocator rounds it: the weights (the load plan's tensors, converted to the load dtype), the
-// cache (the family's cache_tensor_bytes for the slots the engine gives it), and the scratch of
-// the largest step (every sequence prefilling a chunk) plus, where decode steps run as captured
-// graphs, each graph's own scratch (a graph keeps its buffers for as long as it exists). The
-// backend's reserve covers what it allocates that no plan lists.
+// The plan is a dry run of the code that allocates: the family's own construction over shape-only
+// weights (WeightMap::shapes_only), its make_cache, the largest step and, where decode steps run
+// as captured graphs, a capture of every graph, all on a MeasuringBackend standing in for the
+// backend (backend/measuring_backend.h). Each part is what the backend's allocator would hold
+// for it, every block rounded and kept as that allocator rounds and keeps it; nothing is computed
+// and no memory of the planned size is taken, so a plan for any model and any device is made on
+// the host in milliseconds. The backend's reserve covers what it takes that no tensor accounts for.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +19,11 @@
 #include "core/dtype.h"
 #include "engine/serving_sizes.h"
 #include "model/loader.h"
+#include "model/model.h"
 
 namespace kiln {
+
+class DecodeGraphs;
 
 struct MemoryRequest {
   int64_t sequences = 1;        // served together (kiln serve --max-batch)
@@ -31,11 +35,16 @@ struct MemoryPlan {
   MemoryRequest request;
   int64_t cache_slots = 0;  // the cache's sequences (decode graphs need spare ones: decode_bucket)
   int64_t step_tokens = 0;  // the most tokens one step runs
-  uint64_t weights = 0;
-  uint64_t cache = 0;
-  uint64_t step_scratch = 0;   // activations, logits and attention scratch of the largest step
-  uint64_t graph_scratch = 0;  // the decode graphs' own buffers, one set per batch-size bucket
+  uint64_t weights = 0;        // the model's construction: its weights and what it uploads
+  uint64_t cache = 0;          // make_cache(cache_slots, context)
+  uint64_t step_scratch = 0;   // the largest step at its peak: its layout, logits, activations and ops' scratch
+  uint64_t graph_scratch = 0;  // the decode graphs: their buffers, their captured scratch, and the step
+                               // scratch they took from the allocator's cache (run_largest_step again)
   uint64_t reserve = 0;        // the backend's (Backend::reserved_bytes)
+  // Whether the steps were planned: they are not when the weights, the cache and the reserve alone
+  // exceed the memory available (the plan cannot fit, whatever they take; their dry run's host
+  // time grows with the step's tokens and the decode graphs' buckets).
+  bool steps_planned = false;
   DeviceMemory memory;         // what the backend reported when the plan was made
 
   uint64_t total() const { return weights + cache + step_scratch + graph_scratch + reserve; }
@@ -50,6 +59,18 @@ MemoryPlan plan_memory(const ModelPlan& model, Backend& backend, std::optional<D
 // memory `plan` reported; 0 when not even one token does.
 int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
                                 const MemoryPlan& plan);
+
+// The steps the plan measures, which any backend runs (the GPU test runs them on CUDA and holds
+// the allocator to the plan, part by part):
+//
+// The largest step the scheduler runs (engine/scheduler.cpp): every sequence of `request`
+// prefills a chunk of min(prefill_chunk, context) tokens (slot i for sequence i), at the end of
+// its context (positions are 32-bit: a longer context, which no step reaches, is planned as if it
+// ended there), with one logit row each. The cache needs `request.sequences` slots of `context`.
+void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& request);
+// One greedy and one sampling decode step of every batch-size bucket up to the cache's slots, at
+// the cache's last position: each captures its graph, which keeps its buffers while `graphs` lives.
+void capture_every_decode_graph(DecodeGraphs& graphs, const ModelCache& cache);
 
 // The plan, one part per line, in GiB, with the verdict.
 std::string describe_memory_plan(const MemoryPlan& plan, const std::string& device);

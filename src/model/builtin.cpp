@@ -25,8 +25,7 @@ std::vector<ModelImplementation> builtin_implementations() {
                                  [](WeightMap& weights, const ModelConfig& config, const ResolvedProfile&,
                                     Backend& backend, const TensorParallelRank& rank) {
                                    return make_llama_model(weights, config, backend, rank);
-                                 }},
-           llama_cache_tensor_bytes, llama_step_tensor_bytes});
+                                 }}});
   // The hybrid graph (model/qwen3_5.cpp) needs the backend's HybridOps: the CPU and CUDA have them.
   for (Device device : {Device::CPU, Device::CUDA})
     implementations.push_back(
@@ -38,8 +37,7 @@ std::vector<ModelImplementation> builtin_implementations() {
                                [](WeightMap& weights, const ModelConfig& config, const ResolvedProfile&,
                                   Backend& backend, const TensorParallelRank& rank) {
                                  return make_qwen3_5_model(weights, config, backend, rank);
-                               }},
-         qwen3_5_cache_tensor_bytes, qwen3_5_step_tensor_bytes});
+                               }}});
   return implementations;
 }
 

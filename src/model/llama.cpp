@@ -214,28 +214,6 @@ class LlamaModel final : public Model {
 
 }  // namespace
 
-std::vector<uint64_t> llama_cache_tensor_bytes(const ModelConfig& config, int64_t slots, int64_t capacity,
-                                               DType activation) {
-  // A key and a value tensor per layer (KVCache).
-  const uint64_t rows = static_cast<uint64_t>(slots * capacity * config.num_key_value_heads * config.head_dim);
-  return std::vector<uint64_t>(2 * static_cast<size_t>(config.num_hidden_layers), rows * dtype_size(activation));
-}
-
-std::vector<uint64_t> llama_step_tensor_bytes(const ModelConfig& config, int64_t tokens, int64_t logit_rows,
-                                              DType activation) {
-  // The tensors LlamaModel::forward allocates, in its order.
-  const auto t = static_cast<uint64_t>(tokens);
-  const uint64_t act = dtype_size(activation), f32 = dtype_size(DType::F32);
-  const auto hidden = static_cast<uint64_t>(config.hidden_size), head_dim = static_cast<uint64_t>(config.head_dim);
-  const auto heads = static_cast<uint64_t>(config.num_attention_heads);
-  const auto kv_heads = static_cast<uint64_t>(config.num_key_value_heads);
-  const auto ffn = static_cast<uint64_t>(config.intermediate_size);
-  return {t * hidden * f32,           t * hidden * act,           t * heads * head_dim * act,
-          t * kv_heads * head_dim * act, t * kv_heads * head_dim * act, t * heads * head_dim * act,
-          t * hidden * f32,           t * ffn * act,              t * ffn * act,
-          static_cast<uint64_t>(logit_rows) * hidden * act};
-}
-
 std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& config, Backend& backend,
                                         const TensorParallelRank& rank) {
   check_llama_tensor_parallel(config, rank.ranks);

@@ -20,15 +20,6 @@ namespace kiln {
 std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& config, Backend& backend,
                                         const TensorParallelRank& rank = {});
 
-// What the graph allocates, tensor by tensor, in bytes (engine/memory_plan.h): the KV cache of
-// make_cache(slots, capacity), and the scratch of one forward over `tokens` tokens with
-// `logit_rows` logit rows. tests/memory_plan_test.cpp holds the cache to make_cache; the GPU
-// memory test holds the whole plan above a served model's measured use.
-std::vector<uint64_t> llama_cache_tensor_bytes(const ModelConfig& config, int64_t slots, int64_t capacity,
-                                               DType activation);
-std::vector<uint64_t> llama_step_tensor_bytes(const ModelConfig& config, int64_t tokens, int64_t logit_rows,
-                                              DType activation);
-
 // The dense graph's split (Megatron): q/k/v and gate/up by output rows (whole heads), o_proj and
 // down_proj by input columns; their biases are added once, by rank 0.
 void check_llama_tensor_parallel(const ModelConfig& config, int ranks);

@@ -80,6 +80,38 @@ Tensor copy_columns(const Tensor& source, int64_t first, int64_t count, const st
   return copied;
 }
 
+// A planned tensor read from the checkpoint and fixed up.
+Tensor read_fixed_up(const Checkpoint& checkpoint, const PlannedTensor& planned, const TensorInfo& info) {
+  const std::string file = info.file.string();
+  Tensor tensor = checkpoint.view(planned.source);
+  for (FixUp fixup : planned.fixups) {
+    switch (fixup) {
+      case FixUp::ConvToChannelsKernel:
+        if (tensor.ndim() != 3 || tensor.dim(1) != 1)
+          fail("{}: tensor '{}': conv weight shape {} is not [channels, 1, kernel]", file, planned.source,
+               shape_string(tensor.shape()));
+        tensor = tensor.reshape({tensor.dim(0), tensor.dim(2)});
+        break;
+      case FixUp::ConvFromKernelLast:
+        if (tensor.ndim() != 3 || tensor.dim(2) != 1)
+          fail("{}: tensor '{}': conv weight shape {} is not [channels, kernel, 1]", file, planned.source,
+               shape_string(tensor.shape()));
+        tensor = tensor.reshape({tensor.dim(0), tensor.dim(1)});
+        break;
+      case FixUp::SubtractOne:
+        tensor = subtract_one(tensor);
+        break;
+      case FixUp::GatherRows:
+        tensor = gather_rows(tensor, planned.row_blocks, file, planned.source);
+        break;
+    }
+  }
+  if (tensor.shape() != planned.canonical_shape)
+    fail("{}: tensor '{}': the load plan expects shape {} for '{}' but fixed up it is {}", file, planned.source,
+         shape_string(planned.canonical_shape), planned.canonical, shape_string(tensor.shape()));
+  return tensor;
+}
+
 }  // namespace
 
 const char* fixup_name(FixUp fixup) {
@@ -114,6 +146,25 @@ nlohmann::json LoadPlan::to_json() const {
 }
 
 WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan)
+    : WeightMap(checkpoint, plan, [&checkpoint](const PlannedTensor& planned, const TensorInfo& info) {
+        return read_fixed_up(checkpoint, planned, info);
+      }) {}
+
+WeightMap WeightMap::shapes_only(const Checkpoint& checkpoint, const LoadPlan& plan, std::optional<DType> dtype) {
+  const std::string name = checkpoint.location().string();
+  if (dtype == DType::I32) fail("{}: weights cannot be converted to {}", name, dtype_name(*dtype));
+  return WeightMap(checkpoint, plan, [&](const PlannedTensor& planned, const TensorInfo& info) {
+    DType fixed_up = info.dtype;
+    for (FixUp fixup : planned.fixups)
+      if (fixup == FixUp::SubtractOne) fixed_up = DType::F32;
+    if (dtype && fixed_up == DType::I32)
+      fail("{}: tensor '{}' is {}, not a floating-point weight to convert to {}", name, planned.source,
+           dtype_name(fixed_up), dtype_name(*dtype));
+    return Tensor::unbacked(planned.canonical_shape, dtype ? *dtype : fixed_up);
+  });
+}
+
+WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan, const Materialise& materialise)
     : checkpoint_name_(checkpoint.location().string()) {
   std::set<std::string> covered;
   for (const DroppedTensor& dropped : plan.dropped) {
@@ -129,34 +180,7 @@ WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan)
       fail("{}: tensor '{}' (for '{}') is missing from the checkpoint", checkpoint_name_, planned.source,
            planned.canonical);
     const TensorInfo& info = checkpoint.info(planned.source);
-    const std::string file = info.file.string();
-    Tensor tensor = checkpoint.view(planned.source);
-    for (FixUp fixup : planned.fixups) {
-      switch (fixup) {
-        case FixUp::ConvToChannelsKernel:
-          if (tensor.ndim() != 3 || tensor.dim(1) != 1)
-            fail("{}: tensor '{}': conv weight shape {} is not [channels, 1, kernel]", file, planned.source,
-                 shape_string(tensor.shape()));
-          tensor = tensor.reshape({tensor.dim(0), tensor.dim(2)});
-          break;
-        case FixUp::ConvFromKernelLast:
-          if (tensor.ndim() != 3 || tensor.dim(2) != 1)
-            fail("{}: tensor '{}': conv weight shape {} is not [channels, kernel, 1]", file, planned.source,
-                 shape_string(tensor.shape()));
-          tensor = tensor.reshape({tensor.dim(0), tensor.dim(1)});
-          break;
-        case FixUp::SubtractOne:
-          tensor = subtract_one(tensor);
-          break;
-        case FixUp::GatherRows:
-          tensor = gather_rows(tensor, planned.row_blocks, file, planned.source);
-          break;
-      }
-    }
-    if (tensor.shape() != planned.canonical_shape)
-      fail("{}: tensor '{}': the load plan expects shape {} for '{}' but fixed up it is {}", file, planned.source,
-           shape_string(planned.canonical_shape), planned.canonical, shape_string(tensor.shape()));
-    tensors_.emplace(planned.canonical, std::move(tensor));
+    tensors_.emplace(planned.canonical, materialise(planned, info));
     sources_.emplace(planned.canonical, planned.source);
     source_files_.emplace(planned.canonical, info.file);
     covered.insert(planned.source);

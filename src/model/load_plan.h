@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -71,6 +72,11 @@ using ShardRule = std::function<TensorShard(const std::string& canonical, const 
 class WeightMap {
  public:
   WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan);
+  // The map `plan` describes, with no byte read: every tensor in its canonical shape and in the
+  // dtype construction sees (F32 after a SubtractOne fix-up; `dtype` for every tensor when given,
+  // as convert_to makes it) but with no storage (Tensor::unbacked), for a dry run of the model's
+  // construction on the measuring backend (engine/memory_plan.h).
+  static WeightMap shapes_only(const Checkpoint& checkpoint, const LoadPlan& plan, std::optional<DType> dtype);
   // Converts every tensor to the floating-point `dtype` (F32, F16 or BF16) before the graph takes
   // any (`--dtype`): widening is exact, narrowing rounds to nearest even. Tensors already in it
   // stay views of the checkpoint.
@@ -90,6 +96,10 @@ class WeightMap {
   void require_all_used() const;
 
  private:
+  // Checks the plan against the checkpoint and keeps what `materialise` makes of each planned tensor.
+  using Materialise = std::function<Tensor(const PlannedTensor& planned, const TensorInfo& info)>;
+  WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan, const Materialise& materialise);
+
   std::map<std::string, Tensor> tensors_;
   std::map<std::string, std::string> sources_;
   std::map<std::string, std::filesystem::path> source_files_;  // canonical → the file holding it

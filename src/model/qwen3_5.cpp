@@ -321,51 +321,6 @@ class Qwen35Model final : public Model {
 
 }  // namespace
 
-std::vector<uint64_t> qwen3_5_cache_tensor_bytes(const ModelConfig& config, int64_t slots, int64_t capacity,
-                                                 DType activation) {
-  const HybridHeads heads = hybrid_heads(config, {});
-  const int64_t conv_channels =
-      2 * heads.key_heads * config.linear_key_head_dim + heads.value_heads * config.linear_value_head_dim;
-  const auto kv = static_cast<uint64_t>(slots * capacity * heads.kv_heads * config.head_dim) * dtype_size(activation);
-  const auto conv = static_cast<uint64_t>(slots * (config.linear_conv_kernel_dim - 1) * conv_channels) * 4;
-  const auto delta =
-      static_cast<uint64_t>(slots * heads.value_heads * config.linear_key_head_dim * config.linear_value_head_dim) * 4;
-  std::vector<uint64_t> bytes;
-  for (LayerKind kind : config.layer_types)
-    if (kind != LayerKind::LinearAttention) bytes.insert(bytes.end(), {kv, kv});
-  for (LayerKind kind : config.layer_types)
-    if (kind == LayerKind::LinearAttention) bytes.insert(bytes.end(), {conv, delta});
-  return bytes;
-}
-
-std::vector<uint64_t> qwen3_5_step_tensor_bytes(const ModelConfig& config, int64_t tokens, int64_t logit_rows,
-                                                DType activation) {
-  // The tensors Qwen35Model::forward and its three sublayers allocate, in their order. The
-  // sublayers' scratch is listed once each: a caching allocator keeps all three sets.
-  const HybridHeads heads = hybrid_heads(config, {});
-  const auto t = static_cast<uint64_t>(tokens);
-  const uint64_t act = dtype_size(activation), f32 = dtype_size(DType::F32);
-  const auto hidden = static_cast<uint64_t>(config.hidden_size), head_dim = static_cast<uint64_t>(config.head_dim);
-  const auto key = static_cast<uint64_t>(heads.key_heads * config.linear_key_head_dim);
-  const auto value = static_cast<uint64_t>(heads.value_heads * config.linear_value_head_dim);
-  const auto value_heads = static_cast<uint64_t>(heads.value_heads);
-  const auto query = static_cast<uint64_t>(heads.heads) * head_dim;
-  const auto kv = static_cast<uint64_t>(heads.kv_heads) * head_dim;
-  const auto ffn = static_cast<uint64_t>(heads.ffn);
-  std::vector<uint64_t> bytes = {t * hidden * f32, t * hidden * act, t * hidden * f32};
-  const auto& kinds = config.layer_types;
-  const auto delta_layers = std::count(kinds.begin(), kinds.end(), LayerKind::LinearAttention);
-  if (delta_layers > 0)
-    bytes.insert(bytes.end(), {t * (2 * key + value) * act, t * value * act, t * value_heads * act,
-                               t * value_heads * act, t * (2 * key + value) * act, t * key * f32, t * key * f32,
-                               t * value * f32, t * value_heads * f32, t * value_heads * f32, t * value * act});
-  if (delta_layers < static_cast<std::ptrdiff_t>(kinds.size()))
-    bytes.insert(bytes.end(), {t * 2 * query * act, t * kv * act, t * kv * act, t * query * act, t * query * act,
-                               t * query * act});
-  bytes.insert(bytes.end(), {t * ffn * act, t * ffn * act, static_cast<uint64_t>(logit_rows) * hidden * act});
-  return bytes;
-}
-
 std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig& config, Backend& backend,
                                           const TensorParallelRank& rank) {
   check_qwen3_5_tensor_parallel(config, rank.ranks);

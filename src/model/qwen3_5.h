@@ -19,16 +19,6 @@ namespace kiln {
 std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig& config, Backend& backend,
                                           const TensorParallelRank& rank = {});
 
-// What the graph allocates, tensor by tensor, in bytes (engine/memory_plan.h): the cache of
-// make_cache(slots, capacity) (KV rows for the attention layers, the conv tail and the delta-rule
-// state for the GDN layers), and the scratch of one forward over `tokens` tokens with `logit_rows`
-// logit rows. tests/memory_plan_test.cpp holds the cache to make_cache; the GPU memory test holds
-// the whole plan above a served model's measured use.
-std::vector<uint64_t> qwen3_5_cache_tensor_bytes(const ModelConfig& config, int64_t slots, int64_t capacity,
-                                                 DType activation);
-std::vector<uint64_t> qwen3_5_step_tensor_bytes(const ModelConfig& config, int64_t tokens, int64_t logit_rows,
-                                                DType activation);
-
 // The hybrid graph's split: gated attention and the MLP as in the dense graph (the q_proj rows of
 // a head hold its query and its gate); a Gated DeltaNet layer by whole key heads with the value
 // heads that read them (value head h reads key head h / (Hv / Hk), spec A.6): their q, k and v

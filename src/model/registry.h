@@ -42,15 +42,6 @@ struct ModelImplementation {
   Factory create;
   // How the graph splits over tensor-parallel ranks; unsupported (empty) for graphs that cannot.
   TensorParallelSupport tensor_parallel = {};
-  // What the model allocates, tensor by tensor, in bytes: the cache of make_cache(slots, capacity)
-  // and the scratch of one forward over `tokens` tokens with `logit_rows` logit rows. `kiln fit`
-  // and the server add them up before any weight is read (engine/memory_plan.h).
-  using CacheTensorBytes = std::function<std::vector<uint64_t>(const ModelConfig& config, int64_t slots,
-                                                               int64_t capacity, DType activation)>;
-  using StepTensorBytes = std::function<std::vector<uint64_t>(const ModelConfig& config, int64_t tokens,
-                                                              int64_t logit_rows, DType activation)>;
-  CacheTensorBytes cache_tensor_bytes = {};
-  StepTensorBytes step_tensor_bytes = {};
 };
 
 // Fails, naming the profile, unless `implementation` is the one `profile` declares on `device`: its
@@ -63,7 +54,7 @@ void check_implementation_binding(const ModelImplementation& implementation, con
 class ImplementationRegistry {
  public:
   ImplementationRegistry() = default;
-  // Fails on an empty id, a missing factory or memory plan, a duplicate (id, backend), or a loader or loop that
+  // Fails on an empty id, a missing factory, a duplicate (id, backend), or a loader or loop that
   // is not legal for the graph.
   explicit ImplementationRegistry(std::vector<ModelImplementation> implementations);
 

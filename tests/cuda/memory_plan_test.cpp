@@ -1,11 +1,16 @@
-// The memory plan on the GPU: a served model's measured use of device memory stays inside what
-// `kiln fit` plans for it.
+// The memory plan on the GPU. The plan is a dry run made on the host (engine/memory_plan.h:
+// the measuring backend standing in for CUDA); here the same work runs on the CUDA backend and
+// each part of the plan is held to what the CUDA allocator really holds for it, for each family;
+// and a served model's use of device memory stays inside the plan.
+#include <cmath>
+#include <cstdio>
 #include <random>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "cuda_test_support.h"
+#include "engine/decode_graph.h"
 #include "engine/memory_plan.h"
 #include "engine/scheduler.h"
 #include "model/synth.h"
@@ -18,6 +23,82 @@ using namespace std::chrono_literals;
 namespace {
 
 double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// A part of the plan against the allocator's measure of it. The dry run follows the allocator
+// block by block (the same requests, rounded and cached as device_allocator.cpp does), so the two
+// are expected to be equal; the bar, 2 %, is what this holds them to.
+void expect_planned(const char* part, uint64_t planned, uint64_t held) {
+  const double margin = 0.02 * static_cast<double>(held);
+  EXPECT_LE(std::abs(static_cast<double>(planned) - static_cast<double>(held)), margin)
+      << part << ": planned " << planned << " bytes, the CUDA allocator holds " << held;
+  std::printf("  %-13s planned %12llu  held %12llu bytes\n", part, static_cast<unsigned long long>(planned),
+              static_cast<unsigned long long>(held));
+}
+
+// Plans `request` for the model in `dir` on the host, then runs the plan's work on CUDA with
+// `activations` and compares each part with what the allocator holds after it.
+void expect_the_allocator_holds_the_plan(const std::filesystem::path& dir, DType activations,
+                                         const MemoryRequest& request) {
+  auto backend = make_cuda_backend(0, activations);
+  const auto held = [&] { return cuda_allocator_held_bytes(*backend); };
+  const ModelPlan model_plan = plan_model(dir, Device::CUDA, /*backend_present=*/true);
+  const uint64_t before_planning = held();
+  const MemoryPlan plan = plan_memory(model_plan, *backend, std::nullopt, request);
+  EXPECT_EQ(held(), before_planning) << "planning took device memory";
+  ASSERT_TRUE(plan.steps_planned) << describe_memory_plan(plan, "cuda");
+  std::printf("%s, %s activations, %lld x %lld tokens, %lld-token chunks:\n", dir.string().c_str(),
+              std::string(dtype_name(activations)).c_str(), static_cast<long long>(request.sequences),
+              static_cast<long long>(request.context), static_cast<long long>(request.prefill_chunk));
+
+  uint64_t start = held();
+  const std::unique_ptr<Model> model = build_model(model_plan, *backend);
+  expect_planned("weights", plan.weights, held() - start);
+  start = held();
+  const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context);
+  expect_planned("cache", plan.cache, held() - start);
+  // The allocator gives nothing back (no request here comes near the device's memory), so what
+  // it holds after a phase is that phase's peak.
+  start = held();
+  run_largest_step(*model, *cache, request);
+  backend->synchronize();
+  expect_planned("step scratch", plan.step_scratch, held() - start);
+  start = held();
+  {
+    DecodeGraphs graphs(*model, *cache);
+    capture_every_decode_graph(graphs, *cache);
+    run_largest_step(*model, *cache, request);
+    backend->synchronize();
+    expect_planned("decode graphs", plan.graph_scratch, held() - start);
+  }
+  EXPECT_GT(plan.graph_scratch, 0u);
+}
+
+TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansForEachFamily) {
+  KILN_REQUIRE_CUDA();
+  KILN_REQUIRE_SHARED(shared);
+  for (const char* family : {"llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny"}) {
+    SCOPED_TRACE(family);
+    const auto dir = shared / "fixtures/tiny" / family;
+    // Three sequences take a cache of four slots (decode_bucket) and graphs of 1, 2 and 4 rows.
+    expect_the_allocator_holds_the_plan(dir / "bf16", DType::BF16, {3, 1000, 64});
+    expect_the_allocator_holds_the_plan(dir / "f32", DType::F32, {3, 1000, 64});
+  }
+}
+
+TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansAtARealModelsWidths) {
+  KILN_REQUIRE_CUDA();
+  // llama-3.2-1b's shape with 4 of its 16 layers: K of 8,192 splits the prefill GEMMs' K across
+  // blocks (their scratch), the vocabulary is real (the sampling scratch), and decode attention
+  // splits its keys (its partials, sized for the whole cache inside the graphs).
+  TempDir temp;
+  SynthOptions synth;
+  synth.shape = "llama-3.2-1b";
+  synth.out = temp.path() / "model";
+  synth.layers = 4;
+  write_synthetic_checkpoint(synth);
+  expect_the_allocator_holds_the_plan(synth.out, DType::BF16, {8, 4096, 256});
+  expect_the_allocator_holds_the_plan(synth.out, DType::BF16, {1, 2048, 8});
+}
 
 TEST(CudaMemoryPlan, AServedModelUsesNoMoreThanItsPlan) {
   KILN_REQUIRE_CUDA();

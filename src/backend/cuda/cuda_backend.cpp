@@ -151,16 +151,16 @@ DeviceMemory CudaBackend::memory() {
   return {free + allocator_->cached_bytes(), total};
 }
 
-uint64_t CudaBackend::attention_scratch_bytes(int64_t tokens, int64_t heads, int64_t head_dim, int64_t capacity) const {
-  // The split partials exist for calls of few tokens only, and grow with the tokens of the call.
+uint64_t CudaBackend::attention_scratch_bytes(int64_t tokens, int64_t heads, int64_t head_dim,
+                                              int64_t max_position) const {
+  // What attention() allocates: the split partials of a call of few tokens.
   cuda::AttentionArgs args;
   args.dtype = activations_;
+  args.tokens = tokens;
   args.heads = heads;
   args.head_dim = head_dim;
-  args.max_position = capacity - 1;
-  args.tokens = std::min(tokens, cuda::kAttentionDecodeMaxTokens);
-  const int64_t floats = args.tokens > 0 ? cuda::attention_partials_floats(args) : 0;
-  return floats ? allocation_bytes(static_cast<uint64_t>(floats) * sizeof(float)) : 0;
+  args.max_position = max_position;
+  return static_cast<uint64_t>(cuda::attention_partials_floats(args)) * sizeof(float);
 }
 
 Tensor CudaBackend::upload(const Tensor& host) {
@@ -378,6 +378,12 @@ void CudaBackend::require_device(const Tensor& tensor, const char* op, const cha
   if (!tensor.defined()) fail("CUDA {}: {} is undefined", op, name);
   if (tensor.device() != Device::CUDA)
     fail("CUDA {}: {} {} is not on the CUDA device (upload it first)", op, name, shape_string(tensor.shape()));
+}
+
+uint64_t cuda_allocator_held_bytes(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  if (!cuda) fail("cuda_allocator_held_bytes: the {} backend is not a CUDA backend", backend.name());
+  return cuda->held_bytes();
 }
 
 int cuda_device_count() {

@@ -29,4 +29,8 @@ DType cuda_activation_dtype_for(DType weights);
 // A backend on CUDA device `device` keeping activations in `activations` (F32 or BF16).
 std::unique_ptr<Backend> make_cuda_backend(int device = 0, DType activations = DType::BF16);
 
+// The bytes a CUDA backend's caching allocator holds from the device (blocks in use and cached):
+// what the memory plan's dry run predicts (tests/cuda/memory_plan_test.cpp). Fails for another backend.
+uint64_t cuda_allocator_held_bytes(const Backend& backend);
+
 }  // namespace kiln

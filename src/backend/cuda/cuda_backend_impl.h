@@ -55,13 +55,20 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
 
   uint64_t allocation_bytes(uint64_t bytes) const override { return cuda::DeviceAllocator::rounded_size(bytes); }
 
-  // For what no plan lists tensor by tensor: the lazily loaded kernel modules, the graphs'
-  // executables and the split-K partials of the prefill GEMM. Not measured piece by piece; in
-  // tests/cuda/memory_plan_test.cpp (eight sequences of a 4-layer llama-3.2-1b served on an H100)
-  // the measured use, 1,307 MiB, stayed under the plan without it (1,452 MiB).
+  bool caches_freed_blocks() const override { return true; }
+
+  // For what the allocator does not hand out: the lazily loaded kernel modules and the graphs'
+  // executables. Not measured piece by piece; tests/cuda/memory_plan_test.cpp holds a served
+  // model's measured use of device memory under the plan with it.
   uint64_t reserved_bytes() const override { return uint64_t{512} << 20; }
 
-  uint64_t attention_scratch_bytes(int64_t tokens, int64_t heads, int64_t head_dim, int64_t capacity) const override;
+  uint64_t matmul_scratch_bytes(const Tensor& x, std::span<const MatmulTarget> targets) const override;
+
+  uint64_t attention_scratch_bytes(int64_t tokens, int64_t heads, int64_t head_dim,
+                                   int64_t max_position) const override;
+
+  // Bytes the allocator holds from the device: blocks in use and cached ones.
+  uint64_t held_bytes() const { return allocator_->held_bytes(); }
 
   Tensor upload(const Tensor& host) override;
 
@@ -76,7 +83,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   void upload_into(const Tensor& host, Tensor& device) override;
 
   // --- sampling (cuda_sampling.cpp) ---
-  uint64_t sampling_scratch_bytes(int64_t rows, int64_t vocab) const override;
+  std::vector<uint64_t> sampling_scratch_bytes(int64_t rows, int64_t vocab, bool sorting) const override;
 
   void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
                      Tensor& logprobs) override;

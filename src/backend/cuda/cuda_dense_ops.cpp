@@ -45,6 +45,22 @@ void CudaBackend::matmul_group(const Tensor& x, std::span<const MatmulTarget> ta
            "matmul_group (bf16)");
 }
 
+uint64_t CudaBackend::matmul_scratch_bytes(const Tensor& x, std::span<const MatmulTarget> targets) const {
+  // What split_scratch allocates for these products (only the BF16 path splits).
+  check_matmul_group(contract(), x, targets);
+  if (activations_ == DType::F32) return 0;
+  cuda::MatmulArgs products[kMaxMatmulGroup];
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const MatmulDims dims = check_matmul(contract(), x, *targets[t].w, targets[t].bias, *targets[t].out);
+    products[t].m = dims.rows;
+    products[t].n = dims.n;
+    products[t].k = dims.k;
+    products[t].multiprocessors = multiprocessors_;
+  }
+  return static_cast<uint64_t>(cuda::matmul_bf16_partials_floats(products, static_cast<int>(targets.size()))) *
+         sizeof(float);
+}
+
 // The scratch a split prefill GEMM adds its segments from (kernels.h), lent to the products;
 // the caller keeps it until the launches are queued (the allocator orders its reuse on the stream).
 Tensor CudaBackend::split_scratch(cuda::MatmulArgs* products, int count) {

@@ -9,10 +9,12 @@
 
 namespace kiln {
 
-uint64_t CudaBackend::sampling_scratch_bytes(int64_t rows, int64_t vocab) const {
-  const auto words = [](size_t bytes) { return (bytes + 3) / 4 * 4; };  // the I32 tensors sample_tokens takes
-  return allocation_bytes(words(cuda::sampling_sort_scratch_bytes(rows, vocab))) +
-         allocation_bytes(words(cuda::sampling_chunk_scratch_bytes(rows, vocab)));
+std::vector<uint64_t> CudaBackend::sampling_scratch_bytes(int64_t rows, int64_t vocab, bool sorting) const {
+  const auto words = [](size_t bytes) -> uint64_t { return (bytes + 3) / 4 * 4; };  // the I32 tensors below
+  std::vector<uint64_t> blocks;
+  if (sorting) blocks.push_back(words(cuda::sampling_sort_scratch_bytes(rows, vocab)));
+  blocks.push_back(words(cuda::sampling_chunk_scratch_bytes(rows, vocab)));
+  return blocks;
 }
 
 void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,

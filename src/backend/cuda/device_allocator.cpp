@@ -47,6 +47,7 @@ void* DeviceAllocator::take_shared(size_t size) {
     std::lock_guard lock(mutex_);
     for (auto& [cached_size, cached] : free_blocks_) cudaFree(cached);
     free_blocks_.clear();
+    held_bytes_ -= cached_bytes_;
     cached_bytes_ = 0;
     status = cudaMalloc(&block, size);
   }
@@ -55,6 +56,8 @@ void* DeviceAllocator::take_shared(size_t size) {
     fail("CUDA out of memory: cudaMalloc of {} bytes on device {} failed ({})", size, device_,
          cudaGetErrorString(status));
   }
+  std::lock_guard lock(mutex_);
+  held_bytes_ += size;
   return block;
 }
 
@@ -100,6 +103,11 @@ void DeviceAllocator::set_mode(Mode mode) {
 size_t DeviceAllocator::cached_bytes() const {
   std::lock_guard lock(mutex_);
   return cached_bytes_;
+}
+
+size_t DeviceAllocator::held_bytes() const {
+  std::lock_guard lock(mutex_);
+  return held_bytes_;
 }
 
 }  // namespace kiln::cuda

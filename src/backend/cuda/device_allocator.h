@@ -32,6 +32,8 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   std::shared_ptr<void> allocate(size_t bytes);
 
   size_t cached_bytes() const;
+  // Bytes taken from the device and not given back: blocks in use and cached ones, both pools.
+  size_t held_bytes() const;
   // The block size a request of `bytes` takes.
   static size_t rounded_size(size_t bytes);
 
@@ -50,6 +52,7 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   mutable std::mutex mutex_;
   std::multimap<size_t, void*> free_blocks_;
   size_t cached_bytes_ = 0;
+  size_t held_bytes_ = 0;
   Mode mode_ = Mode::Shared;
   std::multimap<size_t, void*> graph_free_blocks_;
 };
