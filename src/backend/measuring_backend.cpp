@@ -143,57 +143,57 @@ BatchLayout MeasuringBackend::make_layout(const std::vector<SequenceSpan>& spans
 }
 
 void MeasuringBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
-  check_embedding({name_, activations_}, table, ids, out);
+  check_embedding(contract(), table, ids, out);
 }
 
 void MeasuringBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
-  check_matmul({name_, activations_}, x, w, bias, out);
+  check_matmul(contract(), x, w, bias, out);
   const MatmulTarget product{&w, bias, &out};
   const auto held = scratch(target_.matmul_scratch_bytes(x, {&product, 1}));
 }
 
 void MeasuringBackend::matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) {
-  check_matmul_group({name_, activations_}, x, targets);
+  check_matmul_group(contract(), x, targets);
   const auto held = scratch(target_.matmul_scratch_bytes(x, targets));
 }
 
 void MeasuringBackend::rms_norm(const Tensor& x, const Tensor& weight, float, NormStyle, Tensor& out) {
-  check_rms_norm({name_, activations_}, x, weight, out);
+  check_rms_norm(contract(), x, weight, out);
 }
 
 void MeasuringBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float, NormStyle,
                                     Tensor& out) {
-  check_add_rms_norm({name_, activations_}, residual, delta, weight, out);
+  check_add_rms_norm(contract(), residual, delta, weight, out);
 }
 
-void MeasuringBackend::add(Tensor& a, const Tensor& b) { check_add({name_, activations_}, a, b); }
+void MeasuringBackend::add(Tensor& a, const Tensor& b) { check_add(contract(), a, b); }
 
 void MeasuringBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
-  check_gather_rows({name_, activations_}, x, rows, out);
+  check_gather_rows(contract(), x, rows, out);
 }
 
 void MeasuringBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {
-  check_rope({name_, activations_}, "rope", "x", x, positions, inv_freq, rotary_dim);
+  check_rope(contract(), "rope", "x", x, positions, inv_freq, rotary_dim);
 }
 
 void MeasuringBackend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
-  check_swiglu({name_, activations_}, gate, up, out);
+  check_swiglu(contract(), gate, up, out);
 }
 
 void MeasuringBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
                                 Tensor& v_cache) {
-  check_kv_write({name_, activations_}, k, v, layout, k_cache, v_cache);
+  check_kv_write(contract(), k, v, layout, k_cache, v_cache);
 }
 
 void MeasuringBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout,
                                      const Tensor& inv_freq, int rotary_dim, const HeadNorms* head_norms,
                                      Tensor& k_cache, Tensor& v_cache) {
-  check_rope_kv_write({name_, activations_}, q, k, v, layout, inv_freq, rotary_dim, head_norms, k_cache, v_cache);
+  check_rope_kv_write(contract(), q, k, v, layout, inv_freq, rotary_dim, head_norms, k_cache, v_cache);
 }
 
 void MeasuringBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                  const BatchLayout& layout, float, Tensor& out) {
-  const AttentionDims dims = check_attention({name_, activations_}, q, k_cache, v_cache, layout, out);
+  const AttentionDims dims = check_attention(contract(), q, k_cache, v_cache, layout, out);
   // Captured work replays at later positions, so it is sized for the whole cache (GraphOps::capture).
   int64_t max_position = 0;
   if (capturing_) {
@@ -211,34 +211,34 @@ HybridOps* MeasuringBackend::hybrid_ops() { return target_.hybrid_ops() ? this :
 GraphOps* MeasuringBackend::graph_ops() { return target_.graph_ops() ? this : nullptr; }
 
 void MeasuringBackend::split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) {
-  check_split_query_gate({name_, activations_}, query_and_gate, query, gate);
+  check_split_query_gate(contract(), query_and_gate, query, gate);
 }
 
 void MeasuringBackend::sigmoid_gate(Tensor& x, const Tensor& gate) {
-  check_sigmoid_gate({name_, activations_}, x, gate);
+  check_sigmoid_gate(contract(), x, gate);
 }
 
 void MeasuringBackend::causal_conv1d_silu(const Tensor& x, const Tensor& weight, const BatchLayout& layout,
                                           Tensor& conv_state, Tensor& out) {
-  check_causal_conv1d_silu({name_, activations_}, x, weight, layout.spans, conv_state, out);
+  check_causal_conv1d_silu(contract(), x, weight, layout.spans, conv_state, out);
 }
 
 void MeasuringBackend::gated_delta_prepare_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {
-  check_gated_delta_prepare_qkv({name_, activations_}, qkv, q, k, v);
+  check_gated_delta_prepare_qkv(contract(), qkv, q, k, v);
 }
 
 void MeasuringBackend::gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log,
                                          const Tensor& dt_bias, Tensor& beta, Tensor& g) {
-  check_gated_delta_gates({name_, activations_}, b, a, a_log, dt_bias, beta, g);
+  check_gated_delta_gates(contract(), b, a, a_log, dt_bias, beta, g);
 }
 
 void MeasuringBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                         const Tensor& beta, const BatchLayout& layout, Tensor& state, Tensor& out) {
-  check_gated_delta_rule({name_, activations_}, "gated_delta_rule", q, k, v, g, beta, layout.spans, state, out);
+  check_gated_delta_rule(contract(), "gated_delta_rule", q, k, v, g, beta, layout.spans, state, out);
 }
 
 void MeasuringBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float, Tensor& out) {
-  check_rms_norm_gated({name_, activations_}, x, z, weight, out);
+  check_rms_norm_gated(contract(), x, z, weight, out);
 }
 
 std::unique_ptr<CapturedWork> MeasuringBackend::capture(const std::function<void()>& work) {
@@ -262,7 +262,7 @@ void MeasuringBackend::upload_into(const Tensor& host, Tensor& device) {
 
 void MeasuringBackend::sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
                                      Tensor& logprobs) {
-  const SamplingDims dims = check_sample_tokens({name_, activations_}, logits, settings, tokens, logprobs);
+  const SamplingDims dims = check_sample_tokens(contract(), logits, settings, tokens, logprobs);
   std::vector<std::shared_ptr<const void>> held;
   for (uint64_t bytes : sampling_scratch_bytes(dims.rows, dims.vocab, sorting)) held.push_back(scratch(bytes));
 }
@@ -273,7 +273,7 @@ std::vector<uint64_t> MeasuringBackend::sampling_scratch_bytes(int64_t rows, int
 }
 
 void MeasuringBackend::feed_tokens(const Tensor& previous, const Tensor& feed, Tensor& token_ids) {
-  check_feed_tokens({name_, activations_}, previous, feed, token_ids);
+  check_feed_tokens(contract(), previous, feed, token_ids);
 }
 
 std::unique_ptr<PendingDownload> MeasuringBackend::download_later(const Tensor& device, Tensor& host) {

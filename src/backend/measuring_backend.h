@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/op_contract.h"
 #include "core/tensor.h"
 
 namespace kiln {
@@ -137,6 +138,8 @@ class MeasuringBackend final : public Backend, public HybridOps, public GraphOps
   Tensor measured_tensor(const Shape& shape, DType dtype);
   // Holds a scratch block of `bytes` (none for 0) until the returned handle goes.
   std::shared_ptr<const void> scratch(uint64_t bytes);
+  // The target as the op contract sees it: its name, activations and device.
+  OpContext contract() const { return {name_, activations_, device_}; }
 
   Backend& target_;
   std::string name_;
