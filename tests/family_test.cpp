@@ -2,15 +2,19 @@
 // parsing, fingerprint, profile ladder, implementations, sanitizers, synth), and the list refuses
 // specs that contradict each other.
 #include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
+#include "io/safetensors_writer.h"
 #include "model/family.h"
 #include "model/llama.h"
 #include "profile_support.h"
+#include "test_support.h"
 
 using namespace kiln;
 using kiln::testing::tiny_config;
@@ -192,4 +196,35 @@ TEST(Family, TheGraphVocabularyIsTheFamilies) {
   ModelProfileSpec spec = kiln::testing::family_spec("graphless");
   spec.execution.graph = Graph();
   EXPECT_FAILS_MENTIONING(ModelProfile::build(spec), "model profile graphless", "names no graph");
+}
+
+// The Qwen2 bias rule lives in its ModelTypeRules alone: with attention_bias set, a Llama or Qwen3
+// checkpoint biases all four attention projections and a Qwen2 one q/k/v only (transformers'
+// LlamaAttention, Qwen3Attention, Qwen2Attention), and the graph takes exactly what synth writes.
+TEST(Family, TheGraphTakesTheBiasesItsModelTypeDeclares) {
+  auto backend = make_cpu_backend();
+  for (const char* model_type : {"llama", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(model_type);
+    json config_json = toy_config_json();
+    config_json.erase("toy_kernel");
+    config_json["model_type"] = model_type;
+    config_json["head_dim"] = 16;
+    config_json["attention_bias"] = true;
+    kiln::testing::TempDir dir;
+    std::ofstream(dir.path() / "config.json") << config_json.dump();
+    const ModelConfig config = load_model_config(dir.path());
+    std::vector<SafetensorsEntry> entries;
+    bool output_bias = false;
+    for (const SynthTensor& tensor : dense_decoder_synth_layout(config)) {
+      SafetensorsEntry entry;
+      entry.name = tensor.name;
+      entry.shape = tensor.shape;
+      entry.bytes.assign(entry.nbytes(), 0);
+      entries.push_back(std::move(entry));
+      output_bias = output_bias || tensor.name.ends_with("o_proj.bias");
+    }
+    EXPECT_EQ(output_bias, std::string(model_type) != "qwen2");
+    write_safetensors(dir.path() / "model.safetensors", entries);
+    EXPECT_NO_THROW(load_model(dir.path(), *backend));
+  }
 }

@@ -75,7 +75,7 @@ bool graph_accepts(const Graph& graph, const ModelConfig& config) {
   return std::find(types.begin(), types.end(), config.model_type) != types.end();
 }
 
-Capability graph_capability(const Graph& graph) { return Capability::of_graph(graph); }
+Capability graph_capability(const Graph& graph) { return Capability(Capability::Kind::Graph, "graph:" + graph.name()); }
 
 Capability loop_capability(Loop loop) {
   switch (loop) {

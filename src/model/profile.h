@@ -83,15 +83,13 @@ class Capability {
   static const Capability StateRecurrent;
   static const Capability BackendCpu;
   static const Capability BackendCuda;
-  // "graph:<name>".
-  static Capability of_graph(const Graph& graph) { return Capability(Kind::Graph, "graph:" + graph.name()); }
-
   const std::string& name() const { return name_; }
   auto operator<=>(const Capability&) const = default;
 
  private:
   enum class Kind { Format, Graph, Loop, State, Backend };
   Capability(Kind kind, std::string name) : kind_(kind), name_(std::move(name)) {}
+  friend Capability graph_capability(const Graph& graph);
   Kind kind_;
   std::string name_;
 };
@@ -114,7 +112,7 @@ std::string_view device_name(Device device);  // "cpu" | "cuda"
 // The model_type values a graph accepts, in the order errors list them.
 const std::vector<std::string>& graph_model_types(const Graph& graph);
 bool graph_accepts(const Graph& graph, const ModelConfig& config);
-// The capabilities that name a graph, a loop, a loader's format, a backend.
+// The capabilities that name a graph (graph:<name>), a loop, a loader's format, a backend.
 Capability graph_capability(const Graph& graph);
 Capability loop_capability(Loop loop);
 Capability loader_capability(Loader loader);
