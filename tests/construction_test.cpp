@@ -420,6 +420,7 @@ TEST(LoadModel, AnImplementationThatReturnsNoModelIsAnError) {
   write_tiny_checkpoint(dir);
   ModelImplementation empty_handed;
   empty_handed.id = "llama";
+  empty_handed.graph = builtin_graph("llama");
   empty_handed.create = [](WeightMap&, const ModelConfig&, const ResolvedProfile&, Backend&) {
     return std::unique_ptr<Model>();
   };

@@ -61,8 +61,8 @@ struct FamilySpec {
   Loop loop = Loop::Autoregressive;
   // What the family profile's reference-parity claim is checked against.
   std::string oracle;
-  // config.json: the model_types the graph accepts, each with its configuration class's rules
-  // (the first one is the family's own), and the multimodal wrappers whose text model it serves.
+  // config.json: the model_types the graph accepts, each with its configuration class's rules,
+  // and the multimodal wrappers whose text model it serves.
   std::vector<ModelTypeRules> model_types;
   std::vector<ConfigWrapper> wrappers = {};
   // The fields beyond the common ones (io/fingerprint.h) that shape the graph.
