@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
     });
     std::printf("\n");
     std::fprintf(stderr, "%lld prompt tokens, %lld generated (%s)\n", static_cast<long long>(result.prompt_tokens),
-                 static_cast<long long>(result.completion_tokens), result.finish_reason.c_str());
+                 static_cast<long long>(result.completion_tokens),
+                 std::string(kiln::finish_reason_name(result.finish_reason)).c_str());
   } catch (const std::exception& error) {
     std::fprintf(stderr, "generate_text: %s\n", error.what());
     return 1;

@@ -1,6 +1,8 @@
 // The command line end to end: the README's main job, logits as .npy, and one-line errors.
+#include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -46,15 +48,23 @@ TEST(Cli, GenerateStopsAtAStopString) {
   EXPECT_EQ(result.output, "Once upon a time, there was a little girl named Lily. She loved to play outside in the \n");
 }
 
+// "1,2,...,count"
+std::string counting_ids(int count) {
+  std::string ids = "1";
+  for (int id = 2; id <= count; ++id) ids += fmt::format(",{}", id);
+  return ids;
+}
+
 TEST(Cli, LogitsWritesEveryPositionAsNpy) {
   KILN_REQUIRE_SHARED(shared);
   TempDir temp;
   const auto out = temp.path() / "logits.npy";
-  const CommandResult result = run_command(
-      kiln("logits --model " + (shared / "fixtures/tiny/llama3-tiny/f32").string() + " --ids 1,2,3,4,5 --chunk 2 --out " + out.string()));
+  // 70 positions in prefill chunks of 64: the logits of both chunks are written.
+  const CommandResult result = run_command(kiln("logits --model " + (shared / "fixtures/tiny/llama3-tiny/f32").string() +
+                                                " --ids " + counting_ids(70) + " --prefill-chunk 64 --out " + out.string()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const NpyArray logits = read_npy(out);
-  EXPECT_EQ(logits.shape, (Shape{5, 512}));
+  EXPECT_EQ(logits.shape, (Shape{70, 512}));
 }
 
 TEST(Cli, ErrorsAreOneLineAndNonZero) {
@@ -78,6 +88,34 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
     while (!output.empty() && output.back() == '\n') output.pop_back();
     EXPECT_EQ(output.find('\n'), std::string::npos) << c.arguments << ": more than one line:\n" << output;
     EXPECT_NE(last_line(output).find(c.expected), std::string::npos) << c.arguments << ": " << output;
+  }
+}
+
+// A size a command cannot run at is named before any weight is read: here the checkpoint beside the
+// config is not even a safetensors file, and only the run at valid sizes gets as far as saying so.
+TEST(Cli, SizesAreCheckedBeforeAnyWeightIsRead) {
+  KILN_REQUIRE_SHARED(shared);
+  TempDir temp;
+  std::filesystem::copy_file(shared / "fixtures/tiny/llama3-tiny/f32/config.json", temp.path() / "config.json");
+  std::ofstream(temp.path() / "model.safetensors") << "not a safetensors file";
+  const std::string model = temp.path().string();
+  const std::string out = (temp.path() / "logits.npy").string();
+  const struct {
+    std::string arguments;
+    std::string expected;
+  } cases[] = {
+      {"generate --model " + model + " --ids 1 --prefill-chunk 100", "prefill chunk must be a positive multiple of 64, got 100"},
+      {"logits --model " + model + " --ids 1 --out " + out + " --prefill-chunk 0", "prefill chunk must be a positive multiple of 64, got 0"},
+      {"bench --model " + model + " --batch 1,0", "max batch must be at least 1, got 0"},
+      {"fit --model " + model + " --max-batch 0", "max batch must be at least 1, got 0"},
+      {"fit --model " + model + " --max-context -1", "max context must not be negative, got -1"},
+      {"serve --model " + model + " --port 0 --prefill-chunk 96", "prefill chunk must be a positive multiple of 64, got 96"},
+      {"generate --model " + model + " --ids 1 --prefill-chunk 128", "model.safetensors"},
+  };
+  for (const auto& c : cases) {
+    const CommandResult result = run_command("{ " + kiln(c.arguments) + " 2>&1 >/dev/null; }");
+    EXPECT_EQ(result.exit_code, 1) << c.arguments;
+    EXPECT_NE(last_line(result.output).find(c.expected), std::string::npos) << c.arguments << ": " << result.output;
   }
 }
 

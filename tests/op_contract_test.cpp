@@ -1,6 +1,6 @@
 // The op contract (backend/op_contract.h) on its own: the rules every backend shares, checked here
-// for a backend with BF16 activations too (host tensors stand in for device ones: the contract
-// checks shapes and dtypes, never placement), so that CUDA's side of each rule runs without a GPU.
+// for a backend with BF16 activations too (named "CUDA" but placed in host memory, so that CUDA's
+// side of each shape and dtype rule runs without a GPU; placement has its own test below).
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 namespace kiln::testing {
 namespace {
 
-const OpContext kBf16Backend{"CUDA", DType::BF16};
-const OpContext kF32Backend{"cpu", DType::F32};
+const OpContext kBf16Backend{"CUDA", DType::BF16, Device::CPU};
+const OpContext kF32Backend{"cpu", DType::F32, Device::CPU};
 
 Tensor of(const Shape& shape, DType dtype) { return Tensor::zeros(shape, dtype); }
 
@@ -44,6 +44,30 @@ TEST(OpContract, MatmulTakesActivationsAndWritesTheStreamOrActivations) {
         check_matmul(kBf16Backend, x, w, &bias, of({3, 8}, DType::BF16));
       },
       {"CUDA matmul: bias has shape [1, 8], expected [8]"});
+}
+
+// Every tensor an op names must be on the backend's device, whichever argument it is.
+TEST(OpContract, EveryTensorMustBeOnTheBackendsDevice) {
+  const OpContext cuda{"CUDA", DType::BF16, Device::CUDA};
+  expect_error_mentions(
+      [&] {
+        check_add(cuda, of({4}, DType::BF16), of({4}, DType::BF16));
+      },
+      {"CUDA add: a is in host memory, but this backend's kernels read CUDA device memory"});
+  // A tensor tagged as a CUDA one (never dereferenced: the check fails before any kernel runs).
+  const Tensor host = of({8}, DType::F32);
+  const Tensor on_cuda = Tensor::borrow(host.raw(), {8}, DType::F32, nullptr, Device::CUDA);
+  expect_error_mentions(
+      [&] {
+        check_add(kF32Backend, host, on_cuda);
+      },
+      {"cpu add: b is in CUDA device memory, but this backend's kernels read host memory"});
+  const Tensor w = of({8, 4}, DType::F32), out = of({1, 8}, DType::F32);
+  expect_error_mentions(
+      [&] {
+        check_matmul(kF32Backend, of({1, 4}, DType::F32), w, &on_cuda, out);
+      },
+      {"cpu matmul: bias is in CUDA device memory"});
 }
 
 // Where the backends disagreed, the stricter rule holds on both: rows are the last axis.

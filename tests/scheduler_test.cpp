@@ -1,9 +1,13 @@
 // Continuous batching: every request served among others equals the same request served alone.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "engine/generation.h"
 #include "engine/scheduler.h"
 #include "model_test_support.h"
 #include "test_support.h"
@@ -14,7 +18,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::vector<int32_t> collect(RequestStream& stream, std::string* finish_reason = nullptr) {
+std::vector<int32_t> collect(RequestStream& stream, FinishReason* finish_reason = nullptr) {
   std::vector<int32_t> tokens;
   for (;;) {
     auto event = stream.next(30s);
@@ -74,12 +78,12 @@ TEST(Scheduler, CancelledRequestFreesItsSlot) {
   auto endless = scheduler.submit(make_request({prompt.begin(), prompt.begin() + 10}, 900, 0.0f, 1));
   ASSERT_TRUE(endless->next(30s).has_value());
   endless->cancel();
-  std::string reason;
+  FinishReason reason = FinishReason::Stop;
   collect(*endless, &reason);
-  EXPECT_EQ(reason, "cancelled");
+  EXPECT_EQ(reason, FinishReason::Cancelled);
   auto next = scheduler.submit(make_request({prompt.begin(), prompt.begin() + 10}, 3, 0.0f, 1));
   EXPECT_EQ(collect(*next, &reason).size(), 3u);
-  EXPECT_EQ(reason, "length");
+  EXPECT_EQ(reason, FinishReason::Length);
 }
 
 TEST(Scheduler, RefusesInvalidRequestsAndAFullQueue) {
@@ -101,6 +105,62 @@ TEST(Scheduler, RefusesInvalidRequestsAndAFullQueue) {
   EXPECT_THROW(scheduler.submit(make_request({5, 6}, 2, 0, 1)), QueueFull);
   running->cancel();
   EXPECT_EQ(collect(*waiting).size(), 2u);
+}
+
+// The first `count` tokens of a fixture's prompt.
+std::vector<int32_t> prompt_start(const std::filesystem::path& fixture, size_t count) {
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  EXPECT_GE(prompt.size(), count);
+  return {prompt.begin(), prompt.begin() + std::min(count, prompt.size())};
+}
+
+// generate() runs the same core for one request: the same chunk rule, the same ends, one context.
+TEST(Generate, IsOneRequestOfTheCoreWithItsRules) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  const std::vector<int32_t> prompt = prompt_start(fixture, 150);
+  GenerationOptions options;
+  options.max_tokens = 6;
+  options.sampling.temperature = 0;
+  const GenerationResult whole = generate(*loaded.model, prompt, options);
+  EXPECT_EQ(whole.tokens.size(), 6u);
+  EXPECT_EQ(whole.finish_reason, FinishReason::Length);
+  options.prefill_chunk = 64;
+  EXPECT_EQ(generate(*loaded.model, prompt, options).tokens, whole.tokens);
+
+  options.stop_ids = {whole.tokens[2]};
+  const GenerationResult stopped = generate(*loaded.model, prompt, options);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(whole.tokens.begin(), whole.tokens.begin() + 3));
+  EXPECT_EQ(stopped.finish_reason, FinishReason::Stop);
+  options.stop_ids.clear();
+  int calls = 0;
+  const GenerationResult cut = generate(*loaded.model, prompt, options, [&](const SampledToken&) { return ++calls < 2; });
+  EXPECT_EQ(cut.tokens.size(), 2u);
+  EXPECT_EQ(cut.finish_reason, FinishReason::Stop);
+  options.max_tokens = 0;
+  const GenerationResult none = generate(*loaded.model, prompt, options);
+  EXPECT_TRUE(none.tokens.empty());
+  EXPECT_EQ(none.finish_reason, FinishReason::Length);
+
+  options.max_tokens = 6;
+  options.prefill_chunk = 100;
+  EXPECT_THROW(generate(*loaded.model, prompt, options), Error);
+  EXPECT_THROW(prompt_logits(*loaded.model, prompt, 100), Error);
+  options.prefill_chunk = 64;
+  const int64_t context = loaded.model->config().max_position_embeddings;
+  EXPECT_THROW(generate(*loaded.model, std::vector<int32_t>(context, 5), options), Error);
+}
+
+TEST(PromptLogits, ChunksSplitAsTheStepPlanSplitsThem) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/qwen3_5-text-tiny";
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  const std::vector<int32_t> prompt = prompt_start(fixture, 150);
+  const Tensor one_shot = prompt_logits(*loaded.model, prompt, kWholePrompt);
+  const Tensor chunked = prompt_logits(*loaded.model, prompt, 64);
+  ASSERT_EQ(one_shot.shape(), chunked.shape());
+  EXPECT_EQ(std::memcmp(one_shot.raw(), chunked.raw(), one_shot.nbytes()), 0);
 }
 
 }  // namespace

@@ -393,8 +393,8 @@ TEST(ServerValidation, ContextBudget) {
 
 TEST(ServerMetrics, PrometheusTextHasCountersGaugesAndHistograms) {
   ServerMetrics metrics;
-  metrics.count_request("chat", "stop");
-  metrics.count_request("chat", "stop");
+  metrics.count_request("chat", FinishReason::Stop);
+  metrics.count_request("chat", FinishReason::Stop);
   metrics.count_response(200);
   metrics.add_tokens(7, 3);
   metrics.observe_time_to_first_token(0.003);

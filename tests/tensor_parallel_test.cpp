@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -301,7 +302,9 @@ TEST(TensorParallelCli, LogitsSplitOverTwoRanksMatchOneRank) {
   KILN_REQUIRE_SHARED(shared);
   TempDir temp;
   const std::string model = (shared / "fixtures/tiny/qwen3-tiny/f32").string();
-  const std::string ids = " --ids 1,2,3,4,5,6,7 --chunk 3 --threads 2";
+  std::string ids = " --ids 1";
+  for (int id = 2; id <= 100; ++id) ids += fmt::format(",{}", id);
+  ids += " --prefill-chunk 64 --threads 2";
   const CommandResult whole = run_command(kiln("logits --model " + model + ids + " --out " + (temp.path() / "1.npy").string()));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   const CommandResult split =

@@ -37,7 +37,7 @@ TEST(TextModel, GeneratesTheReferenceStoryAndStreamsItInPieces) {
   EXPECT_EQ(streamed, result.text);
   EXPECT_EQ(result.prompt_tokens, 5);  // BOS and 4 tokens
   EXPECT_EQ(result.completion_tokens, 252);
-  EXPECT_EQ(result.finish_reason, "length");
+  EXPECT_EQ(result.finish_reason, FinishReason::Length);
 }
 
 TEST(TextModel, StopsAtAStopStringOrWhenTheCallbackSaysSo) {
@@ -49,14 +49,14 @@ TEST(TextModel, StopsAtAStopStringOrWhenTheCallbackSaysSo) {
   options.stop = {"park"};
   const TextResult stopped = model.generate("Once upon a time", options);
   EXPECT_EQ(stopped.text, ", there was a little girl named Lily. She loved to play outside in the ");
-  EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.finish_reason, FinishReason::Stop);
 
   options.stop.clear();
   int pieces = 0;
   const TextResult cut = model.generate("Once upon a time", options, [&](std::string_view) { return ++pieces < 3; });
   EXPECT_EQ(pieces, 3);
   EXPECT_EQ(cut.completion_tokens, 3);
-  EXPECT_EQ(cut.finish_reason, "stop");
+  EXPECT_EQ(cut.finish_reason, FinishReason::Stop);
 }
 
 TEST(TextModel, AChatNeedsAChatTemplate) {

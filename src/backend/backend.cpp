@@ -7,14 +7,14 @@ namespace kiln {
 
 void Backend::matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) {
   const std::string backend = name();
-  check_matmul_group(OpContext{backend, activation_dtype()}, x, targets);
+  check_matmul_group(OpContext{backend, activation_dtype(), device()}, x, targets);
   for (const MatmulTarget& target : targets) matmul(x, *target.w, target.bias, *target.out);
 }
 
 void Backend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
                             int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) {
   const std::string backend = name();
-  check_rope_kv_write(OpContext{backend, activation_dtype()}, q, k, v, layout, inv_freq, rotary_dim, head_norms,
+  check_rope_kv_write(OpContext{backend, activation_dtype(), device()}, q, k, v, layout, inv_freq, rotary_dim, head_norms,
                       k_cache, v_cache);
   if (head_norms) {
     rms_norm(q, head_norms->q_weight, head_norms->eps, head_norms->style, q);

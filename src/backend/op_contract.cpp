@@ -7,8 +7,13 @@
 namespace kiln {
 namespace {
 
+std::string_view placement(Device device) { return device == Device::CPU ? "host memory" : "CUDA device memory"; }
+
 void require_defined(const OpContext& context, std::string_view op, const Tensor& tensor, std::string_view name) {
   if (!tensor.defined()) fail("{} {}: {} is an undefined tensor", context.backend, op, name);
+  if (tensor.device() != context.device)
+    fail("{} {}: {} is in {}, but this backend's kernels read {} (upload or download it first)", context.backend, op,
+         name, placement(tensor.device()), placement(context.device));
 }
 
 void require_dtype(const OpContext& context, std::string_view op, const Tensor& tensor, DType dtype,

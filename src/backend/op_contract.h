@@ -3,6 +3,8 @@
 // what is its own (device placement, host values its kernels read, the limits of its kernels) and
 // launches with the dimensions the check returns.
 //
+// Every tensor a check names must be defined and on the backend's device.
+//
 // Dtypes are named by role: the backend's activation dtype (F32 on the CPU; F32 or BF16 on CUDA),
 // the f32 residual stream (F32 or the activation dtype, model/model.h), a stored weight (F32, BF16
 // or F16), or a fixed dtype (I32 indices, F32 recurrent state and gates). Failures are a
@@ -22,10 +24,12 @@
 
 namespace kiln {
 
-// The backend a check speaks for: its name in messages and its activation dtype.
+// The backend a check speaks for: its name in messages, its activation dtype, and the device its
+// kernels read and write (every tensor an op takes must be there).
 struct OpContext {
   std::string_view backend;
   DType activations;
+  Device device;
 };
 
 // --- dense transformer ops ---

@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "core/error.h"
 #include "engine/decode_graph.h"
 #include "engine/generation.h"
 
@@ -53,7 +54,11 @@ RegisterCommand register_bench([](CLI::App& app) {
   command->add_flag("--eager-decode", options->eager_decode,
                     "Run decode steps directly even where the backend captures them as graphs (for comparison)");
   command->callback([options] {
-    OpenedModel opened = open_model(options->model);
+    if (options->batches.empty()) fail("--batch: no batch size given");
+    // Each decode batch runs at its own sizes; the smallest is the one the batch rule can refuse.
+    const ServingSizes sizes{static_cast<int32_t>(*std::min_element(options->batches.begin(), options->batches.end())),
+                             options->decode_context + options->decode_tokens + 1, kDefaultPrefillChunk};
+    OpenedModel opened = open_model(options->model, sizes);
     Model& model = *opened.model;
     Backend& backend = *opened.backend;
     const ModelConfig& config = model.config();

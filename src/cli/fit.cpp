@@ -22,7 +22,7 @@ struct FitCommand {
 };
 
 void fit(const FitCommand& options) {
-  PreparedModel prepared = prepare_model(options.model);
+  PreparedModel prepared = prepare_model(options.model, options.sizes);
   const MemoryRequest request{options.sizes.max_batch, options.sizes.context(prepared.plan.config),
                               options.sizes.prefill_chunk};
   Backend& backend = *prepared.backend;
@@ -43,7 +43,7 @@ const RegisterCommand kRegisterFit([](CLI::App& app) {
   CLI::App* command =
       app.add_subcommand("fit", "Say, before loading, whether a model and its context fit the device's memory");
   options->model.add_to(*command);
-  options->sizes.add_to(*command);
+  add_serving_size_options(*command, options->sizes);
   command->callback([options] { fit(*options); });
 });
 

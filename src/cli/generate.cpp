@@ -27,7 +27,7 @@ struct GenerateCommand {
   float top_p = 1.0f;
   float min_p = 0.0f;
   std::optional<uint64_t> seed;
-  int64_t chunk = 0;
+  ServingSizes sizes{1, 0, kDefaultPrefillChunk};  // one sequence at the model's context
 };
 
 void print_now(const std::string& text) {
@@ -51,16 +51,16 @@ RegisterCommand register_generate([](CLI::App& app) {
   command->add_option("--top-p", options->top_p, "Nucleus sampling mass (1: off)");
   command->add_option("--min-p", options->min_p, "Drop tokens below min-p × the top probability (0: off)");
   command->add_option("--seed", options->seed, "Random seed (same seed, same tokens)");
-  command->add_option("--chunk", options->chunk, "Prefill in chunks of N tokens (0: one shot)")->check(CLI::NonNegativeNumber);
+  add_prefill_chunk_option(*command, options->sizes);
   command->callback([options, ids, prompt, chat] {
     if (!*ids && !*prompt && !*chat) fail("generate needs one of --ids, --prompt or --chat");
     if (*ids && !options->stops.empty()) fail("--stop applies to text (--prompt or --chat), not to --ids");
-    OpenedModel opened = open_model(options->model);
+    OpenedModel opened = open_model(options->model, options->sizes);
     GenerationOptions generation;
     generation.max_tokens = options->max_tokens;
     generation.sampling = {options->temperature, options->top_k, options->top_p, options->min_p, options->seed};
     generation.sampling.validate();
-    generation.prefill_chunk = options->chunk;
+    generation.prefill_chunk = options->sizes.prefill_chunk;
 
     if (*ids) {
       for (int64_t id : opened.model->config().eos_token_ids) generation.stop_ids.push_back(static_cast<int32_t>(id));
@@ -73,7 +73,7 @@ RegisterCommand register_generate([](CLI::App& app) {
           });
       fmt::print("\n");
       fmt::print(stderr, "kiln: {} tokens ({}), prefill {:.1f} ms, decode {:.1f} tok/s\n", result.tokens.size(),
-                 result.finish_reason, result.prefill_seconds * 1e3,
+                 finish_reason_name(result.finish_reason), result.prefill_seconds * 1e3,
                  result.decode_seconds > 0 ? (result.tokens.size() - 1) / result.decode_seconds : 0.0);
       return;
     }

@@ -13,7 +13,7 @@ struct LogitsCommand {
   ModelOptions model;
   std::string ids;
   std::string out;
-  int64_t chunk = 0;
+  ServingSizes sizes{1, 0, kDefaultPrefillChunk};  // one sequence at the model's context
 };
 
 RegisterCommand register_logits([](CLI::App& app) {
@@ -22,11 +22,11 @@ RegisterCommand register_logits([](CLI::App& app) {
   options->model.add_to(*command);
   command->add_option("--ids", options->ids, "Prompt token ids, comma-separated")->required();
   command->add_option("--out", options->out, "Output .npy file")->required();
-  command->add_option("--chunk", options->chunk, "Prefill in chunks of N tokens (0: one shot)")->check(CLI::NonNegativeNumber);
+  add_prefill_chunk_option(*command, options->sizes);
   command->callback([options] {
-    OpenedModel opened = open_model(options->model);
+    OpenedModel opened = open_model(options->model, options->sizes);
     const std::vector<int32_t> prompt = parse_token_ids(options->ids);
-    Tensor logits = prompt_logits(*opened.model, prompt, options->chunk);
+    Tensor logits = prompt_logits(*opened.model, prompt, options->sizes.prefill_chunk);
     write_npy_f32(options->out, logits.shape(), logits.data<float>());
     fmt::print(stderr, "kiln: wrote logits {} to {}\n", shape_string(logits.shape()), options->out);
   });

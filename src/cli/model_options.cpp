@@ -55,6 +55,8 @@ DType stored_weight_dtype(const ModelPlan& plan) {
 }  // namespace
 #endif
 
+namespace {
+
 PreparedModel prepare_model(const ModelOptions& options) {
   if (options.tensor_parallel < 1) fail("--tensor-parallel must be at least 1, got {}", options.tensor_parallel);
   if (options.tensor_parallel > 1 && options.device != "cpu")
@@ -84,6 +86,8 @@ PreparedModel prepare_model(const ModelOptions& options) {
   return {options, std::move(plan), load.dtype, std::move(backend), std::move(rank_backends)};
 }
 
+}  // namespace
+
 OpenedModel build_prepared_model(PreparedModel prepared) {
   OpenedModel opened;
   const ModelOptions& options = prepared.options;
@@ -102,23 +106,26 @@ OpenedModel build_prepared_model(PreparedModel prepared) {
   return opened;
 }
 
-OpenedModel open_model(const ModelOptions& options) { return build_prepared_model(prepare_model(options)); }
-
-void ServingSizes::add_to(CLI::App& command) {
-  command.add_option("--max-batch", max_batch, "Sequences decoded together (KV-cache slots)")
-      ->check(CLI::PositiveNumber);
-  command.add_option("--max-context", max_context, "Tokens per sequence (default: the model's context)")
-      ->check(CLI::NonNegativeNumber);
-  command
-      .add_option("--prefill-chunk", prefill_chunk, "Most prompt tokens a sequence prefills per step (multiple of 64)")
-      ->check(CLI::PositiveNumber);
+PreparedModel prepare_model(const ModelOptions& options, const ServingSizes& sizes) {
+  // Only config.json is read before the sizes are checked: a size the model cannot be run at is
+  // named first, even when the checkpoint itself is missing or broken.
+  check_serving_sizes(sizes, load_config(options.model_dir));
+  return prepare_model(options);
 }
 
-int64_t ServingSizes::context(const ModelConfig& config) const {
-  int64_t context = config.max_position_embeddings;
-  if (max_context > 0) context = context > 0 ? std::min(max_context, context) : max_context;
-  if (context <= 0) fail("{}: max_position_embeddings is missing; give --max-context", config.source.string());
-  return context;
+OpenedModel open_model(const ModelOptions& options, const ServingSizes& sizes) {
+  return build_prepared_model(prepare_model(options, sizes));
+}
+
+void add_serving_size_options(CLI::App& command, ServingSizes& sizes) {
+  command.add_option("--max-batch", sizes.max_batch, "Sequences decoded together (KV-cache slots)");
+  command.add_option("--max-context", sizes.max_context, "Tokens per sequence (default: the model's context)");
+  add_prefill_chunk_option(command, sizes);
+}
+
+void add_prefill_chunk_option(CLI::App& command, ServingSizes& sizes) {
+  command.add_option("--prefill-chunk", sizes.prefill_chunk,
+                     "Most prompt tokens a sequence prefills per step (a positive multiple of 64)");
 }
 
 std::vector<int32_t> parse_token_ids(const std::string& text) {

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/backend.h"
+#include "engine/serving_sizes.h"
 #include "model/loader.h"
 #include "model/model.h"
 
@@ -47,22 +48,19 @@ struct PreparedModel {
   std::vector<std::unique_ptr<Backend>> rank_backends;
 };
 
-PreparedModel prepare_model(const ModelOptions& options);
 // Reads the weights and constructs the model.
 OpenedModel build_prepared_model(PreparedModel prepared);
-// prepare_model, then build_prepared_model.
-OpenedModel open_model(const ModelOptions& options);
 
-// The sizes a served model's memory follows (kiln serve, and kiln fit with serve's defaults).
-struct ServingSizes {
-  int32_t max_batch = 8;
-  int64_t max_context = 0;  // 0: the model's context
-  int64_t prefill_chunk = 256;
+// --max-batch, --max-context and --prefill-chunk (kiln serve, and kiln fit with serve's defaults).
+void add_serving_size_options(CLI::App& command, ServingSizes& sizes);
+// --prefill-chunk alone (kiln generate and kiln logits run one sequence at the model's context).
+void add_prefill_chunk_option(CLI::App& command, ServingSizes& sizes);
 
-  void add_to(CLI::App& command);
-  // Tokens per sequence: the model's context, or less when --max-context asks.
-  int64_t context(const ModelConfig& config) const;
-};
+// The sizes checked against the model's config.json (check_serving_sizes), then the model
+// prepared: a size the model cannot be run at is refused before any weight is read.
+PreparedModel prepare_model(const ModelOptions& options, const ServingSizes& sizes);
+// prepare_model with `sizes`, then build_prepared_model.
+OpenedModel open_model(const ModelOptions& options, const ServingSizes& sizes);
 
 // "1,2,3" → {1, 2, 3}; an error names the bad element.
 std::vector<int32_t> parse_token_ids(const std::string& text);

@@ -93,7 +93,7 @@ void serve(const ServeCommand& options) {
   raise_descriptor_limit();
 
   const auto load_start = std::chrono::steady_clock::now();
-  PreparedModel prepared = prepare_model(options.model);
+  PreparedModel prepared = prepare_model(options.model, options.sizes);
   // The KV cache is slots x context: the model's context, or less when --max-context asks.
   const int64_t context = options.sizes.context(prepared.plan.config);
   refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
@@ -166,7 +166,7 @@ RegisterCommand register_serve([](CLI::App& app) {
   options->model.add_to(*command);
   command->add_option("--host", options->host, "Address to listen on (loopback by default)");
   command->add_option("--port", options->port, "Port to listen on (0: any free port)");
-  options->sizes.add_to(*command);
+  add_serving_size_options(*command, options->sizes);
   command->add_option("--max-queue", options->max_queue, "Waiting requests beyond which new ones get 429")
       ->check(CLI::NonNegativeNumber);
   command->add_option("--api-key", options->api_key, "Require this key (Authorization: Bearer, or x-api-key)");

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <optional>
 
 #include "core/error.h"
-#include "engine/decode_graph.h"
+#include "engine/generation_core.h"
+#include "engine/step_plan.h"
 
 namespace kiln {
 
@@ -37,87 +40,66 @@ Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>
 Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, int64_t chunk) {
   const auto length = static_cast<int64_t>(prompt.size());
   if (length == 0) fail("the prompt is empty");
+  if (chunk != kWholePrompt) check_prefill_chunk(chunk);
   const int64_t vocab = model.config().vocab_size;
   auto cache = model.make_cache(1, length);
   Tensor all = Tensor::empty({length, vocab}, DType::F32);
-  const int64_t step = chunk > 0 ? chunk : length;
-  for (int64_t start = 0; start < length; start += step) {
-    const int64_t count = std::min(step, length - start);
+  for (int64_t start = 0; start < length;) {
+    const int64_t end = chunk == kWholePrompt ? length : prefill_chunk_end(length, start, chunk);
     SequenceStep sequence{0, static_cast<int32_t>(start),
-                          std::vector<int32_t>(prompt.begin() + start, prompt.begin() + start + count), true};
+                          std::vector<int32_t>(prompt.begin() + start, prompt.begin() + end), true};
     Tensor logits = run_step(model, *cache, {sequence});
     std::memcpy(all.data<float>() + start * vocab, logits.raw(), logits.nbytes());
+    start = end;
   }
   return all;
 }
 
 GenerationResult generate(Model& model, const std::vector<int32_t>& prompt, const GenerationOptions& options,
                           const std::function<bool(const SampledToken&)>& on_token) {
-  if (prompt.empty()) fail("the prompt is empty");
-  if (options.max_tokens < 0) fail("max_tokens must be ≥ 0, got {}", options.max_tokens);
-  const int64_t context = model.config().max_position_embeddings;
-  const auto prompt_length = static_cast<int64_t>(prompt.size());
-  if (context > 0 && prompt_length > context)
-    fail("the prompt has {} tokens but the model's context is {} tokens", prompt_length, context);
-  const int64_t budget = context > 0 ? std::min(options.max_tokens, context - prompt_length) : options.max_tokens;
+  ServingSizes sizes;
+  sizes.max_batch = 1;
+  sizes.prefill_chunk = options.prefill_chunk;
+  check_serving_sizes(sizes, model.config());
+  GenerationRequest request{prompt, options.max_tokens, options.sampling, options.stop_ids, 0};
+  bound_request(request, sizes.context(model.config()), model.config().vocab_size);
+  // The cache holds this request's tokens, not the model's whole context.
+  GenerationCore core(model, 1, static_cast<int64_t>(prompt.size()) + std::max<int64_t>(request.max_tokens, 1),
+                      sizes.prefill_chunk, sizes.step_token_budget());
+  auto stream = std::make_shared<RequestStream>();
+  core.admit(std::move(request), stream);
 
-  GenerationResult result;
-  Sampler sampler(options.sampling);
-  auto cache = model.make_cache(1, prompt_length + std::max<int64_t>(budget, 1));
-  const int64_t vocab = model.config().vocab_size;
   using Clock = std::chrono::steady_clock;
-
-  auto start = Clock::now();
-  const int64_t step = options.prefill_chunk > 0 ? options.prefill_chunk : prompt_length;
-  Tensor logits;
-  for (int64_t offset = 0; offset < prompt_length; offset += step) {
-    const int64_t count = std::min(step, prompt_length - offset);
-    SequenceStep sequence{0, static_cast<int32_t>(offset),
-                          std::vector<int32_t>(prompt.begin() + offset, prompt.begin() + offset + count), false};
-    logits = run_step(model, *cache, {sequence});
-  }
-  result.prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-
-  start = Clock::now();
-  result.finish_reason = "length";
-  int64_t position = prompt_length;
-  // Takes one generated token; false when generation ends with it.
-  auto accept = [&](const SampledToken& token) {
-    result.tokens.push_back(token.token);
-    const bool keep_going = on_token ? on_token(token) : true;
-    const bool stop_id =
-        std::find(options.stop_ids.begin(), options.stop_ids.end(), token.token) != options.stop_ids.end();
-    if (stop_id || !keep_going) {
-      result.finish_reason = "stop";
-      return false;
-    }
-    return static_cast<int64_t>(result.tokens.size()) < budget;
-  };
-  // The first token comes from the prefill's logits on the host; decode steps run as captured
-  // graphs that sample on the device where the backend can (the same random stream either way).
-  SampledToken first = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
-  if (budget > 0 && accept(first)) {
-    if (DecodeGraphs::supported(model)) {
-      // Each step is queued before the previous step's token is read: it takes that token on the
-      // device (DecodeRow::fed_from), so the device never waits for the host between steps. The
-      // step queued past a stop is collected and dropped (it wrote one cache row past the end).
-      DecodeGraphs graphs(model, *cache);
-      graphs.launch({DecodeRow{0, static_cast<int32_t>(position++), first.token, &sampler}});
-      for (;;) {
-        if (static_cast<int64_t>(result.tokens.size()) + graphs.queued() < budget)
-          graphs.launch({DecodeRow{0, static_cast<int32_t>(position++), 0, &sampler, 0}});
-        if (!accept(graphs.collect().front())) break;
+  const Clock::time_point start = Clock::now();
+  std::optional<Clock::time_point> first_token;
+  GenerationResult result;
+  bool ended = false;  // the request finished, or the callback asked to stop (later events are dropped)
+  // Takes the events of a step: tokens for the callback, and the end of the request.
+  const auto take = [&](TokenEvent event) {
+    if (ended) return;
+    if (event.token >= 0) {
+      if (!first_token) first_token = Clock::now();
+      result.tokens.push_back(event.token);
+      if (on_token && !on_token({event.token, event.logprob})) {
+        stream->cancel();
+        result.finish_reason = FinishReason::Stop;
+        ended = true;
+        return;
       }
-      while (graphs.queued() > 0) graphs.collect();
-    } else {
-      SampledToken next = first;
-      do {
-        logits = run_step(model, *cache, {SequenceStep{0, static_cast<int32_t>(position++), {next.token}, false}});
-        next = sampler.sample({logits.data<float>(), static_cast<size_t>(vocab)});
-      } while (accept(next));
     }
+    if (!event.finished) return;
+    if (event.finish_reason == FinishReason::Error) fail("{}", event.error);
+    result.finish_reason = event.finish_reason;
+    ended = true;
+  };
+  const auto nothing_waits = [] { return false; };
+  while (core.running() > 0) {
+    core.step(nothing_waits);
+    while (std::optional<TokenEvent> event = stream->next(std::chrono::milliseconds(0))) take(std::move(*event));
   }
-  result.decode_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const Clock::time_point finished = Clock::now();
+  result.prefill_seconds = std::chrono::duration<double>(first_token.value_or(finished) - start).count();
+  result.decode_seconds = std::chrono::duration<double>(finished - first_token.value_or(finished)).count();
   return result;
 }
 

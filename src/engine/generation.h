@@ -1,14 +1,15 @@
-// Running a model: single steps over several sequences, whole-prompt logits, and the
-// prefill + decode loop for one request.
+// Running a model: single steps over several sequences, whole-prompt logits, and one request
+// generated on the calling thread (a one-request client of engine/generation_core.h).
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "engine/finish_reason.h"
 #include "engine/sampler.h"
+#include "engine/serving_sizes.h"
 #include "model/model.h"
 
 namespace kiln {
@@ -26,25 +27,29 @@ struct SequenceStep {
 // f32 tensor [rows, vocab], sequence by sequence.
 Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences);
 
-// Logits of every prompt position [T, vocab], prefilled in chunks of `chunk` tokens (0: one shot).
+// Logits of every prompt position [T, vocab], prefilled in chunks of `chunk` tokens split as a
+// step plan splits them (prefill_chunk_end; a chunk is a positive multiple of 64), or with
+// kWholePrompt in one step.
+inline constexpr int64_t kWholePrompt = 0;
 Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, int64_t chunk);
 
 struct GenerationOptions {
   int64_t max_tokens = 256;
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (it is reported)
-  int64_t prefill_chunk = 0;      // 0: the whole prompt in one step
+  int64_t prefill_chunk = kDefaultPrefillChunk;  // most prompt tokens prefilled per step (a multiple of 64)
 };
 
 struct GenerationResult {
   std::vector<int32_t> tokens;
-  std::string finish_reason;  // "stop" (a stop id, or the callback asked) | "length"
+  FinishReason finish_reason = FinishReason::Length;  // Stop: a stop id, or the callback asked
   double prefill_seconds = 0;
   double decode_seconds = 0;
 };
 
-// Prefills `prompt` and decodes up to max_tokens tokens. on_token is called for each new token
-// and may return false to stop early.
+// Prefills `prompt` and decodes up to max_tokens tokens (bounded by the model's context), through
+// the same core, plan and stop rules as the Scheduler. on_token is called for each new token and
+// may return false to stop early. A failed step is thrown as a kiln::Error.
 GenerationResult generate(Model& model, const std::vector<int32_t>& prompt, const GenerationOptions& options,
                           const std::function<bool(const SampledToken&)>& on_token = {});
 

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "engine/serving_sizes.h"
 #include "model/loader.h"
 
 namespace kiln {
@@ -23,7 +24,7 @@ namespace kiln {
 struct MemoryRequest {
   int64_t sequences = 1;        // served together (kiln serve --max-batch)
   int64_t context = 0;          // tokens per sequence, prompt and completion
-  int64_t prefill_chunk = 256;  // prompt tokens a sequence prefills per step
+  int64_t prefill_chunk = kDefaultPrefillChunk;  // prompt tokens a sequence prefills per step
 };
 
 struct MemoryPlan {

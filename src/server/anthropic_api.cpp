@@ -217,14 +217,13 @@ json anthropic_error_body(int status, const std::string& message) {
   return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }
 
-namespace {
-
-// "end_turn" | "max_tokens" | "stop_sequence"
-std::string anthropic_stop_reason(const std::string& finish_reason, const std::optional<std::string>& stop_sequence) {
-  if (finish_reason == "length") return "max_tokens";
+std::string anthropic_stop_reason(FinishReason finish_reason, const std::optional<std::string>& stop_sequence) {
+  if (finish_reason == FinishReason::Length) return "max_tokens";
   if (stop_sequence) return "stop_sequence";
   return "end_turn";
 }
+
+namespace {
 
 json anthropic_usage(int64_t input_tokens, int64_t output_tokens) {
   return {{"input_tokens", input_tokens}, {"output_tokens", output_tokens}};
@@ -273,7 +272,7 @@ std::vector<std::string> MessagesResponse::stream_delta(const TextDelta& delta, 
                                                        {"index", 0},
                                                        {"delta", {{"type", "text_delta"}, {"text", delta.text}}}}));
   if (!delta.finished) return events;
-  if (delta.finish_reason != "stop" && delta.finish_reason != "length") {
+  if (!ended_normally(delta.finish_reason)) {
     events.push_back(stream_failure(generation_failure(delta)));
     return events;
   }

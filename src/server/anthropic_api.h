@@ -11,6 +11,7 @@
 
 #include "server/generation_response.h"
 #include "server/request_fields.h"
+#include "engine/finish_reason.h"
 #include "text/text_codec.h"
 
 namespace kiln::server {
@@ -28,6 +29,10 @@ MessagesRequest parse_messages_request(const json& body, const std::string& serv
 
 // {"type": "error", "error": {"type", "message"}}
 json anthropic_error_body(int status, const std::string& message);
+
+// The stop_reason of a message that ended normally: "max_tokens" at the length limit,
+// "stop_sequence" at one of the request's stop strings, else "end_turn".
+std::string anthropic_stop_reason(FinishReason finish_reason, const std::optional<std::string>& stop_sequence);
 
 // A message's answer: a message body, or the event stream (message_start, one text content block,
 // message_delta, message_stop; an `error` event when generation fails).

@@ -6,7 +6,7 @@
 namespace kiln::server {
 
 ApiError generation_failure(const TextDelta& end) {
-  if (end.finish_reason == "cancelled")
+  if (end.finish_reason == FinishReason::Cancelled)
     return ApiError(503, end.error.empty() ? "the request was cancelled" : "the request was cancelled: " + end.error,
                     "", "cancelled");
   return ApiError(500, "generation failed: " + end.error, "", "generation_error");

@@ -49,9 +49,9 @@ ServerMetrics::ServerMetrics()
       inter_token_latency_(latency_bounds()),
       request_duration_(latency_bounds()) {}
 
-void ServerMetrics::count_request(const std::string& endpoint, const std::string& finish_reason) {
+void ServerMetrics::count_request(const std::string& endpoint, FinishReason finish_reason) {
   std::lock_guard lock(mutex_);
-  ++requests_[{endpoint, finish_reason}];
+  ++requests_[{endpoint, std::string(finish_reason_name(finish_reason))}];
 }
 
 void ServerMetrics::count_response(int status) {

@@ -35,7 +35,7 @@ class ServerMetrics final : public GenerationMetrics {
   ServerMetrics();
 
   // A generation request that ran, by endpoint ("chat", "completions", "messages") and end.
-  void count_request(const std::string& endpoint, const std::string& finish_reason) override;
+  void count_request(const std::string& endpoint, FinishReason finish_reason) override;
   void count_response(int status);
   void add_tokens(int64_t prompt_tokens, int64_t generated_tokens) override;
   void observe_time_to_first_token(double seconds) override;

@@ -379,9 +379,7 @@ json completion_logprobs(const std::vector<GeneratedToken>& tokens, const TextCo
   return result;
 }
 
-bool finished_normally(const TextDelta& delta) {
-  return delta.finish_reason == "stop" || delta.finish_reason == "length";
-}
+bool finished_normally(const TextDelta& delta) { return ended_normally(delta.finish_reason); }
 
 // A generation that failed mid-stream: an error chunk (OpenAI's streams have no error event).
 std::string error_chunk(const ApiError& failure) {
@@ -389,6 +387,8 @@ std::string error_chunk(const ApiError& failure) {
 }
 
 }  // namespace
+
+std::string openai_finish_reason(FinishReason reason) { return std::string(finish_reason_name(reason)); }
 
 json models_list(const std::string& served_model, int64_t context_tokens, int64_t created) {
   return {{"object", "list"},
@@ -413,7 +413,7 @@ json ChatCompletionResponse::whole(const WholeGeneration& whole, const TokenUsag
   json choice = {{"index", 0},
                  {"message", {{"role", "assistant"}, {"content", whole.text}}},
                  {"logprobs", logprobs_ ? chat_logprobs(whole.tokens, codec_) : json()},
-                 {"finish_reason", whole.last.finish_reason}};
+                 {"finish_reason", openai_finish_reason(whole.last.finish_reason)}};
   return {{"id", id_},
           {"object", "chat.completion"},
           {"created", created_},
@@ -447,7 +447,7 @@ std::vector<std::string> ChatCompletionResponse::stream_delta(const TextDelta& d
         chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(), json()));
   if (!delta.finished) return events;
   if (finished_normally(delta))
-    events.push_back(chunk(json::object(), json(), delta.finish_reason));
+    events.push_back(chunk(json::object(), json(), openai_finish_reason(delta.finish_reason)));
   else
     events.push_back(error_chunk(generation_failure(delta)));
   if (include_usage_)
@@ -486,7 +486,7 @@ json CompletionResponse::whole(const WholeGeneration& whole, const TokenUsage& u
   json response = body(json::array({{{"index", 0},
                                      {"text", whole.text},
                                      {"logprobs", logprobs_ ? completion_logprobs(whole.tokens, codec_, 0) : json()},
-                                     {"finish_reason", whole.last.finish_reason}}}));
+                                     {"finish_reason", openai_finish_reason(whole.last.finish_reason)}}}));
   response["usage"] = openai_usage(usage);
   return response;
 }
@@ -501,7 +501,7 @@ std::vector<std::string> CompletionResponse::stream_delta(const TextDelta& delta
     json chunk = body(json::array({{{"index", 0},
                                     {"text", delta.text},
                                     {"logprobs", logprobs},
-                                    {"finish_reason", ended ? json(delta.finish_reason) : json()}}}));
+                                    {"finish_reason", ended ? json(openai_finish_reason(delta.finish_reason)) : json()}}}));
     if (include_usage_) chunk["usage"] = nullptr;
     text_offset_ += delta.text.size();
     events.push_back(sse_data(chunk));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/finish_reason.h"
 #include "server/generation_response.h"
 #include "server/request_fields.h"
 #include "text/text_codec.h"
@@ -47,6 +48,10 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
 
 // {"error": {"message", "type", "param", "code"}}
 json openai_error_body(int status, const std::string& message, const std::string& param, const std::string& code);
+
+// The finish_reason OpenAI's answers carry: "stop" or "length", kiln's own names for the two ends
+// it sends (a request that was cancelled or failed gets an error instead).
+std::string openai_finish_reason(FinishReason reason);
 
 // /v1/models: the served model, with its context length.
 json models_list(const std::string& served_model, int64_t context_tokens, int64_t created);

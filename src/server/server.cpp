@@ -25,7 +25,7 @@ WholeGeneration run_to_end(TextGeneration& generation, const std::function<bool(
     whole.text += whole.last.text;
     whole.tokens.insert(whole.tokens.end(), whole.last.tokens.begin(), whole.last.tokens.end());
   } while (!whole.last.finished);
-  if (whole.last.finish_reason != "stop" && whole.last.finish_reason != "length") throw generation_failure(whole.last);
+  if (!ended_normally(whole.last.finish_reason)) throw generation_failure(whole.last);
   return whole;
 }
 

@@ -26,7 +26,7 @@ TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, Tex
 TextGeneration::~TextGeneration() {
   if (finished_) return;
   stream_->cancel();
-  metrics_.count_request(endpoint_, "cancelled");
+  metrics_.count_request(endpoint_, FinishReason::Cancelled);
   metrics_.add_tokens(prompt_tokens(), completion_tokens_);
 }
 
@@ -38,10 +38,10 @@ bool TextGeneration::absorb(const std::string& text, TextDelta& delta) {
   return true;
 }
 
-TextDelta& TextGeneration::finish(TextDelta& delta, std::string reason) {
+TextDelta& TextGeneration::finish(TextDelta& delta, FinishReason reason) {
   finished_ = true;
   delta.finished = true;
-  delta.finish_reason = std::move(reason);
+  delta.finish_reason = reason;
   metrics_.count_request(endpoint_, delta.finish_reason);
   metrics_.add_tokens(prompt_tokens(), completion_tokens_);
   metrics_.observe_request_duration(std::chrono::duration<double>(Clock::now() - arrival_).count());
@@ -58,7 +58,7 @@ TextDelta TextGeneration::next(const std::function<bool()>& client_gone) {
       if (client_gone()) {
         stream_->cancel();
         delta.error = "the client disconnected";
-        return finish(delta, "cancelled");
+        return finish(delta, FinishReason::Cancelled);
       }
     }
     std::optional<TokenEvent> event = stream_->next(kDisconnectPoll);
@@ -75,13 +75,13 @@ TextDelta TextGeneration::next(const std::function<bool()>& client_gone) {
       if (logprobs_) delta.tokens.push_back({event->token, text, event->logprob, std::move(event->top_logprobs)});
       if (absorb(text, delta)) {
         stream_->cancel();  // the rest of the generation is not wanted: free the slot now
-        return finish(delta, "stop");
+        return finish(delta, FinishReason::Stop);
       }
     }
     if (event->finished) {
       delta.error = event->error;
-      if (event->finish_reason == "stop" || event->finish_reason == "length") {
-        if (absorb(decoder_->finish(), delta)) return finish(delta, "stop");
+      if (ended_normally(event->finish_reason)) {
+        if (absorb(decoder_->finish(), delta)) return finish(delta, FinishReason::Stop);
         delta.text += stop_matcher_.flush();
       }
       return finish(delta, event->finish_reason);

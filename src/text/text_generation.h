@@ -40,7 +40,7 @@ struct TextDelta {
   std::string text;                    // new output text (possibly empty on the final delta)
   std::vector<GeneratedToken> tokens;  // with logprobs: the tokens generated since the last delta
   bool finished = false;
-  std::string finish_reason;                 // "stop" | "length" | "cancelled" | "error" (when finished)
+  FinishReason finish_reason = FinishReason::Stop;  // when finished
   std::optional<std::string> stop_sequence;  // the stop string that ended the output
   std::string error;                         // why it was cancelled or failed
 };
@@ -71,7 +71,7 @@ class TextGeneration {
  private:
   // Feeds decoded text through the stop strings; true when one matched.
   bool absorb(const std::string& text, TextDelta& delta);
-  TextDelta& finish(TextDelta& delta, std::string reason);
+  TextDelta& finish(TextDelta& delta, FinishReason reason);
 
   GenerationMetrics& metrics_;
   std::string endpoint_;

@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/finish_reason.h"
 #include "engine/sampler.h"
+#include "engine/serving_sizes.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -35,12 +37,12 @@ struct TextOptions {
   SamplingParams sampling;         // greedy at temperature 0
   std::vector<std::string> stop;   // the text ends before the first of these strings
   bool ignore_eos = false;         // keep generating past the model's end-of-generation ids
-  int64_t prefill_chunk = 0;       // prefill the prompt in chunks of N tokens; 0: in one step
+  int64_t prefill_chunk = kDefaultPrefillChunk;  // most prompt tokens prefilled per step (a multiple of 64)
 };
 
 struct TextResult {
   std::string text;           // the continuation (without a stop string that ended it)
-  std::string finish_reason;  // "stop" (end of generation, a stop string, or the callback) | "length"
+  FinishReason finish_reason = FinishReason::Length;  // Stop: end of generation, a stop string, or the callback
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
 };

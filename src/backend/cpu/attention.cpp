@@ -19,11 +19,6 @@
 namespace kiln::cpu {
 namespace {
 
-void require_caches_on_cpu(std::string_view op, const Tensor& k_cache, const Tensor& v_cache) {
-  require_cpu(k_cache, op, "k_cache");
-  require_cpu(v_cache, op, "v_cache");
-}
-
 // The CPU's own layout rule: its kernels read the layout's host slot and position of every token,
 // so each is checked against the cache (the contract checks the spans they were made from).
 void check_token_rows(std::string_view op, const BatchLayout& layout, int64_t tokens, const CacheDims& cache) {
@@ -71,9 +66,6 @@ const AttentionKernels& attention_kernels_scalar() {
 void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache, Tensor& v_cache) {
   constexpr std::string_view op = "kv_write";
   const CacheDims cache = check_kv_write(kCpuOps, k, v, layout, k_cache, v_cache);
-  require_caches_on_cpu(op, k_cache, v_cache);
-  require_cpu(k, op, "k");
-  require_cpu(v, op, "v");
   const int64_t row = cache.kv_heads * cache.head_dim;
   const int64_t tokens = layout.total_tokens;
   check_token_rows(op, layout, tokens, cache);
@@ -90,9 +82,6 @@ void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k
                const BatchLayout& layout, float scale, Tensor& out) {
   constexpr std::string_view op = "attention";
   const AttentionDims dims = check_attention(kCpuOps, q, k_cache, v_cache, layout, out);
-  require_caches_on_cpu(op, k_cache, v_cache);
-  require_cpu(q, op, "q");
-  require_cpu(out, op, "out");
   const CacheDims& cache = dims.cache;
   const int64_t tokens = dims.tokens;
   const int64_t heads = dims.heads;

@@ -12,7 +12,7 @@
 namespace kiln::cpu {
 
 // The CPU backend as the op contract sees it: activations are f32.
-inline constexpr OpContext kCpuOps{"cpu", DType::F32};
+inline constexpr OpContext kCpuOps{"cpu", DType::F32, Device::CPU};
 
 // The tensor is defined and in host memory (the CPU's own placement rule).
 void require_cpu(const Tensor& tensor, std::string_view op, std::string_view argument);

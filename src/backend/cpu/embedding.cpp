@@ -9,11 +9,7 @@
 namespace kiln::cpu {
 
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
-  constexpr std::string_view op = "embedding";
   const EmbeddingDims dims = check_embedding(kCpuOps, table, ids, out);
-  require_cpu(table, op, "table");
-  require_cpu(ids, op, "ids");
-  require_cpu(out, op, "out");
   const int64_t vocab = dims.vocab, hidden = dims.hidden, tokens = dims.tokens;
   const int32_t* token_ids = ids.data<int32_t>();
   for (int64_t t = 0; t < tokens; ++t)
@@ -27,11 +23,7 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
 }
 
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
-  constexpr std::string_view op = "gather_rows";
   const GatherDims dims = check_gather_rows(kCpuOps, x, rows, out);
-  require_cpu(x, op, "x");
-  require_cpu(rows, op, "rows");
-  require_cpu(out, op, "out");
   const int64_t available = dims.available, width = dims.row_elements;
   const int32_t* indices = rows.data<int32_t>();
   for (int64_t r = 0; r < rows.dim(0); ++r)

@@ -14,14 +14,8 @@
 namespace kiln::cpu {
 namespace {
 
-// Every tensor of an op in host memory (the CPU's own rule; the contract checks dtypes and shapes).
-void require_on_cpu(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
-  for (const auto& [tensor, name] : tensors) require_cpu(*tensor, op, name);
-}
-
 // A weight in its stored floating dtype, widened exactly to f32.
 std::vector<float> widen_weight(const Tensor& weight, const char* op, const char* argument) {
-  require_cpu(weight, op, argument);
   std::vector<float> values(static_cast<size_t>(weight.numel()));
   switch (weight.dtype()) {
     case DType::F32:
@@ -90,7 +84,6 @@ DeltaRuleDims check_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v
                                const Tensor& beta, std::span<const SequenceSpan> spans, const Tensor& state,
                                const Tensor& out, const char* op) {
   const DeltaRuleDims dims = check_gated_delta_rule(kCpuOps, op, q, k, v, g, beta, spans, state, out);
-  require_on_cpu(op, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&g, "g"}, {&beta, "beta"}, {&state, "state"}, {&out, "out"}});
   return dims;
 }
 
@@ -302,7 +295,6 @@ void causal_conv1d_silu(const Tensor& x, const Tensor& weight, std::span<const S
                         Tensor& conv_state, Tensor& out) {
   constexpr const char* op = "causal_conv1d_silu";
   const ConvDims dims = check_causal_conv1d_silu(kCpuOps, x, weight, spans, conv_state, out);
-  require_on_cpu(op, {{&x, "x"}, {&conv_state, "conv_state"}, {&out, "out"}});
   const int64_t channels = dims.channels;
   const int64_t kernel = dims.kernel;
   const std::vector<float> weight_f32 = widen_weight(weight, op, "weight");
@@ -329,7 +321,6 @@ void gated_delta_prepare_qkv(const Tensor& qkv, int64_t key_heads, int64_t key_d
                              int64_t value_dim, Tensor& q, Tensor& k, Tensor& v) {
   constexpr const char* op = "gated_delta_prepare_qkv";
   const PrepareQkvDims dims = check_gated_delta_prepare_qkv(kCpuOps, qkv, q, k, v);
-  require_on_cpu(op, {{&qkv, "qkv"}, {&q, "q"}, {&k, "k"}, {&v, "v"}});
   if (dims.key_heads != key_heads || dims.key_dim != key_dim || dims.value_heads != value_heads ||
       dims.value_dim != value_dim)
     fail("cpu {}: q {} and v {} are not the key heads {}x{} and value heads {}x{} asked for", op,
@@ -363,7 +354,6 @@ void gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, co
                        Tensor& beta, Tensor& g) {
   constexpr const char* op = "gated_delta_gates";
   const int64_t heads = check_gated_delta_gates(kCpuOps, b, a, a_log, dt_bias, beta, g).heads;
-  require_on_cpu(op, {{&b, "b"}, {&a, "a"}, {&beta, "beta"}, {&g, "g"}});
   const std::vector<float> a_log_f32 = widen_weight(a_log, op, "A_log");
   const std::vector<float> dt_bias_f32 = widen_weight(dt_bias, op, "dt_bias");
   std::vector<float> negative_rate(static_cast<size_t>(heads));
@@ -420,7 +410,6 @@ void gated_delta_rule_chunked(const Tensor& q, const Tensor& k, const Tensor& v,
 void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) {
   constexpr const char* op = "rms_norm_gated";
   const int64_t width = check_rms_norm_gated(kCpuOps, x, z, weight, out).width;
-  require_on_cpu(op, {{&x, "x"}, {&z, "z"}, {&out, "out"}});
   const std::vector<float> gain = widen_weight(weight, op, "weight");
   const int64_t rows = x.numel() / width;
   ThreadPool::global().parallel_for(rows, 16, [&](int64_t begin, int64_t end) {

@@ -35,9 +35,6 @@ void normalize_row(const float* x, const float* gains, int64_t width, float eps,
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) {
   const int64_t width = check_rms_norm(kCpuOps, x, weight, out).width;
-  require_cpu(x, "rms_norm", "x");
-  require_cpu(weight, "rms_norm", "weight");
-  require_cpu(out, "rms_norm", "out");
   const std::vector<float> gains = gains_of(weight, style);
   const float* input = x.data<float>();
   float* output = out.data<float>();
@@ -52,10 +49,6 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style,
 void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
                   Tensor& out) {
   const int64_t width = check_add_rms_norm(kCpuOps, residual, delta, weight, out).width;
-  require_cpu(residual, "add_rms_norm", "residual");
-  require_cpu(delta, "add_rms_norm", "delta");
-  require_cpu(weight, "add_rms_norm", "weight");
-  require_cpu(out, "add_rms_norm", "out");
   const std::vector<float> gains = gains_of(weight, style);
   float* sums = residual.data<float>();
   const float* addends = delta.data<float>();

@@ -13,9 +13,6 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary
   constexpr std::string_view op = "rope";
   const RopeDims dims = check_rope(kCpuOps, op, "x", x, positions, inv_freq, rotary_dim);
   const int64_t tokens = dims.tokens, heads = dims.heads, head_dim = dims.head_dim;
-  require_cpu(x, op, "x");
-  require_cpu(positions, op, "positions");
-  require_cpu(inv_freq, op, "inv_freq");
   const int64_t half = rotary_dim / 2;
 
   const int32_t* position = positions.data<int32_t>();

@@ -143,7 +143,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   static bool is_activation(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16; }
 
   // This backend as the op contract sees it (errors say "CUDA <op>: ...").
-  OpContext contract() const { return {"CUDA", activations_}; }
+  OpContext contract() const { return {"CUDA", activations_, Device::CUDA}; }
 
   // cudaSetDevice only when another device is current: the call is then a no-op inside captures.
   void activate() const;

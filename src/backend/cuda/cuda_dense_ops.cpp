@@ -12,9 +12,6 @@ namespace kiln {
 
 void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
   const EmbeddingDims dims = check_embedding(contract(), table, ids, out);
-  require_device(table, "embedding", "table");
-  require_device(ids, "embedding", "ids");
-  require_device(out, "embedding", "out");
   activate();
   launched(cuda::launch_embedding(table.raw(), table.dtype(), dims.vocab, dims.hidden, ids.data<int32_t>(),
                                   dims.tokens, out.raw(), out.dtype(), errors_, stream_),
@@ -69,7 +66,6 @@ void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const Tens
                                Tensor& out) {
   cuda::NormArgs args = norm_args(check_add_rms_norm(contract(), residual, delta, weight, out), residual, weight, eps,
                                   style, out, "add_rms_norm");
-  require_device(delta, "add_rms_norm", "delta");
   args.residual = residual.raw();
   args.delta = delta.raw();
   activate();
@@ -78,17 +74,12 @@ void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const Tens
 
 void CudaBackend::add(Tensor& a, const Tensor& b) {
   const int64_t count = check_add(contract(), a, b);
-  require_device(a, "add", "a");
-  require_device(b, "add", "b");
   activate();
   launched(cuda::launch_add(a.raw(), b.raw(), count, a.dtype(), stream_), "add");
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   const GatherDims dims = check_gather_rows(contract(), x, rows, out);
-  require_device(x, "gather_rows", "x");
-  require_device(rows, "gather_rows", "rows");
-  require_device(out, "gather_rows", "out");
   activate();
   launched(cuda::launch_gather_rows(x.raw(), dims.available,
                                     dims.row_elements * static_cast<int64_t>(dtype_size(x.dtype())),
@@ -98,9 +89,6 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) 
 
 void CudaBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {
   const RopeDims dims = check_rope(contract(), "rope", "x", x, positions, inv_freq, rotary_dim);
-  require_device(x, "rope", "x");
-  require_device(positions, "rope", "positions");
-  require_device(inv_freq, "rope", "inv_freq");
   activate();
   launched(cuda::launch_rope(x.raw(), x.dtype(), dims.tokens, dims.heads, dims.head_dim, rotary_dim,
                              positions.data<int32_t>(), inv_freq.data<float>(), stream_),
@@ -114,9 +102,6 @@ void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Bat
   const RopeKvWriteDims dims =
       check_rope_kv_write(contract(), q, k, v, layout, inv_freq, rotary_dim, head_norms, k_cache, v_cache);
   const CacheDims& cache = dims.cache;
-  for (const auto& [tensor, name] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
-                                     {&inv_freq, "inv_freq"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}})
-    require_device(*tensor, op, name);
   require_device_layout(layout, op);
   cuda::RopeKvWriteArgs args;
   args.q = q.raw();
@@ -137,8 +122,6 @@ void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Bat
   if (head_norms) {
     const Tensor& q_weight = head_norms->q_weight;
     const Tensor& k_weight = head_norms->k_weight;
-    require_device(q_weight, op, "q norm weight");
-    require_device(k_weight, op, "k norm weight");
     // The fused kernel reads both gains in one dtype.
     if (k_weight.dtype() != q_weight.dtype())
       fail("CUDA {}: the q and k norm weights are {} and {}; the fused kernel takes them in one dtype", op,
@@ -158,9 +141,6 @@ void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Bat
 
 void CudaBackend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
   const int64_t count = check_swiglu(contract(), gate, up, out);
-  require_device(gate, "swiglu", "gate");
-  require_device(up, "swiglu", "up");
-  require_device(out, "swiglu", "out");
   activate();
   launched(cuda::launch_swiglu(gate.raw(), up.raw(), out.raw(), count, gate.dtype(), stream_), "swiglu");
 }
@@ -168,10 +148,6 @@ void CudaBackend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
 void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
                            Tensor& v_cache) {
   const CacheDims cache = check_kv_write(contract(), k, v, layout, k_cache, v_cache);
-  require_device(k, "kv_write", "k");
-  require_device(v, "kv_write", "v");
-  require_device(k_cache, "kv_write", "k_cache");
-  require_device(v_cache, "kv_write", "v_cache");
   require_device_layout(layout, "kv_write");
   activate();
   launched(cuda::launch_kv_write(k.raw(), v.raw(), layout.total_tokens,
@@ -186,10 +162,6 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   const AttentionDims dims = check_attention(contract(), q, k_cache, v_cache, layout, out);
   const CacheDims& cache = dims.cache;
   const int64_t heads = dims.heads;
-  require_device(q, "attention", "q");
-  require_device(k_cache, "attention", "k_cache");
-  require_device(v_cache, "attention", "v_cache");
-  require_device(out, "attention", "out");
   require_device_layout(layout, "attention");
   if (q.dtype() == DType::BF16 && !cuda::attention_bf16_supports_head_dim(cache.head_dim))
     fail("CUDA attention: the BF16 path supports head_dim 16, 32, 64, 128 or 256, got {}", cache.head_dim);
@@ -231,10 +203,6 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& x, const Tensor& w, cons
                                           const Tensor& out) const {
   const MatmulDims dims = check_matmul(contract(), x, w, bias, out);
   const int64_t m = dims.rows, n = dims.n, k = dims.k;
-  require_device(x, "matmul", "x");
-  require_device(w, "matmul", "w");
-  require_device(out, "matmul", "out");
-  if (bias) require_device(*bias, "matmul", "bias");
   cuda::MatmulArgs args;
   args.x = x.raw();
   args.w = w.raw();
@@ -266,9 +234,6 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& x, const Tensor& w, cons
 
 cuda::NormArgs CudaBackend::norm_args(const NormDims& dims, const Tensor& x, const Tensor& weight, float eps,
                                       NormStyle style, const Tensor& out, const char* op) const {
-  require_device(x, op, "x");
-  require_device(weight, op, "weight");
-  require_device(out, op, "out");
   cuda::NormArgs args;
   args.weight = weight.raw();
   args.out = out.raw();

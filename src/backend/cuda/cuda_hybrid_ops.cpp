@@ -14,9 +14,6 @@ namespace kiln {
 void CudaBackend::split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) {
   constexpr const char* op = "split_query_gate";
   check_split_query_gate(contract(), query_and_gate, query, gate);
-  require_device(query_and_gate, op, "query_and_gate");
-  require_device(query, op, "query");
-  require_device(gate, op, "gate");
   activate();
   launched(cuda::launch_split_query_gate(query_and_gate.raw(), query.raw(), gate.raw(), query.numel() / query.dim(2),
                                          query.dim(2), activations_, stream_),
@@ -26,8 +23,6 @@ void CudaBackend::split_query_gate(const Tensor& query_and_gate, Tensor& query, 
 void CudaBackend::sigmoid_gate(Tensor& x, const Tensor& gate) {
   constexpr const char* op = "sigmoid_gate";
   const int64_t count = check_sigmoid_gate(contract(), x, gate);
-  require_device(x, op, "x");
-  require_device(gate, op, "gate");
   activate();
   launched(cuda::launch_sigmoid_gate(x.raw(), gate.raw(), count, activations_, stream_), op);
 }
@@ -37,10 +32,6 @@ void CudaBackend::causal_conv1d_silu(const Tensor& x, const Tensor& weight, cons
   constexpr const char* op = "causal_conv1d_silu";
   const ConvDims dims = check_causal_conv1d_silu(contract(), x, weight, layout.spans, conv_state, out);
   const int64_t channels = dims.channels;
-  require_device(x, op, "x");
-  require_device(weight, op, "weight");
-  require_device(conv_state, op, "conv_state");
-  require_device(out, op, "out");
   if (dims.kernel != cuda::kGatedDeltaConvKernel)
     fail("CUDA {}: weight must be a float [{}, {}] tensor (the kernel size this backend is built for), got {} {}",
          op, channels, cuda::kGatedDeltaConvKernel, dtype_name(weight.dtype()), shape_string(weight.shape()));
@@ -63,9 +54,6 @@ void CudaBackend::causal_conv1d_silu(const Tensor& x, const Tensor& weight, cons
 void CudaBackend::gated_delta_prepare_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) {
   constexpr const char* op = "gated_delta_prepare_qkv";
   const PrepareQkvDims dims = check_gated_delta_prepare_qkv(contract(), qkv, q, k, v);
-  for (const auto& [tensor, name] :
-       {std::pair<const Tensor*, const char*>{&qkv, "qkv"}, {&q, "q"}, {&k, "k"}, {&v, "v"}})
-    require_device(*tensor, op, name);
   // HF-Q35 multiplies by the python float 1/sqrt(dk), which torch applies as an f32 scalar.
   const float query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.key_dim)));
   activate();
@@ -79,9 +67,6 @@ void CudaBackend::gated_delta_gates(const Tensor& b, const Tensor& a, const Tens
                                     Tensor& beta, Tensor& g) {
   constexpr const char* op = "gated_delta_gates";
   const GatesDims dims = check_gated_delta_gates(contract(), b, a, a_log, dt_bias, beta, g);
-  for (const auto& [tensor, name] : {std::pair<const Tensor*, const char*>{&b, "b"}, {&a, "a"}, {&a_log, "A_log"},
-                                     {&dt_bias, "dt_bias"}, {&beta, "beta"}, {&g, "g"}})
-    require_device(*tensor, op, name);
   // The kernel reads both per-head parameters in one dtype.
   if (a_log.dtype() != dt_bias.dtype())
     fail("CUDA {}: A_log is {} and dt_bias {}; the kernel takes them in one dtype", op, dtype_name(a_log.dtype()),
@@ -99,9 +84,6 @@ void CudaBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Tenso
   const DeltaRuleDims dims = check_gated_delta_rule(contract(), op, q, k, v, g, beta, layout.spans, state, out);
   const int64_t key_heads = dims.key_heads, key_dim = dims.key_dim;
   const int64_t value_heads = dims.value_heads, value_dim = dims.value_dim;
-  for (const auto& [tensor, name] : {std::pair<const Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
-                                     {&g, "g"}, {&beta, "beta"}, {&state, "state"}, {&out, "out"}})
-    require_device(*tensor, op, name);
   if ((key_dim != 32 && key_dim != 64 && key_dim != 128) || value_dim > cuda::kGatedDeltaMaxValueDim)
     fail("CUDA {}: key_dim {} / value_dim {} are not built (key_dim 32, 64 or 128; value_dim ≤ {})", op, key_dim,
          value_dim, cuda::kGatedDeltaMaxValueDim);
@@ -132,10 +114,6 @@ void CudaBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Tenso
 void CudaBackend::rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) {
   constexpr const char* op = "rms_norm_gated";
   const NormDims dims = check_rms_norm_gated(contract(), x, z, weight, out);
-  require_device(x, op, "x");
-  require_device(z, op, "z");
-  require_device(weight, op, "weight");
-  require_device(out, op, "out");
   activate();
   launched(cuda::launch_rms_norm_gated(x.raw(), z.raw(), activations_, weight.raw(), weight.dtype(), dims.rows,
                                        dims.width, eps, out.raw(), stream_),

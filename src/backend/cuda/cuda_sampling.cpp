@@ -19,10 +19,6 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& settings, bo
                                 Tensor& logprobs) {
   const SamplingDims dims = check_sample_tokens(contract(), logits, settings, tokens, logprobs);
   const int64_t rows = dims.rows, vocab = dims.vocab;
-  require_device(logits, "sample_tokens", "logits");
-  require_device(settings, "sample_tokens", "settings");
-  require_device(tokens, "sample_tokens", "tokens");
-  require_device(logprobs, "sample_tokens", "logprobs");
   if (rows * vocab > std::numeric_limits<int>::max())
     fail("CUDA sample_tokens: {} rows of {} logits exceed the sort's {} items", rows, vocab,
          std::numeric_limits<int>::max());
@@ -50,9 +46,6 @@ void CudaBackend::sample_tokens(const Tensor& logits, const Tensor& settings, bo
 void CudaBackend::feed_tokens(const Tensor& previous, const Tensor& feed, Tensor& token_ids) {
   constexpr const char* op = "feed_tokens";
   check_feed_tokens(contract(), previous, feed, token_ids);
-  require_device(previous, op, "previous");
-  require_device(feed, op, "feed");
-  require_device(token_ids, op, "token_ids");
   activate();
   launched(cuda::launch_feed_tokens(previous.data<int32_t>(), previous.numel(), feed.data<int32_t>(), feed.numel(),
                                     token_ids.data<int32_t>(), errors_, stream_),

@@ -168,45 +168,32 @@ void dispatch_held(int64_t width, Launch&& launch) {
   }
 }
 
-}  // namespace
-
-cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) {
+// The plain norm (kAdd false) normalises args.x and never writes it; the fused one first adds
+// args.delta into args.residual and normalises that.
+template <bool kAdd>
+cudaError_t launch_norm(const NormArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
   return dispatch_norm(args, [&](auto stream_tag, auto act_tag, auto weight_tag) {
     using S = decltype(stream_tag);
     using T = decltype(act_tag);
     using W = decltype(weight_tag);
-    const auto* x = static_cast<const S*>(args.x);
+    auto* residual = kAdd ? static_cast<S*>(args.residual) : const_cast<S*>(static_cast<const S*>(args.x));
+    const auto* delta = kAdd ? static_cast<const S*>(args.delta) : nullptr;
     const auto* weight = static_cast<const W*>(args.weight);
     auto* out = static_cast<T*>(args.out);
     dispatch_held(args.width, [&](auto whole_block, auto held) {
       constexpr bool kWholeBlock = decltype(whole_block)::value;
-      // The plain norm never writes x (kAdd false).
-      launch_after_previous(&norm_kernel<S, T, W, kWholeBlock, decltype(held)::value, false>,
-                            norm_grid(args, kWholeBlock), kWholeBlock ? kBlockThreads : kWarpRowsPerBlock * 32, 0,
-                            stream, const_cast<S*>(x), static_cast<const S*>(nullptr), weight, out, args.rows,
-                            args.width, args.eps, args.zero_centred);
-    });
-  });
-}
-
-cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream) {
-  if (args.rows == 0) return cudaSuccess;
-  return dispatch_norm(args, [&](auto stream_tag, auto act_tag, auto weight_tag) {
-    using S = decltype(stream_tag);
-    using T = decltype(act_tag);
-    using W = decltype(weight_tag);
-    auto* residual = static_cast<S*>(args.residual);
-    const auto* delta = static_cast<const S*>(args.delta);
-    const auto* weight = static_cast<const W*>(args.weight);
-    auto* out = static_cast<T*>(args.out);
-    dispatch_held(args.width, [&](auto whole_block, auto held) {
-      constexpr bool kWholeBlock = decltype(whole_block)::value;
-      launch_after_previous(&norm_kernel<S, T, W, kWholeBlock, decltype(held)::value, true>,
+      launch_after_previous(&norm_kernel<S, T, W, kWholeBlock, decltype(held)::value, kAdd>,
                             norm_grid(args, kWholeBlock), kWholeBlock ? kBlockThreads : kWarpRowsPerBlock * 32, 0,
                             stream, residual, delta, weight, out, args.rows, args.width, args.eps, args.zero_centred);
     });
   });
 }
+
+}  // namespace
+
+cudaError_t launch_rms_norm(const NormArgs& args, cudaStream_t stream) { return launch_norm<false>(args, stream); }
+
+cudaError_t launch_add_rms_norm(const NormArgs& args, cudaStream_t stream) { return launch_norm<true>(args, stream); }
 
 }  // namespace kiln::cuda

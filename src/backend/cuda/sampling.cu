@@ -49,30 +49,27 @@ __device__ RowSettings read_settings(const int32_t* settings, int64_t row) {
   return parsed;
 }
 
-// Fixed-order tree reductions over the block (shared scratch of kThreads entries).
-__device__ double block_sum(double value, double* scratch) {
+// A fixed-order tree reduction over the block (shared scratch of kThreads entries): at each
+// stride, thread i combines its entry with that of thread i + stride.
+template <typename T, typename Combine>
+__device__ T block_reduce(T value, T* scratch, Combine combine) {
   scratch[threadIdx.x] = value;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) scratch[threadIdx.x] += scratch[threadIdx.x + stride];
+    if (threadIdx.x < stride) scratch[threadIdx.x] = combine(scratch[threadIdx.x], scratch[threadIdx.x + stride]);
     __syncthreads();
   }
-  const double total = scratch[0];
+  const T total = scratch[0];
   __syncthreads();
   return total;
 }
 
+__device__ double block_sum(double value, double* scratch) {
+  return block_reduce(value, scratch, [](double a, double b) { return a + b; });
+}
+
 __device__ int64_t block_min(int64_t value, int64_t* scratch) {
-  scratch[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride && scratch[threadIdx.x + stride] < scratch[threadIdx.x])
-      scratch[threadIdx.x] = scratch[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const int64_t minimum = scratch[0];
-  __syncthreads();
-  return minimum;
+  return block_reduce(value, scratch, [](int64_t a, int64_t b) { return b < a ? b : a; });
 }
 
 // The sum of the values of the threads before this one (thread 0 adds them in thread order).

@@ -1,0 +1,329 @@
+#include "engine/generation_core.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "engine/generation.h"
+
+namespace kiln {
+
+std::optional<TokenEvent> RequestStream::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  TokenEvent event = std::move(events_.front());
+  events_.pop_front();
+  return event;
+}
+
+void RequestStream::push(TokenEvent event) {
+  {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  ready_.notify_all();
+}
+
+void bound_request(GenerationRequest& request, int64_t context_tokens, int64_t vocab_size) {
+  const auto prompt_length = static_cast<int64_t>(request.prompt.size());
+  if (prompt_length == 0) fail("the prompt is empty");
+  if (prompt_length >= context_tokens)
+    fail("the prompt has {} tokens but the context holds {} (prompt and completion together)", prompt_length,
+         context_tokens);
+  if (request.max_tokens < 0) fail("max_tokens must be ≥ 0, got {}", request.max_tokens);
+  request.sampling.validate();
+  for (int32_t token : request.prompt)
+    if (token < 0 || token >= vocab_size)
+      fail("prompt token id {} is outside the vocabulary (size {})", token, vocab_size);
+  request.max_tokens = std::min(request.max_tokens, context_tokens - prompt_length);
+}
+
+struct GenerationCore::Sequence {
+  GenerationRequest request;
+  std::shared_ptr<RequestStream> stream;
+  Sampler sampler;
+  int32_t slot = 0;
+  int64_t prefilled = 0;    // prompt tokens already in the cache
+  int32_t next_input = -1;  // the last sampled token, fed at the next decode step
+  int64_t generated = 0;
+  uint64_t id = 0;  // unique among the core's requests: names its rows in a step in flight
+
+  int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
+};
+
+namespace {
+
+std::vector<std::pair<int32_t, float>> top_logprobs(std::span<const float> logits, int32_t count) {
+  const double maximum = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float logit : logits) sum += std::exp(static_cast<double>(logit) - maximum);
+  const double log_sum = std::log(sum);
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t keep = std::min<size_t>(count, order.size());
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  std::vector<std::pair<int32_t, float>> top;
+  for (size_t i = 0; i < keep; ++i)
+    top.emplace_back(order[i], static_cast<float>(logits[order[i]] - maximum - log_sum));
+  return top;
+}
+
+TokenEvent final_event(FinishReason reason, std::string error) {
+  TokenEvent event;
+  event.finished = true;
+  event.finish_reason = reason;
+  event.error = std::move(error);
+  return event;
+}
+
+}  // namespace
+
+GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
+                               int64_t step_token_budget)
+    : model_(model), prefill_chunk_(prefill_chunk), step_token_budget_(step_token_budget) {
+  // Decode steps run as captured graphs where the backend can; their padded rows need the spare
+  // slots of decode_bucket(slots) (engine/decode_graph.h), which requests never hold.
+  const bool graphs = DecodeGraphs::supported(model_);
+  cache_ = model_.make_cache(graphs ? decode_bucket(slots) : slots, context_tokens);
+  if (graphs) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, *cache_);
+  for (int32_t slot = slots - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+}
+
+GenerationCore::~GenerationCore() = default;
+
+void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStream> stream) {
+  if (free_slots_.empty()) fail("no free cache slot for a new request");
+  Sampler sampler(request.sampling);
+  auto sequence = std::make_unique<Sequence>(
+      Sequence{std::move(request), std::move(stream), std::move(sampler), free_slots_.back()});
+  free_slots_.pop_back();
+  sequence->id = ++admitted_;
+  cache_->reset_slot(sequence->slot);
+  running_.push_back(std::move(sequence));
+}
+
+int64_t GenerationCore::cache_tokens_used() const {
+  int64_t used = 0;
+  for (const auto& sequence : running_) used += sequence->prefilled + sequence->generated;
+  return used;
+}
+
+void GenerationCore::cancel_all(const std::string& why) {
+  for (auto& sequence : running_) sequence->stream->push(final_event(FinishReason::Cancelled, why));
+}
+
+void GenerationCore::end(Sequence& sequence, TokenEvent event) {
+  sequence.stream->push(std::move(event));
+  free_slots_.push_back(sequence.slot);
+}
+
+// Drops cancelled requests (a disconnected client) before spending compute on them.
+void GenerationCore::drop_cancelled() {
+  std::erase_if(running_, [&](const std::unique_ptr<Sequence>& sequence) {
+    if (!sequence->stream->cancelled()) return false;
+    end(*sequence, final_event(FinishReason::Cancelled, ""));
+    return true;
+  });
+}
+
+// A step that fails ends every running request with the error; the caller keeps serving.
+void GenerationCore::fail_running(const std::exception& error) {
+  while (decode_graphs_ && decode_graphs_->queued() > 0) {
+    try {
+      decode_graphs_->collect();
+    } catch (const std::exception&) {
+      // the step's own error is the one reported
+    }
+  }
+  in_flight_.clear();
+  for (auto& sequence : running_) end(*sequence, final_event(FinishReason::Error, error.what()));
+  running_.clear();
+}
+
+// Takes a sampled token into its request (row: its logits, for top logprobs); false when the
+// request ends with it: at a stop id, else at max_tokens.
+bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::span<const float> row) {
+  ++sequence.generated;
+  sequence.next_input = token.token;
+  TokenEvent event{token.token, token.logprob, {}, false, FinishReason::Stop, ""};
+  if (sequence.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, sequence.request.top_logprobs);
+  const auto& stops = sequence.request.stop_ids;
+  if (std::find(stops.begin(), stops.end(), token.token) != stops.end()) {
+    event.finished = true;
+    event.finish_reason = FinishReason::Stop;
+  } else if (sequence.generated >= sequence.request.max_tokens) {
+    event.finished = true;
+    event.finish_reason = FinishReason::Length;
+  }
+  if (event.finished) {
+    end(sequence, std::move(event));
+    return false;
+  }
+  sequence.stream->push(std::move(event));
+  return true;
+}
+
+// The rows of a decode step for every running request, each taking its last token (from the
+// host, or fed on the device from the step in flight).
+std::vector<DecodeRow> GenerationCore::decode_rows(bool fed) const {
+  std::vector<DecodeRow> rows;
+  for (const auto& sequence : running_) {
+    DecodeRow row{sequence->slot, static_cast<int32_t>(sequence->prompt_length() + sequence->generated - 1),
+                  sequence->next_input, &sequence->sampler};
+    if (fed) {
+      row.position += 1;
+      row.fed_from = static_cast<int32_t>(std::find(in_flight_.begin(), in_flight_.end(), sequence->id) -
+                                          in_flight_.begin());
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<uint64_t> GenerationCore::running_ids() const {
+  std::vector<uint64_t> ids;
+  for (const auto& sequence : running_) ids.push_back(sequence->id);
+  return ids;
+}
+
+// The next decode step is queued before reading the tokens of the one in flight — it takes them on
+// the device — when every running request was in that step and decodes again, none asks for
+// logits, each has room for two more tokens, and no waiting request could be admitted now (it
+// would need a prefill step first).
+bool GenerationCore::queue_next_decode(const std::function<bool()>& requests_waiting) const {
+  const bool every_request_decodes_again = std::all_of(running_.begin(), running_.end(), [&](const auto& sequence) {
+    return std::find(in_flight_.begin(), in_flight_.end(), sequence->id) != in_flight_.end() &&
+           sequence->request.top_logprobs == 0 && sequence->generated + 2 <= sequence->request.max_tokens;
+  });
+  return every_request_decodes_again && !(has_free_slot() && requests_waiting());
+}
+
+// A decode step is in flight (queued, its tokens not yet read): queues the next one where it may,
+// then reads the tokens of the one in flight. False when the step failed.
+bool GenerationCore::advance_in_flight(const std::function<bool()>& requests_waiting) {
+  const bool queue_next = queue_next_decode(requests_waiting);
+  std::vector<uint64_t> next;
+  std::vector<SampledToken> tokens;
+  try {
+    if (queue_next && !running_.empty()) {
+      decode_graphs_->launch(decode_rows(true));
+      next = running_ids();
+    }
+    tokens = decode_graphs_->collect();
+  } catch (const std::exception& error) {
+    fail_running(error);
+    return false;
+  }
+  // Rows of requests that ended meanwhile (a stop, a cancellation) are dropped.
+  std::vector<std::unique_ptr<Sequence>> still_running;
+  for (auto& sequence : running_) {
+    const auto row = std::find(in_flight_.begin(), in_flight_.end(), sequence->id);
+    if (row == in_flight_.end() || accept(*sequence, tokens[row - in_flight_.begin()], {}))
+      still_running.push_back(std::move(sequence));
+  }
+  running_ = std::move(still_running);
+  in_flight_ = std::move(next);
+  if (running_.empty() && !in_flight_.empty()) {
+    try {
+      decode_graphs_->collect();  // every request of the queued step has ended
+    } catch (const std::exception& error) {
+      fail_running(error);
+      return false;
+    }
+    in_flight_.clear();
+  }
+  return true;
+}
+
+StepPlan GenerationCore::plan() const {
+  std::vector<SequenceProgress> progress;
+  for (const auto& sequence : running_) progress.push_back({sequence->prompt_length(), sequence->prefilled});
+  return plan_step(progress, prefill_chunk_, step_token_budget_);
+}
+
+// A step in which every sequence decodes runs as a captured graph and samples on the device; the
+// logits come back only when a request asks for top logprobs, and otherwise the step is left in
+// flight: the next step() queues the following step before reading its tokens.
+GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
+  StepResult result;
+  const bool on_device = decode_graphs_ && plan.every_sequence_decodes;
+  const bool wants_logits = std::any_of(running_.begin(), running_.end(),
+                                        [](const auto& sequence) { return sequence->request.top_logprobs > 0; });
+  if (on_device && !wants_logits) {
+    decode_graphs_->launch(decode_rows(false));
+    in_flight_ = running_ids();
+    result.left_in_flight = true;
+    return result;
+  }
+  if (on_device) {
+    result.device_tokens = decode_graphs_->step(decode_rows(false));
+    result.logits = model_.backend().download(decode_graphs_->last_logits());
+    return result;
+  }
+  std::vector<SequenceStep> steps;
+  for (const PlannedWork& work : plan.work) {
+    const Sequence& sequence = *running_[work.sequence];
+    if (work.decodes)
+      steps.push_back({sequence.slot, static_cast<int32_t>(sequence.prompt_length() + sequence.generated - 1),
+                       {sequence.next_input}, false});
+    else
+      steps.push_back({sequence.slot, static_cast<int32_t>(work.begin),
+                       std::vector<int32_t>(sequence.request.prompt.begin() + work.begin,
+                                            sequence.request.prompt.begin() + work.end),
+                       false});
+  }
+  result.logits = run_step(model_, *cache_, steps);
+  return result;
+}
+
+// Feeds a step's results back: the prompt tokens now in the cache, and each sampled token to its
+// request (row w of the logits, or of the device's tokens, is planned work w's).
+void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
+  const int64_t vocab = model_.config().vocab_size;
+  const bool sampled_on_device = !result.device_tokens.empty();
+  std::vector<std::unique_ptr<Sequence>> still_running;
+  size_t row = 0;
+  for (size_t index = 0; index < running_.size(); ++index) {
+    Sequence& sequence = *running_[index];
+    if (row < plan.work.size() && plan.work[row].sequence == index) {
+      const PlannedWork& work = plan.work[row];
+      const size_t work_row = row++;
+      if (!work.decodes) sequence.prefilled = work.end;
+      if (work.samples && sequence.request.max_tokens == 0) {
+        end(sequence, final_event(FinishReason::Length, ""));
+        continue;
+      }
+      if (work.samples) {
+        const std::span<const float> logits =
+            result.logits.defined()
+                ? std::span<const float>(result.logits.data<float>() + work_row * vocab, static_cast<size_t>(vocab))
+                : std::span<const float>();
+        const SampledToken token = sampled_on_device ? result.device_tokens[work_row] : sequence.sampler.sample(logits);
+        if (!accept(sequence, token, logits)) continue;
+      }
+    }
+    still_running.push_back(std::move(running_[index]));
+  }
+  running_ = std::move(still_running);
+}
+
+bool GenerationCore::step(const std::function<bool()>& requests_waiting) {
+  drop_cancelled();
+  if (!in_flight_.empty()) return advance_in_flight(requests_waiting);
+  if (running_.empty()) return false;
+  const StepPlan step_plan = plan();
+  StepResult result;
+  try {
+    result = execute(step_plan);
+  } catch (const std::exception& error) {
+    fail_running(error);
+    return false;
+  }
+  if (!result.left_in_flight) commit(step_plan, result);
+  return true;
+}
+
+}  // namespace kiln

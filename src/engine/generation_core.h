@@ -1,0 +1,139 @@
+// The one generation core: requests in cache slots, advanced a step at a time by plan → execute →
+// commit. The plan (engine/step_plan.h) says which sequences prefill which chunk and which decode;
+// execution runs it as one forward (or, where every sequence decodes on a backend with GraphOps,
+// as a captured decode graph that samples on the device); the commit feeds the results back: the
+// prompt tokens now in the cache, and each sampled token to its request with the one rule that
+// ends a request (a stop id, then max_tokens). The Scheduler drives a core from its thread for
+// every request in flight; generate() drives one for a single request on the calling thread.
+//
+// On a backend with GraphOps a decode step may be left in flight (queued on the device, its tokens
+// not yet read) and the next one queued behind it, taking those tokens on the device: the device
+// never waits for the host between steps (engine/decode_graph.h).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/decode_graph.h"
+#include "engine/finish_reason.h"
+#include "engine/sampler.h"
+#include "engine/step_plan.h"
+#include "model/model.h"
+
+namespace kiln {
+
+struct TokenEvent {
+  int32_t token = -1;  // -1 on a final event that carries no token (cancelled, error, max_tokens 0)
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::Stop;  // meaningful on the final event only
+  std::string error;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 256;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (it is reported)
+  int32_t top_logprobs = 0;       // how many alternatives to report per token (0: none)
+};
+
+// Checks a request against the context its sequence has (`context_tokens`, prompt and completion)
+// and the model's vocabulary, and bounds its max_tokens by the room the prompt leaves: the one
+// place that decides how long a request may run.
+void bound_request(GenerationRequest& request, int64_t context_tokens, int64_t vocab_size);
+
+// The consumer side of one request: events arrive in order; the last one has finished = true.
+class RequestStream {
+ public:
+  // Waits up to `timeout` for the next event.
+  std::optional<TokenEvent> next(std::chrono::milliseconds timeout);
+  // Asks the core to stop the request (its slot is freed at the next step).
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+
+ private:
+  friend class GenerationCore;
+  friend class Scheduler;  // ends the requests still waiting at shutdown
+  void push(TokenEvent event);
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<TokenEvent> events_;
+  std::atomic<bool> cancelled_{false};
+  int64_t prompt_tokens_ = 0;
+};
+
+class GenerationCore {
+ public:
+  // `slots` sequences of `context_tokens` each (on a backend with GraphOps the cache gets the spare
+  // slots of decode_bucket(slots) that padded graph rows take); each step runs at most
+  // `step_token_budget` tokens, a prefilling sequence at most `prefill_chunk` of them. The sizes are
+  // those of a ServingSizes that passed check_serving_sizes, and the budget its step_token_budget.
+  GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
+                 int64_t step_token_budget);
+  ~GenerationCore();
+  GenerationCore(const GenerationCore&) = delete;
+  GenerationCore& operator=(const GenerationCore&) = delete;
+
+  bool has_free_slot() const { return !free_slots_.empty(); }
+  // Starts a request (checked by bound_request) in a free slot; its events go to `stream`.
+  void admit(GenerationRequest request, std::shared_ptr<RequestStream> stream);
+  // One step: drops cancelled requests, then plans, executes and commits. `requests_waiting` says
+  // whether requests wait to be admitted (a decode step is then not queued ahead: a newcomer needs
+  // a prefill step first). False when there was nothing to run.
+  bool step(const std::function<bool()>& requests_waiting);
+  // Ends every running request with a Cancelled event saying `why`, leaving the core to be destroyed.
+  void cancel_all(const std::string& why);
+
+  size_t running() const { return running_.size(); }
+  // Cache positions the running requests hold.
+  int64_t cache_tokens_used() const;
+
+ private:
+  struct Sequence;
+  struct StepResult {
+    Tensor logits;                             // host logit rows, one per planned work (empty when on the device)
+    std::vector<SampledToken> device_tokens;   // the tokens a decode graph chose, one per row
+    bool left_in_flight = false;               // a decode step was queued and not read
+  };
+
+  void end(Sequence& sequence, TokenEvent event);
+  void drop_cancelled();
+  void fail_running(const std::exception& error);
+  bool accept(Sequence& sequence, const SampledToken& token, std::span<const float> row);
+  std::vector<DecodeRow> decode_rows(bool fed) const;
+  std::vector<uint64_t> running_ids() const;
+  bool queue_next_decode(const std::function<bool()>& requests_waiting) const;
+  bool advance_in_flight(const std::function<bool()>& requests_waiting);
+  StepPlan plan() const;
+  StepResult execute(const StepPlan& plan);
+  void commit(const StepPlan& plan, const StepResult& result);
+
+  Model& model_;
+  int64_t prefill_chunk_;
+  int64_t step_token_budget_;
+  std::unique_ptr<ModelCache> cache_;
+  std::unique_ptr<DecodeGraphs> decode_graphs_;  // null on backends without GraphOps (the CPU)
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<int32_t> free_slots_;
+  // The requests (Sequence::id, in row order) of the decode step in flight: queued on the device,
+  // its tokens not yet read. Empty when none is.
+  std::vector<uint64_t> in_flight_;
+  uint64_t admitted_ = 0;  // requests admitted so far (the last Sequence::id)
+};
+
+}  // namespace kiln

@@ -1,0 +1,45 @@
+// Which work one step does: a pure function of the running sequences' progress, the prefill chunk
+// and a token budget (vLLM's v1 scheduler is the model). Prefill and decode are the same kind of
+// work — tokens of a sequence run in one forward — so a step mixes them freely: a sequence still
+// prefilling gets its next chunk of the prompt, a sequence past its prompt one decode token.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kiln {
+
+struct SequenceProgress {
+  int64_t prompt_length = 0;
+  int64_t prefilled = 0;  // prompt tokens already in the cache; all of them: the sequence decodes
+};
+
+struct PlannedWork {
+  size_t sequence = 0;  // index into the progress the plan was made from
+  bool decodes = false;
+  int64_t begin = 0;  // a prefill's prompt tokens [begin, end)
+  int64_t end = 0;
+  // Whether the work's last logit row chooses a token: a decode, or the prefill of a prompt's last
+  // chunk (that sequence is not decoding yet in this step).
+  bool samples = false;
+  int64_t tokens() const { return decodes ? 1 : end - begin; }
+};
+
+struct StepPlan {
+  std::vector<PlannedWork> work;  // in sequence order; a sequence the budget leaves out has none
+  int64_t tokens = 0;
+  bool every_sequence_decodes = false;  // each sequence has work, and all of it is decoding
+};
+
+// The end of the prefill chunk that starts at `prefilled`: up to `chunk` tokens, split only at a
+// multiple of kPrefillAlignment unless the prompt ends first.
+int64_t prefill_chunk_end(int64_t prompt_length, int64_t prefilled, int64_t chunk);
+
+// Plans one step of at most `token_budget` tokens. Decoding sequences come first, one token each in
+// order (prefills never starve a decode); the rest of the budget goes to prefilling sequences in
+// order, each up to `prefill_chunk` tokens (a positive multiple of kPrefillAlignment), its chunk
+// cut short at an aligned split when the budget runs low and left out when no aligned split fits.
+StepPlan plan_step(std::span<const SequenceProgress> sequences, int64_t prefill_chunk, int64_t token_budget);
+
+}  // namespace kiln
