@@ -438,7 +438,7 @@ std::vector<LayerKind> hybrid_layer_schedule(const ConfigFields& text, int64_t l
   return kinds;
 }
 
-// The Gated DeltaNet geometry: no default in either class would suit a checkpoint, so all required.
+// The Gated DeltaNet geometry, every field required.
 void read_gated_delta_net_fields(const ConfigFields& text, ModelConfig& config) {
   config.linear_num_key_heads = text.positive_integer("linear_num_key_heads");
   config.linear_num_value_heads = text.positive_integer("linear_num_value_heads");
