@@ -1,7 +1,7 @@
-// config.json, optionally followed by a NUL byte and generation_config.json: load_config parses and
-// validates both (io/config.h), then everything decided from the config alone before any weight
-// is read runs on it: profile resolution, implementation selection and the tensor-parallel split
-// check (the memory plan needs a checkpoint too: load_plan_fuzz runs it).
+// config.json, optionally followed by a NUL byte and generation_config.json: load_model_config parses
+// and validates both (model/family.h, io/config.h), then everything decided from the config alone
+// before any weight is read runs on it: profile resolution, implementation selection and the
+// tensor-parallel split check (the memory plan needs a checkpoint too: load_plan_fuzz runs it).
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "fuzz_support.h"
 #include "io/config.h"
+#include "model/family.h"
 #include "model/profile.h"
 #include "model/registry.h"
 
@@ -32,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   else
     scratch.write("generation_config.json", generation_config);
   try {
-    plan_from_config(kiln::load_config(scratch.path()));
+    plan_from_config(kiln::load_model_config(scratch.path()));
   } catch (const kiln::Error&) {
     // A rejected config is the expected outcome; any other exception or a crash is a finding.
   }

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "io/config.h"
+#include "model/family.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -47,6 +48,11 @@ json qwen3_5_text_config() {
   })");
 }
 
+// Whether the config's family runs the hybrid (Gated DeltaNet + attention) graph.
+bool hybrid(const ModelConfig& config) {
+  return builtin_families().find(config.model_type)->loop == Loop::HybridRecurrent;
+}
+
 std::vector<LayerKind> kinds(const std::string& pattern) {
   std::vector<LayerKind> result;
   for (char c : pattern) result.push_back(c == 'F' ? LayerKind::FullAttention : LayerKind::LinearAttention);
@@ -57,7 +63,7 @@ std::vector<LayerKind> kinds(const std::string& pattern) {
 
 TEST(Config, Llama3TinyFixture) {
   KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_config(shared / "fixtures/tiny/llama3-tiny/f32");
+  const ModelConfig config = load_model_config(shared / "fixtures/tiny/llama3-tiny/f32");
   EXPECT_EQ(config.source, shared / "fixtures/tiny/llama3-tiny/f32/config.json");
   EXPECT_EQ(config.model_type, "llama");
   EXPECT_EQ(config.outer_model_type, "llama");
@@ -81,17 +87,17 @@ TEST(Config, Llama3TinyFixture) {
   EXPECT_FALSE(config.tie_word_embeddings);
   EXPECT_FALSE(config.attention_bias);
   EXPECT_FALSE(config.qk_norm);
-  EXPECT_FALSE(config.is_hybrid());
+  EXPECT_FALSE(hybrid(config));
   EXPECT_EQ(config.layer_types, kinds("FF"));
   EXPECT_EQ(config.torch_dtype, "float32");
   EXPECT_EQ(config.bos_token_id, 1);
   EXPECT_EQ(config.eos_token_ids, std::vector<int64_t>{2});
-  EXPECT_EQ(load_config(shared / "fixtures/tiny/llama3-tiny/bf16").torch_dtype, "bfloat16");
+  EXPECT_EQ(load_model_config(shared / "fixtures/tiny/llama3-tiny/bf16").torch_dtype, "bfloat16");
 }
 
 TEST(Config, Qwen3TinyFixture) {
   KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_config(shared / "fixtures/tiny/qwen3-tiny/f32");
+  const ModelConfig config = load_model_config(shared / "fixtures/tiny/qwen3-tiny/f32");
   EXPECT_EQ(config.model_type, "qwen3");
   EXPECT_EQ(config.hidden_size, 64);
   EXPECT_EQ(config.intermediate_size, 128);
@@ -109,9 +115,9 @@ TEST(Config, Qwen3TinyFixture) {
 
 TEST(Config, Qwen3_5TextTinyFixture) {
   KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_config(shared / "fixtures/tiny/qwen3_5-text-tiny/f32");
+  const ModelConfig config = load_model_config(shared / "fixtures/tiny/qwen3_5-text-tiny/f32");
   EXPECT_EQ(config.model_type, "qwen3_5_text");
-  EXPECT_TRUE(config.is_hybrid());
+  EXPECT_TRUE(hybrid(config));
   EXPECT_EQ(config.layer_types, kinds("LLLF"));
   EXPECT_EQ(config.hidden_size, 128);
   EXPECT_EQ(config.head_dim, 32);
@@ -129,7 +135,7 @@ TEST(Config, Qwen3_5TextTinyFixture) {
 
 TEST(Config, Qwen3_5VisionLanguageFixtureNestsTheTextModel) {
   KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_config(shared / "fixtures/tiny/qwen3_5-vl-tiny/f32");
+  const ModelConfig config = load_model_config(shared / "fixtures/tiny/qwen3_5-vl-tiny/f32");
   EXPECT_EQ(config.model_type, "qwen3_5_text");
   EXPECT_EQ(config.outer_model_type, "qwen3_5");
   EXPECT_EQ(config.architectures, std::vector<std::string>{"Qwen3_5ForConditionalGeneration"});
@@ -146,7 +152,7 @@ TEST(Config, Qwen3_5VisionLanguageFixtureNestsTheTextModel) {
 
 TEST(Config, Stories260K) {
   KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_config(shared / "models/stories260K");
+  const ModelConfig config = load_model_config(shared / "models/stories260K");
   EXPECT_EQ(config.model_type, "llama");
   EXPECT_EQ(config.hidden_size, 64);
   EXPECT_EQ(config.intermediate_size, 172);
@@ -164,7 +170,7 @@ TEST(Config, Stories260K) {
 }
 
 TEST(Config, LegacyRopeScalingEqualsRopeParameters) {
-  const ModelConfig legacy = parse_config(llama_config(), kSource);
+  const ModelConfig legacy = parse_model_config(llama_config(), kSource);
   json v5 = llama_config();
   v5.erase("rope_theta");
   v5.erase("rope_scaling");
@@ -175,7 +181,7 @@ TEST(Config, LegacyRopeScalingEqualsRopeParameters) {
   old_type_key["rope_scaling"].erase("rope_type");
   old_type_key["rope_scaling"]["type"] = "llama3";
   for (const json& variant : {v5, old_type_key}) {
-    const ModelConfig config = parse_config(variant, kSource);
+    const ModelConfig config = parse_model_config(variant, kSource);
     EXPECT_EQ(config.rope.type, "llama3");
     EXPECT_EQ(config.rope.theta, legacy.rope.theta);
     EXPECT_EQ(config.rope.factor, legacy.rope.factor);
@@ -193,7 +199,7 @@ TEST(Config, NestedTextConfigIsUnwrapped) {
                 {"text_config", qwen3_5_text_config()},
                 {"vision_config", {{"model_type", "qwen3_5_vision"}, {"hidden_act", "gelu_pytorch_tanh"}}}};
   outer["text_config"]["eos_token_id"] = 7;
-  const ModelConfig config = parse_config(outer, kSource);
+  const ModelConfig config = parse_model_config(outer, kSource);
   EXPECT_EQ(config.model_type, "qwen3_5_text");
   EXPECT_EQ(config.outer_model_type, "qwen3_5");
   EXPECT_EQ(config.num_hidden_layers, 8);
@@ -202,39 +208,52 @@ TEST(Config, NestedTextConfigIsUnwrapped) {
 
   // A text config without model_type takes the one its wrapper nests.
   outer["text_config"].erase("model_type");
-  EXPECT_EQ(parse_config(outer, kSource).model_type, "qwen3_5_text");
+  EXPECT_EQ(parse_model_config(outer, kSource).model_type, "qwen3_5_text");
 }
 
 TEST(Config, LayerTypesComeFromTheFullAttentionInterval) {
   json config = qwen3_5_text_config();
-  EXPECT_EQ(parse_config(config, kSource).layer_types, kinds("LLLFLLLF"));  // default interval 4
+  EXPECT_EQ(parse_model_config(config, kSource).layer_types, kinds("LLLFLLLF"));  // default interval 4
   config["full_attention_interval"] = 2;
-  EXPECT_EQ(parse_config(config, kSource).layer_types, kinds("LFLFLFLF"));
+  EXPECT_EQ(parse_model_config(config, kSource).layer_types, kinds("LFLFLFLF"));
   config["layer_types"] = {"full_attention",   "linear_attention", "linear_attention", "linear_attention",
                            "linear_attention", "linear_attention", "linear_attention", "full_attention"};
-  EXPECT_EQ(parse_config(config, kSource).layer_types, kinds("FLLLLLLF"));  // explicit list wins
+  EXPECT_EQ(parse_model_config(config, kSource).layer_types, kinds("FLLLLLLF"));  // explicit list wins
 }
 
 TEST(Config, FamilyDefaults) {
   json qwen2 = llama_config();
   qwen2["model_type"] = "qwen2";
   qwen2["attention_bias"] = false;
-  EXPECT_TRUE(parse_config(qwen2, kSource).attention_bias);  // Qwen2 always biases q/k/v
+  EXPECT_TRUE(parse_model_config(qwen2, kSource).attention_bias);  // Qwen2 always biases q/k/v
+  // attention_bias biases o_proj too, except on Qwen2 (Qwen2Attention: o_proj bias=False).
+  qwen2["attention_bias"] = true;
+  EXPECT_FALSE(parse_model_config(qwen2, kSource).attention_output_bias);
+  for (const char* model_type : {"llama", "qwen3"}) {
+    json biased = llama_config();
+    biased["model_type"] = model_type;
+    biased["head_dim"] = 16;
+    EXPECT_FALSE(parse_model_config(biased, kSource).attention_output_bias) << model_type;
+    biased["attention_bias"] = true;
+    const ModelConfig config = parse_model_config(biased, kSource);
+    EXPECT_TRUE(config.attention_bias) << model_type;
+    EXPECT_TRUE(config.attention_output_bias) << model_type;
+  }
 
   json qwen3_next = qwen3_5_text_config();
   qwen3_next["model_type"] = "qwen3_next";
   qwen3_next.erase("rope_parameters");
   qwen3_next["rope_theta"] = 10000000;
   qwen3_next["rope_scaling"] = nullptr;
-  const ModelConfig next = parse_config(qwen3_next, kSource);
-  EXPECT_TRUE(next.is_hybrid());
+  const ModelConfig next = parse_model_config(qwen3_next, kSource);
+  EXPECT_TRUE(hybrid(next));
   EXPECT_EQ(next.rope.partial_rotary_factor, 0.25);  // Qwen3NextConfig's default
   EXPECT_TRUE(next.qk_norm);
 
   json llama = llama_config();
   llama.erase("num_key_value_heads");
   llama.erase("tie_word_embeddings");
-  const ModelConfig plain = parse_config(llama, kSource);
+  const ModelConfig plain = parse_model_config(llama, kSource);
   EXPECT_EQ(plain.num_key_value_heads, 4);  // multi-head when absent
   EXPECT_FALSE(plain.tie_word_embeddings);  // LlamaConfig's default
 }
@@ -243,7 +262,7 @@ TEST(Config, GenerationConfigIdsAreMerged) {
   kiln::testing::TempDir dir;
   std::ofstream(dir.path() / "config.json") << llama_config().dump();
   std::ofstream(dir.path() / "generation_config.json") << R"({"bos_token_id": 5, "eos_token_id": [3, 9]})";
-  const ModelConfig config = load_config(dir.path());
+  const ModelConfig config = load_model_config(dir.path());
   EXPECT_EQ(config.eos_token_ids, (std::vector<int64_t>{2, 3, 9}));
   EXPECT_EQ(config.bos_token_id, 5);
 }
@@ -382,8 +401,8 @@ class ConfigBad : public ::testing::TestWithParam<BadConfig> {};
 TEST_P(ConfigBad, FailsNamingTheField) {
   const BadConfig& bad = GetParam();
   try {
-    parse_config(bad.make(), kSource);
-    FAIL() << "parse_config accepted it";
+    parse_model_config(bad.make(), kSource);
+    FAIL() << "parse_model_config accepted it";
   } catch (const Error& error) {
     const std::string message = error.what();
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
@@ -402,14 +421,14 @@ TEST(Config, LoadConfigNamesTheFileWhenItIsNotJson) {
   kiln::testing::TempDir dir;
   std::ofstream(dir.path() / "config.json") << "{\"model_type\": ";
   try {
-    load_config(dir.path());
-    FAIL() << "load_config accepted it";
+    load_model_config(dir.path());
+    FAIL() << "load_model_config accepted it";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find((dir.path() / "config.json").string() + ": not valid JSON"),
               std::string::npos)
         << error.what();
   }
-  EXPECT_THROW(load_config(dir.path() / "absent"), Error);
+  EXPECT_THROW(load_model_config(dir.path() / "absent"), Error);
 }
 
 // Found by fuzz/config_fuzz: nlohmann reports a number beyond a double as out_of_range, not
@@ -417,6 +436,6 @@ TEST(Config, LoadConfigNamesTheFileWhenItIsNotJson) {
 TEST(Config, LoadConfigNamesTheFileWhenANumberIsBeyondADouble) {
   kiln::testing::TempDir dir;
   std::ofstream(dir.path() / "config.json") << R"({"model_type": "llama", "hidden_size": 1e9551615})";
-  kiln::testing::expect_error_mentions([&] { load_config(dir.path()); },
+  kiln::testing::expect_error_mentions([&] { load_model_config(dir.path()); },
                                        {(dir.path() / "config.json").string() + ": not valid JSON"});
 }

@@ -115,7 +115,7 @@ ModelImplementation probing_implementation(ConstructionProbe& probe, bool fault,
                                            std::string id = "llama") {
   ModelImplementation implementation;
   implementation.id = std::move(id);
-  implementation.graph = Graph::Llama;
+  implementation.graph = builtin_graph("llama");
   implementation.loop = Loop::Autoregressive;
   implementation.backend = Device::CPU;
   implementation.create = [&probe, fault, taken](WeightMap& weights, const ModelConfig& config,
@@ -135,7 +135,8 @@ ModelImplementation probing_implementation(ConstructionProbe& probe, bool fault,
   return implementation;
 }
 
-LoadOptions options_with(const ImplementationRegistry& registry, const ProfileTable& profiles = builtin_profile_table()) {
+LoadOptions options_with(const ImplementationRegistry& registry,
+                         const ProfileTable& profiles = builtin_profile_table()) {
   LoadOptions options;
   options.registry = &registry;
   options.profiles = &profiles;
@@ -174,7 +175,7 @@ TEST(Construction, TheWeightSourceIsOnlyBorrowed) {
   const auto dir = root.path() / "tiny";
   write_tiny_checkpoint(dir);
   auto backend = make_cpu_backend();
-  const ModelConfig config = load_config(dir);
+  const ModelConfig config = load_model_config(dir);
   const auto resolved = resolve_profile(config, std::nullopt, builtin_profile_table());
   ConstructionProbe probe;
   const ImplementationRegistry registry(
@@ -291,7 +292,7 @@ TEST(LoadModel, AnExactArtifactProfileBindsItsNamedImplementation) {
   const std::string commit(40, 'e');
   const auto snapshot = root.path() / "hub" / "models--org--tiny" / "snapshots" / commit;
   write_tiny_checkpoint(snapshot);
-  const ModelConfig config = load_config(snapshot);
+  const ModelConfig config = load_model_config(snapshot);
 
   ModelProfileSpec spec = kiln::testing::exact_spec("org/tiny@e", config, "hf:org/tiny@" + commit);
   spec.execution.implementation = "llama-tiny";
@@ -322,7 +323,7 @@ TEST(LoadModel, TheConstructionSeamRefusesAnImplementationThatNoLongerMatchesThe
   const std::string commit(40, 'e');
   const auto snapshot = root.path() / "hub" / "models--org--tiny" / "snapshots" / commit;
   write_tiny_checkpoint(snapshot);
-  ModelProfileSpec spec = kiln::testing::exact_spec("org/tiny@e", load_config(snapshot), "hf:org/tiny@" + commit);
+  ModelProfileSpec spec = kiln::testing::exact_spec("org/tiny@e", load_model_config(snapshot), "hf:org/tiny@" + commit);
   spec.execution.implementation = "llama-tiny";
   const ProfileTable profiles({ModelProfile::build(spec)}, builtin_profile_table().families());
   ConstructionProbe probe;
@@ -346,7 +347,7 @@ TEST(LoadModel, TheConstructionSeamRefusesAnImplementationThatNoLongerMatchesThe
 
   // The named implementation on this backend, but built for another graph.
   ModelImplementation other_graph = probing_implementation(probe, false, 3, "llama-tiny");
-  other_graph.graph = Graph::Qwen3_5;
+  other_graph.graph = builtin_graph("qwen3_5");
   swapped.implementation = std::make_shared<const ModelImplementation>(other_graph);
   EXPECT_FAILS_MENTIONING(build_model(swapped, *backend), "org/tiny@e", "is incompatible with model profile");
   EXPECT_EQ(probe.constructions, 0) << "nothing is constructed from a mismatched pair";
@@ -360,7 +361,8 @@ TEST(LoadModel, AHashedArtifactIsExactWhenAProfileIsBoundToIt) {
   write_tiny_checkpoint(dir);
   const auto fingerprint = content_fingerprint(dir, root.path() / "memo.json");
   const kiln::testing::ScopedEnv memo("KILN_ARTIFACT_HASH_MEMO", (root.path() / "memo.json").string());
-  const ProfileTable profiles({ModelProfile::build(kiln::testing::exact_spec("hashed", load_config(dir), fingerprint))},
+  const ProfileTable profiles(
+      {ModelProfile::build(kiln::testing::exact_spec("hashed", load_model_config(dir), fingerprint))},
                               builtin_profile_table().families());
   ConstructionProbe probe;
   const ImplementationRegistry registry({probing_implementation(probe, false)});
@@ -383,7 +385,7 @@ TEST(LoadModel, ThePlanReportHasEveryField) {
   EXPECT_EQ(report["model_type"], "llama");
   EXPECT_EQ(report["profile"]["id"], "llama-family");
   EXPECT_TRUE(report["artifact_fingerprint"].is_null());
-  EXPECT_EQ(report["config_fingerprint"], config_fingerprint(load_config(dir)));
+  EXPECT_EQ(report["config_fingerprint"], config_fingerprint(load_model_config(dir)));
   EXPECT_EQ(report["exact_artifact"], false);
   EXPECT_EQ(report["implementation"], "llama");
   EXPECT_EQ(report["capabilities"]["required"],
@@ -415,6 +417,7 @@ TEST(LoadModel, AnImplementationThatReturnsNoModelIsAnError) {
   write_tiny_checkpoint(dir);
   ModelImplementation empty_handed;
   empty_handed.id = "llama";
+  empty_handed.graph = builtin_graph("llama");
   empty_handed.create = [](WeightMap&, const ModelConfig&, const ResolvedProfile&, Backend&) {
     return std::unique_ptr<Model>();
   };

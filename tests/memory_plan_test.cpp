@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "engine/memory_plan.h"
 #include "io/config.h"
+#include "model/family.h"
 #include "model/loader.h"
 #include "model/synth.h"
 #include "profile_support.h"
@@ -292,7 +293,7 @@ void write_sparse_checkpoint(const std::string& shape, const std::filesystem::pa
   std::ofstream(dir / "config.json") << synth.config.dump();
   nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};
   uint64_t offset = 0;
-  for (const SynthTensor& tensor : synth_tensor_layout(parse_config(synth.config, dir / "config.json"))) {
+  for (const SynthTensor& tensor : synth_tensor_layout(parse_model_config(synth.config, dir / "config.json"))) {
     const uint64_t bytes = static_cast<uint64_t>(shape_numel(tensor.shape)) * 2;
     header[tensor.name] = {{"dtype", "BF16"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "io/fingerprint.h"
+#include "model/family.h"
 #include "model/profile.h"
 #include "test_support.h"
 
@@ -35,7 +36,8 @@ inline ModelConfig tiny_config(const std::string& model_type = "llama") {
   config.rms_norm_eps = 1e-5;
   config.torch_dtype = "float32";
   config.layer_types.assign(4, LayerKind::FullAttention);
-  if (config.is_hybrid()) {
+  const FamilySpec* family = builtin_families().find(model_type);
+  if (family && family->loop == Loop::HybridRecurrent) {
     config.layer_types = {LayerKind::LinearAttention, LayerKind::LinearAttention, LayerKind::LinearAttention,
                           LayerKind::FullAttention};
     config.linear_num_key_heads = 2;
@@ -51,12 +53,12 @@ inline ModelConfig tiny_config(const std::string& model_type = "llama") {
 }
 
 // A valid family profile spec for `graph` (the loop and capabilities its execution needs).
-inline ModelProfileSpec family_spec(const std::string& id, Graph graph = Graph::Llama) {
+inline ModelProfileSpec family_spec(const std::string& id, Graph graph = builtin_graph("llama")) {
   ModelProfileSpec spec;
   spec.id = id;
   spec.fidelity = {FidelityTier::ReferenceParity, "transformers float64 logits"};
   spec.execution.graph = graph;
-  spec.execution.loop = graph == Graph::Qwen3_5 ? Loop::HybridRecurrent : Loop::Autoregressive;
+  spec.execution.loop = graph == builtin_graph("qwen3_5") ? Loop::HybridRecurrent : Loop::Autoregressive;
   spec.execution.specialization = Specialization::Dedicated;
   spec.capabilities = execution_capabilities(spec.execution);
   return spec;
@@ -67,7 +69,7 @@ inline std::string hf_fingerprint(char tag = 'a') { return "hf:org/tiny@" + std:
 
 // A valid exact-artifact spec bound to `artifact` and to `config`'s fingerprint.
 inline ModelProfileSpec exact_spec(const std::string& id, const ModelConfig& config, const std::string& artifact,
-                                   Graph graph = Graph::Llama) {
+                                   Graph graph = builtin_graph("llama")) {
   ModelProfileSpec spec = family_spec(id, graph);
   spec.execution.specialization = Specialization::Artifact;
   spec.artifact_fingerprint = artifact;

@@ -112,12 +112,12 @@ TEST(ProfileValidation, ANamedImplementationIsNotBlank) {
 }
 
 TEST(ProfileValidation, TheLoopIsLegalForTheGraph) {
-  ModelProfileSpec hybrid_on_attention = family_spec("llama-with-recurrence", Graph::Llama);
+  ModelProfileSpec hybrid_on_attention = family_spec("llama-with-recurrence", builtin_graph("llama"));
   hybrid_on_attention.execution.loop = Loop::HybridRecurrent;
   hybrid_on_attention.capabilities = execution_capabilities(hybrid_on_attention.execution);
   EXPECT_FAILS_MENTIONING(ModelProfile::build(hybrid_on_attention), "llama-with-recurrence", "graph llama",
                           "loop hybrid_recurrent");
-  ModelProfileSpec attention_on_hybrid = family_spec("qwen3_5-without-state", Graph::Qwen3_5);
+  ModelProfileSpec attention_on_hybrid = family_spec("qwen3_5-without-state", builtin_graph("qwen3_5"));
   attention_on_hybrid.execution.loop = Loop::Autoregressive;
   attention_on_hybrid.capabilities = execution_capabilities(attention_on_hybrid.execution);
   EXPECT_FAILS_MENTIONING(ModelProfile::build(attention_on_hybrid), "qwen3_5-without-state", "graph qwen3_5",
@@ -129,10 +129,13 @@ TEST(ProfileValidation, DeclaredCapabilitiesCoverTheExecution) {
     Graph graph;
     Capability dropped;
   } cases[] = {
-      {Graph::Qwen3_5, Capability::StateRecurrent},   {Graph::Qwen3_5, Capability::StateKvCache},
-      {Graph::Qwen3_5, Capability::GraphQwen3_5},     {Graph::Qwen3_5, Capability::LoopHybridRecurrent},
-      {Graph::Llama, Capability::FormatSafetensors},  {Graph::Qwen3, Capability::GraphQwen3},
-      {Graph::Llama, Capability::LoopAutoregressive},
+      {builtin_graph("qwen3_5"), Capability::StateRecurrent},
+      {builtin_graph("qwen3_5"), Capability::StateKvCache},
+      {builtin_graph("qwen3_5"), graph_capability(builtin_graph("qwen3_5"))},
+      {builtin_graph("qwen3_5"), Capability::LoopHybridRecurrent},
+      {builtin_graph("llama"), Capability::FormatSafetensors},
+      {builtin_graph("qwen3"), graph_capability(builtin_graph("qwen3"))},
+      {builtin_graph("llama"), Capability::LoopAutoregressive},
   };
   for (const auto& c : cases) {
     ModelProfileSpec spec = family_spec("under-declared", c.graph);
@@ -145,8 +148,8 @@ TEST(ProfileValidation, DeclaredCapabilitiesCoverTheExecution) {
 }
 
 TEST(ProfileValidation, ImplementationIdsDefaultToTheGraph) {
-  EXPECT_EQ(implementation_id(ModelProfile::build(family_spec("d", Graph::Qwen3))), "qwen3");
-  ModelProfileSpec generic = family_spec("g", Graph::Qwen3_5);
+  EXPECT_EQ(implementation_id(ModelProfile::build(family_spec("d", builtin_graph("qwen3")))), "qwen3");
+  ModelProfileSpec generic = family_spec("g", builtin_graph("qwen3_5"));
   generic.execution.specialization = Specialization::Generic;
   EXPECT_EQ(implementation_id(ModelProfile::build(generic)), "qwen3_5-generic");
   ModelProfileSpec named = exact_spec("n", tiny_config(), hf_fingerprint());
@@ -165,7 +168,7 @@ TEST(ProfileEngine, AnEngineWithoutTheBackendIsAnErrorNamingIt) {
 }
 
 TEST(ProfileEngine, EveryRequiredCapabilityMustBePresent) {
-  const ModelProfile profile = ModelProfile::build(family_spec("tiny-qwen3_5", Graph::Qwen3_5));
+  const ModelProfile profile = ModelProfile::build(family_spec("tiny-qwen3_5", builtin_graph("qwen3_5")));
   for (Capability missing : profile.capabilities()) {
     std::set<Capability> engine = profile.capabilities();
     engine.insert(Capability::BackendCpu);
@@ -189,7 +192,7 @@ TEST(ProfileEngine, ADeclaredBackendRequirementIsHonoured) {
 
 TEST(ProfileTable, RejectsDuplicateIds) {
   EXPECT_FAILS_MENTIONING(ProfileTable({}, {ModelProfile::build(family_spec("twice")),
-                                            ModelProfile::build(family_spec("twice", Graph::Qwen3))}),
+                                            ModelProfile::build(family_spec("twice", builtin_graph("qwen3")))}),
                           "duplicate model profile twice");
   const auto config = tiny_config();
   EXPECT_FAILS_MENTIONING(ProfileTable({ModelProfile::build(exact_spec("twice", config, hf_fingerprint()))},
@@ -221,9 +224,11 @@ TEST(ProfileResolution, TheBuiltinLadderCoversEverySupportedModelType) {
     const char* profile;
     Graph graph;
   } cases[] = {
-      {"llama", "llama-family", Graph::Llama},           {"qwen2", "llama-family", Graph::Llama},
-      {"qwen3", "qwen3-family", Graph::Qwen3},           {"qwen3_5_text", "qwen3_5-family", Graph::Qwen3_5},
-      {"qwen3_next", "qwen3_5-family", Graph::Qwen3_5},
+      {"llama", "llama-family", builtin_graph("llama")},
+      {"qwen2", "llama-family", builtin_graph("llama")},
+      {"qwen3", "qwen3-family", builtin_graph("qwen3")},
+      {"qwen3_5_text", "qwen3_5-family", builtin_graph("qwen3_5")},
+      {"qwen3_next", "qwen3_5-family", builtin_graph("qwen3_5")},
   };
   for (const auto& c : cases) {
     const auto resolved = resolve_profile(tiny_config(c.model_type), std::nullopt, builtin_profile_table());
@@ -279,7 +284,8 @@ TEST(ProfileResolution, AnExactArtifactWithAnotherConfigRefusesToFallBack) {
 TEST(ProfileResolution, AnExactArtifactWhoseGraphRejectsTheConfigRefusesToFallBack) {
   const auto config = tiny_config("llama");
   // Bound to this very config, but declaring the qwen3 graph, which does not accept llama.
-  const ProfileTable table({ModelProfile::build(exact_spec("wrong-graph", config, hf_fingerprint(), Graph::Qwen3))},
+  const ProfileTable table(
+      {ModelProfile::build(exact_spec("wrong-graph", config, hf_fingerprint(), builtin_graph("qwen3")))},
                            {ModelProfile::build(family_spec("family"))});
   EXPECT_FAILS_MENTIONING(resolve_profile(config, hf_fingerprint(), table), "wrong-graph", "graph qwen3", "llama",
                           "refusing to fall back");
@@ -297,7 +303,7 @@ TEST(ProfileRevalidation, AResolvedProfileMustMatchTheConfigItBuilds) {
   EXPECT_FAILS_MENTIONING(check_resolved_profile(edited, resolved), "llama-family", config_fingerprint(edited));
 
   auto other_family = resolved;
-  other_family.profile = ModelProfile::build(family_spec("qwen3-only", Graph::Qwen3));
+  other_family.profile = ModelProfile::build(family_spec("qwen3-only", builtin_graph("qwen3")));
   EXPECT_FAILS_MENTIONING(check_resolved_profile(config, other_family), "qwen3-only", "graph qwen3", "llama");
 }
 

@@ -16,11 +16,11 @@ using kiln::testing::tiny_config;
 namespace {
 
 // An implementation whose factory must never run in these tests: selection alone is under test.
-ModelImplementation implementation(std::string id, Graph graph = Graph::Llama, Device backend = Device::CPU) {
+ModelImplementation implementation(std::string id, Graph graph = builtin_graph("llama"), Device backend = Device::CPU) {
   ModelImplementation entry;
   entry.id = std::move(id);
   entry.graph = graph;
-  entry.loop = graph == Graph::Qwen3_5 ? Loop::HybridRecurrent : Loop::Autoregressive;
+  entry.loop = graph == builtin_graph("qwen3_5") ? Loop::HybridRecurrent : Loop::Autoregressive;
   entry.backend = backend;
   entry.create = [](WeightMap&, const ModelConfig&, const ResolvedProfile&, Backend&) -> std::unique_ptr<Model> {
     ADD_FAILURE() << "selection must not construct a model";
@@ -52,35 +52,36 @@ TEST(Registry, RejectsDuplicatesPerBackend) {
   EXPECT_FAILS_MENTIONING(ImplementationRegistry({implementation("llama"), implementation("llama")}),
                           "duplicate model implementation llama on cpu");
   EXPECT_NO_THROW(ImplementationRegistry(
-      {implementation("llama", Graph::Llama, Device::CPU), implementation("llama", Graph::Llama, Device::CUDA)}));
+      {implementation("llama", builtin_graph("llama"), Device::CPU),
+       implementation("llama", builtin_graph("llama"), Device::CUDA)}));
 }
 
 TEST(Registry, RejectsAnImplementationWithoutFactoryOrWithAnIllegalLoop) {
   auto no_factory = implementation("llama");
   no_factory.create = nullptr;
   EXPECT_FAILS_MENTIONING(ImplementationRegistry({no_factory}), "llama", "no factory");
-  auto wrong_loop = implementation("qwen3_5", Graph::Qwen3_5);
+  auto wrong_loop = implementation("qwen3_5", builtin_graph("qwen3_5"));
   wrong_loop.loop = Loop::Autoregressive;
   EXPECT_FAILS_MENTIONING(ImplementationRegistry({wrong_loop}), "qwen3_5", "loop autoregressive");
 }
 
 TEST(Registry, SelectsTheGraphDefault) {
-  const ImplementationRegistry registry({implementation("llama"), implementation("qwen3", Graph::Qwen3)});
+  const ImplementationRegistry registry({implementation("llama"), implementation("qwen3", builtin_graph("qwen3"))});
   const auto config = tiny_config("qwen3");
   const auto selected = registry.select(config, resolve_family(config), Device::CPU);
   EXPECT_EQ(selected->id, "qwen3");
-  EXPECT_EQ(selected->graph, Graph::Qwen3);
+  EXPECT_EQ(selected->graph, builtin_graph("qwen3"));
 }
 
 TEST(Registry, AnAbsentImplementationIsAnErrorNotAFallback) {
-  const ImplementationRegistry registry({implementation("llama"), implementation("qwen3", Graph::Qwen3)});
+  const ImplementationRegistry registry({implementation("llama"), implementation("qwen3", builtin_graph("qwen3"))});
   const auto config = tiny_config("qwen3_5_text");
   EXPECT_FAILS_MENTIONING(registry.select(config, resolve_family(config), Device::CPU), "qwen3_5-family",
                           "implementation qwen3_5 on cpu", "refusing to fall back");
 }
 
 TEST(Registry, AnotherDeviceIsNeverAQuietFallback) {
-  const ImplementationRegistry registry({implementation("llama", Graph::Llama, Device::CPU)});
+  const ImplementationRegistry registry({implementation("llama", builtin_graph("llama"), Device::CPU)});
   const auto config = tiny_config();
   EXPECT_EQ(registry.select(config, resolve_family(config), Device::CPU)->backend, Device::CPU);
   EXPECT_FAILS_MENTIONING(registry.select(config, resolve_family(config), Device::CUDA), "llama-family",
@@ -104,7 +105,7 @@ TEST(Registry, AnIncompatibleImplementationIsAnError) {
   const auto config = tiny_config();
   const auto resolved = resolve_profile(config, hf_fingerprint(), table_naming(config, "tuned"));
   // Registered under the name the profile asks for, but built for another graph.
-  const ImplementationRegistry registry({implementation("tuned", Graph::Qwen3)});
+  const ImplementationRegistry registry({implementation("tuned", builtin_graph("qwen3"))});
   EXPECT_FAILS_MENTIONING(registry.select(config, resolved, Device::CPU), "model implementation tuned", "tiny@a",
                           "graph qwen3", "graph llama", "refusing to fall back");
 }
@@ -129,7 +130,8 @@ TEST(Registry, WithReturnsANewRegistryAndKeepsBindings) {
   {
     const ImplementationRegistry original({implementation("llama")});
     bound = original.select(config, resolve_family(config), Device::CPU);
-    extended = std::make_unique<ImplementationRegistry>(original.with({implementation("qwen3", Graph::Qwen3)}));
+    extended =
+        std::make_unique<ImplementationRegistry>(original.with({implementation("qwen3", builtin_graph("qwen3"))}));
     EXPECT_EQ(original.size(), 1u);
     EXPECT_FAILS_MENTIONING(original.select(qwen3, resolve_family(qwen3), Device::CPU), "implementation qwen3");
     EXPECT_FAILS_MENTIONING(original.with({implementation("llama")}), "duplicate model implementation llama");
@@ -144,12 +146,14 @@ TEST(Registry, WithReturnsANewRegistryAndKeepsBindings) {
 
 TEST(Registry, CapabilitiesComeFromTheImplementationsOfADevice) {
   const ImplementationRegistry registry(
-      {implementation("llama", Graph::Llama, Device::CPU), implementation("qwen3_5", Graph::Qwen3_5, Device::CUDA)});
+      {implementation("llama", builtin_graph("llama"), Device::CPU),
+       implementation("qwen3_5", builtin_graph("qwen3_5"), Device::CUDA)});
   EXPECT_EQ(registry.capabilities(Device::CPU),
-            (std::set<Capability>{Capability::GraphLlama, Capability::LoopAutoregressive, Capability::StateKvCache}));
+            (std::set<Capability>{graph_capability(builtin_graph("llama")), Capability::LoopAutoregressive,
+                                  Capability::StateKvCache}));
   EXPECT_EQ(registry.capabilities(Device::CUDA),
-            (std::set<Capability>{Capability::GraphQwen3_5, Capability::LoopHybridRecurrent, Capability::StateKvCache,
-                                  Capability::StateRecurrent}));
+            (std::set<Capability>{graph_capability(builtin_graph("qwen3_5")), Capability::LoopHybridRecurrent,
+                                  Capability::StateKvCache, Capability::StateRecurrent}));
   const auto cuda_without_backend = engine_capabilities(registry, Device::CUDA, /*backend_present=*/false);
   EXPECT_FALSE(cuda_without_backend.count(Capability::BackendCuda));
   EXPECT_TRUE(cuda_without_backend.count(Capability::FormatSafetensors));

@@ -1,4 +1,4 @@
-// kiln synth: the checkpoints it writes load through Checkpoint::open and load_config with the
+// kiln synth: the checkpoints it writes load through Checkpoint::open and load_model_config with the
 // shapes the published config implies, deterministically and in any shard layout.
 #include <cmath>
 #include <cstring>
@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/family.h"
 #include "model/load_plan.h"
 #include "model/qwen3_5_checkpoint.h"
 #include "model/synth.h"
@@ -24,7 +25,7 @@ TEST(Synth, Qwen3OneLayerCheckpointLoads) {
                                            " synth --shape qwen3-0.6b --layers 1 --dtype bf16 --out " + out.string());
   ASSERT_EQ(result.exit_code, 0) << result.output;
 
-  const ModelConfig config = load_config(out);
+  const ModelConfig config = load_model_config(out);
   EXPECT_EQ(config.model_type, "qwen3");
   EXPECT_EQ(config.num_hidden_layers, 1);
   EXPECT_EQ(config.hidden_size, 1024);
@@ -113,7 +114,7 @@ TEST(Synth, ShapesMatchThePublishedConfigs) {
   };
   for (const Expected& expected : table) {
     SCOPED_TRACE(expected.shape);
-    const ModelConfig config = parse_config(find_synth_shape(expected.shape).config, "config.json");
+    const ModelConfig config = parse_model_config(find_synth_shape(expected.shape).config, "config.json");
     EXPECT_EQ(config.hidden_size, expected.hidden);
     EXPECT_EQ(config.intermediate_size, expected.intermediate);
     EXPECT_EQ(config.num_hidden_layers, expected.layers);
@@ -153,7 +154,7 @@ TEST(Synth, Qwen35ShapesAreHybridAndTheSanitizerPlansEveryTensor) {
   };
   for (const Expected& expected : table) {
     SCOPED_TRACE(expected.shape);
-    const ModelConfig config = parse_config(find_synth_shape(expected.shape).config, "config.json");
+    const ModelConfig config = parse_model_config(find_synth_shape(expected.shape).config, "config.json");
     EXPECT_EQ(config.model_type, "qwen3_5_text");
     EXPECT_EQ(config.hidden_size, expected.hidden);
     EXPECT_EQ(config.num_hidden_layers, expected.layers);

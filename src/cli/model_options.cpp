@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/family.h"
 #include "model/loader.h"
 #include "model/tensor_parallel.h"
 #ifdef KILN_HAVE_CUDA
@@ -109,7 +110,7 @@ OpenedModel build_prepared_model(PreparedModel prepared) {
 PreparedModel prepare_model(const ModelOptions& options, const ServingSizes& sizes) {
   // Only config.json is read before the sizes are checked: a size the model cannot be run at is
   // named first, even when the checkpoint itself is missing or broken.
-  check_serving_sizes(sizes, load_config(options.model_dir));
+  check_serving_sizes(sizes, load_model_config(options.model_dir));
   return prepare_model(options);
 }
 

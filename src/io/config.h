@@ -1,18 +1,24 @@
 // config.json → ModelConfig: every field that shapes a graph, parsed strictly.
 //
-// Supported model_type values (text config, after unwrapping a nested `text_config`):
-//   llama (Llama-2/3, MiniCPM5), qwen2, qwen3, qwen3_5_text (Qwen3.5 dense), qwen3_next.
-// An unknown model_type, a missing required field, or an unsupported value (e.g. an unknown
-// rope_type) is a kiln::Error naming the file and the field — never a guess.
+// The fields every family shares are read here; which model_type values are accepted, and what
+// each one's configuration class adds (defaults, required fields, family-only fields), comes from
+// a ConfigVocabulary that the model layer builds from its family specs (model/family.h:
+// load_model_config / parse_model_config use kiln's own families). An unknown model_type, a
+// missing required field, or an unsupported value (e.g. an unknown rope_type) is a kiln::Error
+// naming the file and the field — never a guess.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "io/config_fields.h"
 
 namespace kiln {
 
@@ -51,13 +57,14 @@ struct ModelConfig {
   std::string hidden_act = "silu";
   RopeConfig rope;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v bias (Qwen2 always; Llama when attention_bias is true)
+  bool attention_bias = false;         // q/k/v bias (ModelTypeRules::qkv_bias_always, else attention_bias)
+  bool attention_output_bias = false;  // o_proj bias (ModelTypeRules::output_bias_follows_attention_bias)
   bool mlp_bias = false;
   bool qk_norm = false;         // Qwen3 q_norm/k_norm
   std::string torch_dtype;      // "float32" | "bfloat16" | "float16" | "" (as declared)
 
-  // Hybrid models (qwen3_5_text, qwen3_next). layer_types is filled for every model:
-  // all FullAttention for dense families.
+  // layer_types is filled for every model: all FullAttention unless the model_type's rules give a
+  // layer schedule. The linear_* fields are the hybrid family's (Gated DeltaNet), 0 elsewhere.
   std::vector<LayerKind> layer_types;
   int64_t linear_num_key_heads = 0;
   int64_t linear_num_value_heads = 0;
@@ -67,16 +74,57 @@ struct ModelConfig {
 
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
-
-  bool is_hybrid() const { return model_type == "qwen3_5_text" || model_type == "qwen3_next"; }
 };
 
-// The model types parse_config accepts, in the order errors list them.
-const std::vector<std::string>& supported_model_types();
+// What one model_type's configuration class adds to the fields every family shares, from its
+// transformers configuration and modeling files. A family's spec (model/family.h) declares the
+// rules of each model_type it accepts.
+struct ModelTypeRules {
+  std::string model_type;
+  // q/k/v are biased whatever attention_bias says (Qwen2Attention builds them with bias=True).
+  bool qkv_bias_always = false;
+  // o_proj is biased when attention_bias is (Llama, Qwen3); false: never (Qwen2Attention).
+  bool output_bias_follows_attention_bias = true;
+  // q_norm/k_norm over head_dim before RoPE.
+  bool qk_norm = false;
+  // An absent head_dim is hidden_size / num_attention_heads, unless the class defaults it to a
+  // constant (Qwen3: 128, Qwen3.5: 256): then it cannot be derived and is required.
+  bool head_dim_required = false;
+  // An absent num_key_value_heads is num_attention_heads (plain multi-head), unless the class
+  // defaults it to a constant: then it is required.
+  bool key_value_heads_required = false;
+  // The fraction of head_dim that rotates when the config does not say.
+  double default_partial_rotary_factor = 1.0;
+  // The kind of each of `layers` layers; absent: all full attention (a `layer_types` list may then
+  // name only full_attention).
+  std::function<std::vector<LayerKind>(const ConfigFields& text, int64_t layers)> layer_schedule = {};
+  // Reads and checks the fields only this family has, after the shared ones; absent: none.
+  std::function<void(const ConfigFields& text, ModelConfig& config)> read_family_fields = {};
+};
 
-// Parses and validates a config object; `source` names it in errors.
-ModelConfig parse_config(const nlohmann::json& config, const std::filesystem::path& source);
-// Reads DIR/config.json.
-ModelConfig load_config(const std::filesystem::path& model_dir);
+// A multimodal wrapper whose text model kiln serves: the outer model_type and the model_type of
+// the `text_config` it nests.
+struct ConfigWrapper {
+  std::string model_type;
+  std::string text_model_type;
+};
+
+// The model_types parse_config accepts (in the order errors list them) and the wrappers it unwraps.
+struct ConfigVocabulary {
+  std::vector<ModelTypeRules> model_types;
+  std::vector<ConfigWrapper> wrappers;
+};
+
+// Parses and validates a config object of one of `vocabulary`'s model types; `source` names it in
+// errors.
+ModelConfig parse_config(const nlohmann::json& config, const std::filesystem::path& source,
+                         const ConfigVocabulary& vocabulary);
+// Reads DIR/config.json (and the token ids of DIR/generation_config.json when present).
+ModelConfig load_config(const std::filesystem::path& model_dir, const ConfigVocabulary& vocabulary);
+
+// `layer_types`, when the config lists it: one entry per layer, each one of `kinds` (its name in
+// config.json and its kind, in the order errors list them); sliding_attention is refused as such.
+std::optional<std::vector<LayerKind>> read_layer_types(const ConfigFields& text, int64_t layers,
+                                                       const std::vector<std::pair<std::string, LayerKind>>& kinds);
 
 }  // namespace kiln

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <functional>
 #include <regex>
 #include <string_view>
 #include <vector>
@@ -19,93 +18,10 @@ namespace {
 
 // --- config fingerprint -------------------------------------------------------------------------
 
-struct GraphField {
-  std::string_view name;
-  std::function<nlohmann::json(const ModelConfig&)> value;
-};
-
-// Fields every supported family's graph is shaped by, and why.
-const std::vector<GraphField>& transformer_fields() {
-  static const std::vector<GraphField> fields = {
-      // Picks the family's graph and its conventions (e.g. qwen2's q/k/v bias).
-      {"model_type", [](const ModelConfig& c) { return c.model_type; }},
-      // Width of the residual stream: every projection's input or output.
-      {"hidden_size", [](const ModelConfig& c) { return c.hidden_size; }},
-      // Width of the gated MLP.
-      {"intermediate_size", [](const ModelConfig& c) { return c.intermediate_size; }},
-      // Depth of the stack.
-      {"num_hidden_layers", [](const ModelConfig& c) { return c.num_hidden_layers; }},
-      // Query heads, key/value heads (GQA grouping) and head width shape attention and the KV cache.
-      {"num_attention_heads", [](const ModelConfig& c) { return c.num_attention_heads; }},
-      {"num_key_value_heads", [](const ModelConfig& c) { return c.num_key_value_heads; }},
-      {"head_dim", [](const ModelConfig& c) { return c.head_dim; }},
-      // Rows of the embedding table and of the output head.
-      {"vocab_size", [](const ModelConfig& c) { return c.vocab_size; }},
-      // Enters every RMSNorm.
-      {"rms_norm_eps", [](const ModelConfig& c) { return c.rms_norm_eps; }},
-      // The MLP's activation.
-      {"hidden_act", [](const ModelConfig& c) { return c.hidden_act; }},
-      // The rotary frequencies: type, base, rotating fraction and llama3 scaling.
-      {"rope.type", [](const ModelConfig& c) { return c.rope.type; }},
-      {"rope.theta", [](const ModelConfig& c) { return c.rope.theta; }},
-      {"rope.partial_rotary_factor", [](const ModelConfig& c) { return c.rope.partial_rotary_factor; }},
-      {"rope.factor", [](const ModelConfig& c) { return c.rope.factor; }},
-      {"rope.low_freq_factor", [](const ModelConfig& c) { return c.rope.low_freq_factor; }},
-      {"rope.high_freq_factor", [](const ModelConfig& c) { return c.rope.high_freq_factor; }},
-      {"rope.original_max_position_embeddings",
-       [](const ModelConfig& c) { return c.rope.original_max_position_embeddings; }},
-      // Whether the output head is the embedding table.
-      {"tie_word_embeddings", [](const ModelConfig& c) { return c.tie_word_embeddings; }},
-      // Bias terms of the attention and MLP projections.
-      {"attention_bias", [](const ModelConfig& c) { return c.attention_bias; }},
-      {"mlp_bias", [](const ModelConfig& c) { return c.mlp_bias; }},
-      // Qwen3's RMSNorm of q and k before RoPE.
-      {"qk_norm", [](const ModelConfig& c) { return c.qk_norm; }},
-  };
-  return fields;
-}
-
-// Fields only the hybrid (Gated DeltaNet + attention) graph is shaped by, and why.
-const std::vector<GraphField>& hybrid_fields() {
-  static const std::vector<GraphField> fields = {
-      // Which layers are Gated DeltaNet and which are attention.
-      {"layer_types",
-       [](const ModelConfig& c) {
-         nlohmann::json kinds = nlohmann::json::array();
-         for (LayerKind kind : c.layer_types)
-           kinds.push_back(kind == LayerKind::FullAttention ? "full_attention" : "linear_attention");
-         return kinds;
-       }},
-      // Gated DeltaNet head counts and widths: its projections and recurrent state shape.
-      {"linear_num_key_heads", [](const ModelConfig& c) { return c.linear_num_key_heads; }},
-      {"linear_num_value_heads", [](const ModelConfig& c) { return c.linear_num_value_heads; }},
-      {"linear_key_head_dim", [](const ModelConfig& c) { return c.linear_key_head_dim; }},
-      {"linear_value_head_dim", [](const ModelConfig& c) { return c.linear_value_head_dim; }},
-      // The causal conv's kernel width: its weights and the conv state kept between steps.
-      {"linear_conv_kernel_dim", [](const ModelConfig& c) { return c.linear_conv_kernel_dim; }},
-      // Multimodal RoPE sections (spec A.5.3): how rotary dims split between position streams.
-      {"rope.mrope_section", [](const ModelConfig& c) { return c.rope.mrope_section; }},
-      {"rope.mrope_interleaved", [](const ModelConfig& c) { return c.rope.mrope_interleaved; }},
-  };
-  return fields;
-}
-
 // Deliberately not hashed: max_position_embeddings (a context limit the engine enforces; the
 // llama3 RoPE scaling reads original_max_position_embeddings, which is hashed), torch_dtype (the
 // stored dtype belongs to the artifact, which the artifact fingerprint covers), bos/eos token ids
 // (generation, not the graph), architectures and the file path (names only).
-struct FamilyFields {
-  std::vector<std::string_view> model_types;
-  bool hybrid;
-};
-
-const std::vector<FamilyFields>& family_field_lists() {
-  static const std::vector<FamilyFields> families = {
-      {{"llama", "qwen2", "qwen3"}, false},
-      {{"qwen3_5_text", "qwen3_next"}, true},
-  };
-  return families;
-}
 
 // Bumped whenever the field lists or the serialisation change, so old fingerprints stop matching.
 constexpr std::string_view kConfigFingerprintDomain = "kiln config fingerprint v1\n";
@@ -196,27 +112,60 @@ void write_memo(const std::filesystem::path& memo_file, const nlohmann::json& me
 
 }  // namespace
 
-nlohmann::json graph_shaping_fields(const ModelConfig& config) {
-  for (const auto& family : family_field_lists()) {
-    if (std::find(family.model_types.begin(), family.model_types.end(), config.model_type) ==
-        family.model_types.end())
-      continue;
-    nlohmann::json fields = nlohmann::json::object();
-    for (const auto& field : transformer_fields()) fields[std::string(field.name)] = field.value(config);
-    if (family.hybrid)
-      for (const auto& field : hybrid_fields()) fields[std::string(field.name)] = field.value(config);
-    return fields;
-  }
-  fail("{}: model_type '{}' has no documented list of graph-shaping fields to fingerprint",
-       config.source.string(), config.model_type);
+const std::vector<GraphShapingField>& common_graph_shaping_fields() {
+  // Each field, and why it shapes the graph.
+  static const std::vector<GraphShapingField> fields = {
+      // Picks the family's graph and its conventions (e.g. qwen2's q/k/v bias).
+      {"model_type", [](const ModelConfig& c) { return c.model_type; }},
+      // Width of the residual stream: every projection's input or output.
+      {"hidden_size", [](const ModelConfig& c) { return c.hidden_size; }},
+      // Width of the gated MLP.
+      {"intermediate_size", [](const ModelConfig& c) { return c.intermediate_size; }},
+      // Depth of the stack.
+      {"num_hidden_layers", [](const ModelConfig& c) { return c.num_hidden_layers; }},
+      // Query heads, key/value heads (GQA grouping) and head width shape attention and the KV cache.
+      {"num_attention_heads", [](const ModelConfig& c) { return c.num_attention_heads; }},
+      {"num_key_value_heads", [](const ModelConfig& c) { return c.num_key_value_heads; }},
+      {"head_dim", [](const ModelConfig& c) { return c.head_dim; }},
+      // Rows of the embedding table and of the output head.
+      {"vocab_size", [](const ModelConfig& c) { return c.vocab_size; }},
+      // Enters every RMSNorm.
+      {"rms_norm_eps", [](const ModelConfig& c) { return c.rms_norm_eps; }},
+      // The MLP's activation.
+      {"hidden_act", [](const ModelConfig& c) { return c.hidden_act; }},
+      // The rotary frequencies: type, base, rotating fraction and llama3 scaling.
+      {"rope.type", [](const ModelConfig& c) { return c.rope.type; }},
+      {"rope.theta", [](const ModelConfig& c) { return c.rope.theta; }},
+      {"rope.partial_rotary_factor", [](const ModelConfig& c) { return c.rope.partial_rotary_factor; }},
+      {"rope.factor", [](const ModelConfig& c) { return c.rope.factor; }},
+      {"rope.low_freq_factor", [](const ModelConfig& c) { return c.rope.low_freq_factor; }},
+      {"rope.high_freq_factor", [](const ModelConfig& c) { return c.rope.high_freq_factor; }},
+      {"rope.original_max_position_embeddings",
+       [](const ModelConfig& c) { return c.rope.original_max_position_embeddings; }},
+      // Whether the output head is the embedding table.
+      {"tie_word_embeddings", [](const ModelConfig& c) { return c.tie_word_embeddings; }},
+      // Bias terms of the attention and MLP projections.
+      {"attention_bias", [](const ModelConfig& c) { return c.attention_bias; }},
+      {"mlp_bias", [](const ModelConfig& c) { return c.mlp_bias; }},
+      // Qwen3's RMSNorm of q and k before RoPE.
+      {"qk_norm", [](const ModelConfig& c) { return c.qk_norm; }},
+  };
+  return fields;
 }
 
-std::string config_fingerprint(const ModelConfig& config) {
+nlohmann::json graph_shaping_fields(const ModelConfig& config, const std::vector<GraphShapingField>& family_fields) {
+  nlohmann::json fields = nlohmann::json::object();
+  for (const auto& field : common_graph_shaping_fields()) fields[std::string(field.name)] = field.value(config);
+  for (const auto& field : family_fields) fields[std::string(field.name)] = field.value(config);
+  return fields;
+}
+
+std::string config_fingerprint(const ModelConfig& config, const std::vector<GraphShapingField>& family_fields) {
   // nlohmann::json orders object keys and prints numbers in their shortest round-trip form, so
   // the dump is canonical.
   Sha256 hash;
   hash.update(kConfigFingerprintDomain);
-  hash.update(graph_shaping_fields(config).dump());
+  hash.update(graph_shaping_fields(config, family_fields).dump());
   return "sha256:" + hash.finish_hex();
 }
 

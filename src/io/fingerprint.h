@@ -1,8 +1,10 @@
 // Fingerprints that bind a model profile to one exact artifact.
 //
 // A config fingerprint identifies the graph a config.json describes: a SHA-256 over a canonical
-// serialisation of the fields that shape the family's graph (the documented lists live in
-// fingerprint.cpp). Two configs with the same fingerprint build the same graph.
+// serialisation of the fields that shape the family's graph: the fields every family shares
+// (common_graph_shaping_fields, documented in fingerprint.cpp) and those its family spec adds
+// (model/family.h, whose config_fingerprint(config) picks the family of a config). Two configs with
+// the same fingerprint build the same graph.
 //
 // An artifact fingerprint identifies the weights:
 //   - `hf:org/name@<commit>` when the folder is a Hugging Face cache snapshot
@@ -13,8 +15,11 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,11 +27,19 @@
 
 namespace kiln {
 
-// The graph-shaping fields of `config`, as the object the fingerprint hashes. Fails naming the
-// config file when its model_type has no documented field list.
-nlohmann::json graph_shaping_fields(const ModelConfig& config);
-// "sha256:<64 hex>" over graph_shaping_fields(config).
-std::string config_fingerprint(const ModelConfig& config);
+// A field that shapes a graph: its name in the hashed object and its value in a config.
+struct GraphShapingField {
+  std::string_view name;
+  std::function<nlohmann::json(const ModelConfig&)> value;
+};
+
+// The fields every supported family's graph is shaped by.
+const std::vector<GraphShapingField>& common_graph_shaping_fields();
+
+// The object the fingerprint hashes: the common fields of `config` and its family's `family_fields`.
+nlohmann::json graph_shaping_fields(const ModelConfig& config, const std::vector<GraphShapingField>& family_fields);
+// "sha256:<64 hex>" over graph_shaping_fields(config, family_fields).
+std::string config_fingerprint(const ModelConfig& config, const std::vector<GraphShapingField>& family_fields);
 
 // "hf:org/name@<commit>" when `model_dir` is a Hugging Face cache snapshot folder, else nothing.
 std::optional<std::string> hf_snapshot_fingerprint(const std::filesystem::path& model_dir);

@@ -1,64 +1,33 @@
-// The implementations and checkpoint sanitizers kiln ships with. A family graph joins the engine
-// by adding its implementations (one per backend it runs on) and its sanitizer here.
-#include "model/llama.h"
-#include "model/loader.h"
-#include "model/qwen3_5.h"
-#include "model/qwen3_5_checkpoint.h"
-#include "model/registry.h"
+// The model families kiln ships with, and the tables read from them. A family joins the engine with
+// its file (model/<family>.cpp, defining its FamilySpec) and its line here: the spec function
+// declared below and called in the list.
+#include "model/family.h"
 
 namespace kiln {
-namespace {
 
-// The dense graph (model/llama.cpp) serves both the llama and the qwen3 graph: it is written
-// against the Backend interface alone, so it runs on every backend. Every graph here splits over
-// tensor-parallel ranks (model/tensor_parallel.h).
-std::vector<ModelImplementation> builtin_implementations() {
-  std::vector<ModelImplementation> implementations;
-  for (Graph graph : {Graph::Llama, Graph::Qwen3})
-    for (Device device : {Device::CPU, Device::CUDA})
-      implementations.push_back(
-          {std::string(graph_name(graph)), graph, Loader::Safetensors, Loop::Autoregressive, device,
-           [](WeightMap& weights, const ModelConfig& config, const ResolvedProfile&, Backend& backend) {
-             return make_llama_model(weights, config, backend);
-           },
-           TensorParallelSupport{check_llama_tensor_parallel, llama_tensor_shard,
-                                 [](WeightMap& weights, const ModelConfig& config, const ResolvedProfile&,
-                                    Backend& backend, const TensorParallelRank& rank) {
-                                   return make_llama_model(weights, config, backend, rank);
-                                 }}});
-  // The hybrid graph (model/qwen3_5.cpp) needs the backend's HybridOps: the CPU and CUDA have them.
-  for (Device device : {Device::CPU, Device::CUDA})
-    implementations.push_back(
-        {std::string(graph_name(Graph::Qwen3_5)), Graph::Qwen3_5, Loader::Safetensors, Loop::HybridRecurrent, device,
-         [](WeightMap& weights, const ModelConfig& config, const ResolvedProfile&, Backend& backend) {
-           return make_qwen3_5_model(weights, config, backend);
-         },
-         TensorParallelSupport{check_qwen3_5_tensor_parallel, qwen3_5_tensor_shard,
-                               [](WeightMap& weights, const ModelConfig& config, const ResolvedProfile&,
-                                  Backend& backend, const TensorParallelRank& rank) {
-                                 return make_qwen3_5_model(weights, config, backend, rank);
-                               }}});
-  return implementations;
+FamilySpec llama_family();    // model/llama.cpp: llama (Llama-2/3, MiniCPM5), qwen2
+FamilySpec qwen3_family();    // model/qwen3.cpp: qwen3, on the llama graph code
+FamilySpec qwen3_5_family();  // model/qwen3_5.cpp: qwen3_5_text, qwen3_next, the qwen3_5 wrapper
+
+const FamilyList& builtin_families() {
+  // The order is the profile ladder's and the order errors list model types in.
+  static const FamilyList families({llama_family(), qwen3_family(), qwen3_5_family()});
+  return families;
 }
 
-}  // namespace
-
 const ImplementationRegistry& builtin_registry() {
-  static const ImplementationRegistry registry(builtin_implementations());
+  static const ImplementationRegistry registry(family_implementations(builtin_families()));
   return registry;
 }
 
 const SanitizerTable& builtin_sanitizers() {
-  // Llama-family and Qwen3 checkpoints are stored under the graph's canonical names.
-  static const SanitizerTable sanitizers({
-      {Graph::Llama, [](const Checkpoint& checkpoint, const ModelConfig&) { return identity_plan(checkpoint); }},
-      {Graph::Qwen3, [](const Checkpoint& checkpoint, const ModelConfig&) { return identity_plan(checkpoint); }},
-      // Qwen3.5 ships in two checkpoint generations (and Qwen3-Next in a third row layout).
-      {Graph::Qwen3_5, [](const Checkpoint& checkpoint, const ModelConfig& config) {
-         return plan_qwen3_5_checkpoint(checkpoint.tensors(), config);
-       }},
-  });
+  static const SanitizerTable sanitizers = family_sanitizers(builtin_families());
   return sanitizers;
+}
+
+const ProfileTable& builtin_profile_table() {
+  static const ProfileTable table = family_profiles(builtin_families());
+  return table;
 }
 
 }  // namespace kiln

@@ -19,7 +19,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "model/family.h"
 #include "model/rope_frequencies.h"
 
 namespace kiln {
@@ -77,8 +80,6 @@ class LlamaModel final : public Model {
     const int64_t ffn = ffn_;
     // A row-parallel layer's bias joins its partial sum on rank 0 only (the others hold none).
     const int64_t reduced_bias = rank.rank == 0 ? hidden : 0;
-    const bool qkv_bias = config.attention_bias || config.model_type == "qwen2";
-    const bool o_bias = config.attention_bias && config.model_type == "llama";
 
     auto take = [&](const std::string& name, const Shape& shape) { return backend.upload(weights.take(name, shape)); };
     embed_tokens_ = take("model.embed_tokens.weight", {config.vocab_size, hidden});
@@ -91,12 +92,12 @@ class LlamaModel final : public Model {
       layer.k_proj = take(prefix + "self_attn.k_proj.weight", {kv_width, hidden});
       layer.v_proj = take(prefix + "self_attn.v_proj.weight", {kv_width, hidden});
       layer.o_proj = take(prefix + "self_attn.o_proj.weight", {hidden, q_width});
-      if (qkv_bias) {
+      if (config.attention_bias) {
         layer.q_bias = take(prefix + "self_attn.q_proj.bias", {q_width});
         layer.k_bias = take(prefix + "self_attn.k_proj.bias", {kv_width});
         layer.v_bias = take(prefix + "self_attn.v_proj.bias", {kv_width});
       }
-      if (o_bias) layer.o_bias = take(prefix + "self_attn.o_proj.bias", {reduced_bias});
+      if (config.attention_output_bias) layer.o_bias = take(prefix + "self_attn.o_proj.bias", {reduced_bias});
       if (config.qk_norm) {
         layer.q_norm = take(prefix + "self_attn.q_norm.weight", {config.head_dim});
         layer.k_norm = take(prefix + "self_attn.k_norm.weight", {config.head_dim});
@@ -252,6 +253,125 @@ TensorShard llama_tensor_shard(const ModelConfig& config, const TensorParallelRa
   if (ends_with("self_attn.o_proj.bias") || ends_with("mlp.down_proj.bias"))
     return rows(0, rank.rank == 0 ? shape.at(0) : 0);
   return {};  // embedding, norms, q/k norms, lm_head: replicated
+}
+
+std::vector<SynthTensor> dense_decoder_synth_layout(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_width = config.num_attention_heads * config.head_dim;
+  const int64_t kv_width = config.num_key_value_heads * config.head_dim;
+  const int64_t intermediate = config.intermediate_size;
+
+  std::vector<SynthTensor> tensors;
+  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const std::string prefix = fmt::format("model.layers.{}.", layer);
+    tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Ones});
+    tensors.push_back({prefix + "self_attn.q_proj.weight", {q_width, hidden}});
+    tensors.push_back({prefix + "self_attn.k_proj.weight", {kv_width, hidden}});
+    tensors.push_back({prefix + "self_attn.v_proj.weight", {kv_width, hidden}});
+    tensors.push_back({prefix + "self_attn.o_proj.weight", {hidden, q_width}});
+    if (config.attention_bias) {
+      tensors.push_back({prefix + "self_attn.q_proj.bias", {q_width}});
+      tensors.push_back({prefix + "self_attn.k_proj.bias", {kv_width}});
+      tensors.push_back({prefix + "self_attn.v_proj.bias", {kv_width}});
+    }
+    if (config.attention_output_bias) tensors.push_back({prefix + "self_attn.o_proj.bias", {hidden}});
+    if (config.qk_norm) {
+      tensors.push_back({prefix + "self_attn.q_norm.weight", {config.head_dim}, SynthInit::Ones});
+      tensors.push_back({prefix + "self_attn.k_norm.weight", {config.head_dim}, SynthInit::Ones});
+    }
+    tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Ones});
+    tensors.push_back({prefix + "mlp.gate_proj.weight", {intermediate, hidden}});
+    tensors.push_back({prefix + "mlp.up_proj.weight", {intermediate, hidden}});
+    tensors.push_back({prefix + "mlp.down_proj.weight", {hidden, intermediate}});
+    if (config.mlp_bias) {
+      tensors.push_back({prefix + "mlp.gate_proj.bias", {intermediate}});
+      tensors.push_back({prefix + "mlp.up_proj.bias", {intermediate}});
+      tensors.push_back({prefix + "mlp.down_proj.bias", {hidden}});
+    }
+  }
+  tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Ones});
+  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  return tensors;
+}
+
+FamilySpec llama_family() {
+  // transformers' LlamaConfig and Qwen2Config (models/llama, models/qwen2). MiniCPM5 ships as llama.
+  const ModelTypeRules llama{.model_type = "llama"};
+  const ModelTypeRules qwen2{
+      .model_type = "qwen2", .qkv_bias_always = true, .output_bias_follows_attention_bias = false};
+  using nlohmann::json;
+  return {
+      .graph = "llama",
+      .loop = Loop::Autoregressive,
+      .oracle = "transformers float64 logits, fixtures/tiny/llama3-tiny",
+      .model_types = {llama, qwen2},
+      // Llama-family checkpoints are stored under the graph's canonical names.
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&) { return identity_plan(checkpoint); },
+      .tensor_parallel = {check_llama_tensor_parallel, llama_tensor_shard},
+      // Written against the Backend interface alone, the graph runs on every backend.
+      .backends = {{Device::CPU, make_llama_model}, {Device::CUDA, make_llama_model}},
+      // As published on the Hugging Face Hub, field for field.
+      .synth_shapes = {
+        {"llama-3.2-1b", "meta-llama/Llama-3.2-1B", json::parse(R"({
+          "architectures": ["LlamaForCausalLM"],
+          "attention_bias": false,
+          "attention_dropout": 0.0,
+          "bos_token_id": 128000,
+          "eos_token_id": 128001,
+          "head_dim": 64,
+          "hidden_act": "silu",
+          "hidden_size": 2048,
+          "initializer_range": 0.02,
+          "intermediate_size": 8192,
+          "max_position_embeddings": 131072,
+          "mlp_bias": false,
+          "model_type": "llama",
+          "num_attention_heads": 32,
+          "num_hidden_layers": 16,
+          "num_key_value_heads": 8,
+          "pretraining_tp": 1,
+          "rms_norm_eps": 1e-05,
+          "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                           "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+          "rope_theta": 500000.0,
+          "tie_word_embeddings": true,
+          "torch_dtype": "bfloat16",
+          "transformers_version": "4.45.0.dev0",
+          "use_cache": true,
+          "vocab_size": 128256
+        })")},
+        {"llama-3.1-8b", "meta-llama/Llama-3.1-8B", json::parse(R"({
+          "architectures": ["LlamaForCausalLM"],
+          "attention_bias": false,
+          "attention_dropout": 0.0,
+          "bos_token_id": 128000,
+          "eos_token_id": 128001,
+          "hidden_act": "silu",
+          "hidden_size": 4096,
+          "initializer_range": 0.02,
+          "intermediate_size": 14336,
+          "max_position_embeddings": 131072,
+          "mlp_bias": false,
+          "model_type": "llama",
+          "num_attention_heads": 32,
+          "num_hidden_layers": 32,
+          "num_key_value_heads": 8,
+          "pretraining_tp": 1,
+          "rms_norm_eps": 1e-05,
+          "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+          "rope_theta": 500000.0,
+          "tie_word_embeddings": false,
+          "torch_dtype": "bfloat16",
+          "transformers_version": "4.43.0.dev0",
+          "use_cache": true,
+          "vocab_size": 128256
+        })")},
+      },
+      .synth_layout = dense_decoder_synth_layout,
+      .synth_model_types = {"llama", "qwen2"},
+  };
 }
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 // The dense decoder graph shared by Llama-2/3, MiniCPM5 (a Llama checkpoint), Qwen2 (q/k/v bias)
-// and Qwen3 (per-head q/k RMSNorm before RoPE).
+// and Qwen3 (per-head q/k RMSNorm before RoPE). llama.cpp declares the llama family (llama, qwen2);
+// qwen3.cpp declares the qwen3 family on the same graph code.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "io/config.h"
 #include "model/load_plan.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "model/tensor_parallel_rank.h"
 
 namespace kiln {
@@ -25,5 +27,9 @@ std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& c
 void check_llama_tensor_parallel(const ModelConfig& config, int ranks);
 TensorShard llama_tensor_shard(const ModelConfig& config, const TensorParallelRank& rank, const std::string& canonical,
                                const Shape& shape);
+
+// The tensors of a Hugging Face checkpoint of the dense graph (transformers' LlamaForCausalLM,
+// Qwen2ForCausalLM and Qwen3ForCausalLM parameter names and shapes), for `kiln synth`.
+std::vector<SynthTensor> dense_decoder_synth_layout(const ModelConfig& config);
 
 }  // namespace kiln

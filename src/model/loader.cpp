@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "io/fingerprint.h"
+#include "model/family.h"
 
 namespace kiln {
 
@@ -28,7 +29,7 @@ const Sanitizer& SanitizerTable::for_profile(const ModelProfile& profile) const 
 
 ModelPlan plan_model(const std::filesystem::path& model_dir, Device device, bool backend_present,
                      const LoadOptions& options) {
-  ModelConfig config = load_config(model_dir);
+  ModelConfig config = load_model_config(model_dir);
   const auto artifact = artifact_fingerprint(model_dir, options.hash_artifact);
   ResolvedProfile resolved = resolve_profile(config, artifact, *options.profiles);
   auto engine = engine_capabilities(*options.registry, device, backend_present);

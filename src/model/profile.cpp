@@ -9,17 +9,21 @@
 
 #include "core/error.h"
 #include "io/fingerprint.h"
+#include "model/family.h"
 
 namespace kiln {
 
-std::string_view graph_name(Graph graph) {
-  switch (graph) {
-    case Graph::Llama: return "llama";
-    case Graph::Qwen3: return "qwen3";
-    case Graph::Qwen3_5: return "qwen3_5";
-  }
-  return "?";
+const std::string& Graph::name() const {
+  static const std::string none = "?";
+  return declaration_ ? declaration_->name : none;
 }
+
+const std::vector<std::string>& Graph::model_types() const {
+  static const std::vector<std::string> none;
+  return declaration_ ? declaration_->model_types : none;
+}
+
+std::string graph_name(const Graph& graph) { return graph.name(); }
 
 std::string_view loader_name(Loader loader) {
   switch (loader) {
@@ -45,21 +49,7 @@ std::string_view specialization_name(Specialization specialization) {
   return "?";
 }
 
-std::string_view capability_name(Capability capability) {
-  switch (capability) {
-    case Capability::FormatSafetensors: return "format:safetensors";
-    case Capability::GraphLlama: return "graph:llama";
-    case Capability::GraphQwen3: return "graph:qwen3";
-    case Capability::GraphQwen3_5: return "graph:qwen3_5";
-    case Capability::LoopAutoregressive: return "loop:autoregressive";
-    case Capability::LoopHybridRecurrent: return "loop:hybrid_recurrent";
-    case Capability::StateKvCache: return "state:kv_cache";
-    case Capability::StateRecurrent: return "state:recurrent";
-    case Capability::BackendCpu: return "backend:cpu";
-    case Capability::BackendCuda: return "backend:cuda";
-  }
-  return "?";
-}
+std::string capability_name(const Capability& capability) { return capability.name(); }
 
 std::string_view fidelity_tier_name(FidelityTier tier) {
   switch (tier) {
@@ -78,28 +68,14 @@ std::string_view device_name(Device device) {
   return "?";
 }
 
-const std::vector<std::string>& graph_model_types(Graph graph) {
-  static const std::map<Graph, std::vector<std::string>> model_types = {
-      {Graph::Llama, {"llama", "qwen2"}},
-      {Graph::Qwen3, {"qwen3"}},
-      {Graph::Qwen3_5, {"qwen3_5_text", "qwen3_next"}},
-  };
-  return model_types.at(graph);
-}
+const std::vector<std::string>& graph_model_types(const Graph& graph) { return graph.model_types(); }
 
-bool graph_accepts(Graph graph, const ModelConfig& config) {
-  const auto& types = graph_model_types(graph);
+bool graph_accepts(const Graph& graph, const ModelConfig& config) {
+  const auto& types = graph.model_types();
   return std::find(types.begin(), types.end(), config.model_type) != types.end();
 }
 
-Capability graph_capability(Graph graph) {
-  switch (graph) {
-    case Graph::Llama: return Capability::GraphLlama;
-    case Graph::Qwen3: return Capability::GraphQwen3;
-    case Graph::Qwen3_5: return Capability::GraphQwen3_5;
-  }
-  fail("unknown graph {}", static_cast<int>(graph));
-}
+Capability graph_capability(const Graph& graph) { return Capability(Capability::Kind::Graph, "graph:" + graph.name()); }
 
 Capability loop_capability(Loop loop) {
   switch (loop) {
@@ -132,29 +108,19 @@ std::set<Capability> loop_state_capabilities(Loop loop) {
   fail("unknown loop {}", static_cast<int>(loop));
 }
 
-const std::set<Loader>& legal_loaders(Graph graph) {
-  // Every graph reads safetensors checkpoints; the checkpoint's conventions are the sanitizer's
+std::set<Loader> legal_loaders(const Graph& graph) {
+  // A family builds its graph with one loader; the checkpoint's conventions are its sanitizer's
   // business, not the loader's.
-  static const std::set<Loader> safetensors_only = {Loader::Safetensors};
-  switch (graph) {
-    case Graph::Llama:
-    case Graph::Qwen3:
-    case Graph::Qwen3_5: return safetensors_only;
-  }
-  fail("unknown graph {}", static_cast<int>(graph));
+  if (!graph.declared()) return {};
+  return {graph.declaration()->loader};
 }
 
-const std::set<Loop>& legal_loops(Graph graph) {
-  // Attention-only graphs keep a KV cache alone; the hybrid graph's linear layers also carry a
-  // recurrent state that an attention-only loop would neither allocate nor reset.
-  static const std::set<Loop> autoregressive = {Loop::Autoregressive};
-  static const std::set<Loop> hybrid = {Loop::HybridRecurrent};
-  switch (graph) {
-    case Graph::Llama:
-    case Graph::Qwen3: return autoregressive;
-    case Graph::Qwen3_5: return hybrid;
-  }
-  fail("unknown graph {}", static_cast<int>(graph));
+std::set<Loop> legal_loops(const Graph& graph) {
+  // A family's graph runs in one loop: an attention-only graph keeps a KV cache alone; the hybrid
+  // graph's linear layers also carry a recurrent state that an attention-only loop would neither
+  // allocate nor reset.
+  if (!graph.declared()) return {};
+  return {graph.declaration()->loop};
 }
 
 std::string capability_list(const std::set<Capability>& capabilities) {
@@ -201,6 +167,8 @@ void validate_profile(const ModelProfileSpec& spec) {
   if (blank(spec.id)) fail("model profile id must not be empty");
   const std::string& id = spec.id;
   const ExecutionComposition& execution = spec.execution;
+  if (!execution.graph.declared())
+    fail("model profile {} names no graph that a family declares (model/family.h)", id);
 
   if (spec.fidelity.tier != FidelityTier::MeasuredOnly && blank(spec.fidelity.oracle))
     fail("model profile {} claims {} fidelity but names no oracle", id, fidelity_tier_name(spec.fidelity.tier));
@@ -317,31 +285,6 @@ std::string ProfileTable::supported_families() const {
     list += fmt::format("{} ({})", profile.id(), fmt::join(graph_model_types(profile.execution().graph), ", "));
   }
   return list.empty() ? "none" : list;
-}
-
-const ProfileTable& builtin_profile_table() {
-  // The family ladder: kiln's graphs, each checked against transformers' float64 logits on the
-  // tiny fixtures (../shared/fixtures/README.md).
-  static const ProfileTable table = [] {
-    auto family = [](std::string id, Graph graph, Loop loop, std::string oracle) {
-      ModelProfileSpec spec;
-      spec.id = std::move(id);
-      spec.fidelity = {FidelityTier::ReferenceParity, std::move(oracle)};
-      spec.execution = {Loader::Safetensors, graph, loop, Specialization::Dedicated, std::nullopt};
-      spec.capabilities = execution_capabilities(spec.execution);
-      return ModelProfile::build(std::move(spec));
-    };
-    std::vector<ModelProfile> families = {
-        family("llama-family", Graph::Llama, Loop::Autoregressive,
-               "transformers float64 logits, fixtures/tiny/llama3-tiny"),
-        family("qwen3-family", Graph::Qwen3, Loop::Autoregressive,
-               "transformers float64 logits, fixtures/tiny/qwen3-tiny"),
-        family("qwen3_5-family", Graph::Qwen3_5, Loop::HybridRecurrent,
-               "transformers float64 logits, fixtures/tiny/qwen3_5-text-tiny and qwen3_5-vl-tiny"),
-    };
-    return ProfileTable({}, std::move(families));
-  }();
-  return table;
 }
 
 nlohmann::json ResolvedProfile::to_json() const {

@@ -9,6 +9,8 @@
 // constructed (registry.h).
 #pragma once
 
+#include <compare>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -22,11 +24,13 @@
 
 namespace kiln {
 
-// --- the closed vocabulary ----------------------------------------------------------------------
+// --- the vocabulary -----------------------------------------------------------------------------
+//
+// Loaders, loops, specialisations, fidelity tiers and the fixed capabilities are closed sets. The
+// graphs are those kiln's families declare (model/family.h): a Graph is a handle on one family's
+// declaration, handed out only by a validated FamilyList, so a profile names a declared graph or
+// none (which validate_profile refuses, naming the profile).
 
-// The graphs kiln implements. qwen2 and MiniCPM5 (model_type llama) run on the llama graph;
-// qwen3_next runs on the qwen3_5 graph.
-enum class Graph { Llama, Qwen3, Qwen3_5 };
 enum class Loader { Safetensors };
 // Autoregressive: attention only, per-sequence state is the KV cache. HybridRecurrent: KV cache
 // for the attention layers plus the recurrent (conv + delta-rule) state of the linear layers.
@@ -34,44 +38,90 @@ enum class Loop { Autoregressive, HybridRecurrent };
 // Artifact: specialised to one artifact. Dedicated: the family's hand-written graph. Generic: a
 // graph assembled from generic parts.
 enum class Specialization { Artifact, Dedicated, Generic };
-enum class Capability {
-  FormatSafetensors,
-  GraphLlama,
-  GraphQwen3,
-  GraphQwen3_5,
-  LoopAutoregressive,
-  LoopHybridRecurrent,
-  StateKvCache,
-  StateRecurrent,
-  BackendCpu,
-  BackendCuda,
-};
 // ReferenceParity: matches an external oracle's outputs within its tolerance. SelfConsistency:
 // checked only against kiln itself (e.g. batched against single-sequence). MeasuredOnly: no
 // numerical claim; speed and memory are measured.
 enum class FidelityTier { ReferenceParity, SelfConsistency, MeasuredOnly };
 
-std::string_view graph_name(Graph graph);
+// What a family declares about its graph.
+struct GraphDeclaration {
+  std::string name;                      // e.g. "qwen3_5"
+  std::vector<std::string> model_types;  // the model_type values it accepts, in the order errors list them
+  Loader loader = Loader::Safetensors;   // the one loader it is built with
+  Loop loop = Loop::Autoregressive;      // the one loop that can run it
+};
+
+class FamilyList;
+
+// A graph kiln implements (qwen2 and MiniCPM5, model_type llama, run on the llama graph;
+// qwen3_next on the qwen3_5 graph). Graphs compare by name.
+class Graph {
+ public:
+  Graph() = default;  // no graph
+  bool declared() const { return declaration_ != nullptr; }
+  const std::string& name() const;                      // "?" for no graph
+  const std::vector<std::string>& model_types() const;  // none for no graph
+  const GraphDeclaration* declaration() const { return declaration_.get(); }
+
+  bool operator==(const Graph& other) const { return name() == other.name(); }
+  auto operator<=>(const Graph& other) const { return name() <=> other.name(); }
+
+ private:
+  friend class FamilyList;
+  explicit Graph(std::shared_ptr<const GraphDeclaration> declaration) : declaration_(std::move(declaration)) {}
+  std::shared_ptr<const GraphDeclaration> declaration_;
+};
+
+// What an engine provides and a profile requires: a checkpoint format, a graph, a loop, the state a
+// loop keeps, a backend. Ordered by kind in that order, then by name.
+class Capability {
+ public:
+  static const Capability FormatSafetensors;
+  static const Capability LoopAutoregressive;
+  static const Capability LoopHybridRecurrent;
+  static const Capability StateKvCache;
+  static const Capability StateRecurrent;
+  static const Capability BackendCpu;
+  static const Capability BackendCuda;
+  const std::string& name() const { return name_; }
+  auto operator<=>(const Capability&) const = default;
+
+ private:
+  enum class Kind { Format, Graph, Loop, State, Backend };
+  Capability(Kind kind, std::string name) : kind_(kind), name_(std::move(name)) {}
+  friend Capability graph_capability(const Graph& graph);
+  Kind kind_;
+  std::string name_;
+};
+inline const Capability Capability::FormatSafetensors{Kind::Format, "format:safetensors"};
+inline const Capability Capability::LoopAutoregressive{Kind::Loop, "loop:autoregressive"};
+inline const Capability Capability::LoopHybridRecurrent{Kind::Loop, "loop:hybrid_recurrent"};
+inline const Capability Capability::StateKvCache{Kind::State, "state:kv_cache"};
+inline const Capability Capability::StateRecurrent{Kind::State, "state:recurrent"};
+inline const Capability Capability::BackendCpu{Kind::Backend, "backend:cpu"};
+inline const Capability Capability::BackendCuda{Kind::Backend, "backend:cuda"};
+
+std::string graph_name(const Graph& graph);
 std::string_view loader_name(Loader loader);
 std::string_view loop_name(Loop loop);
 std::string_view specialization_name(Specialization specialization);
-std::string_view capability_name(Capability capability);  // e.g. "state:recurrent"
+std::string capability_name(const Capability& capability);  // e.g. "state:recurrent"
 std::string_view fidelity_tier_name(FidelityTier tier);
 std::string_view device_name(Device device);  // "cpu" | "cuda"
 
 // The model_type values a graph accepts, in the order errors list them.
-const std::vector<std::string>& graph_model_types(Graph graph);
-bool graph_accepts(Graph graph, const ModelConfig& config);
-// The capabilities that name a graph, a loop, a loader's format, a backend.
-Capability graph_capability(Graph graph);
+const std::vector<std::string>& graph_model_types(const Graph& graph);
+bool graph_accepts(const Graph& graph, const ModelConfig& config);
+// The capabilities that name a graph (graph:<name>), a loop, a loader's format, a backend.
+Capability graph_capability(const Graph& graph);
 Capability loop_capability(Loop loop);
 Capability loader_capability(Loader loader);
 Capability backend_capability(Device device);
 // The per-sequence state a loop keeps (state:kv_cache, state:recurrent).
 std::set<Capability> loop_state_capabilities(Loop loop);
-// The loaders and loops a graph can be built and run with.
-const std::set<Loader>& legal_loaders(Graph graph);
-const std::set<Loop>& legal_loops(Graph graph);
+// The loaders and loops a graph can be built and run with (none for no graph).
+std::set<Loader> legal_loaders(const Graph& graph);
+std::set<Loop> legal_loops(const Graph& graph);
 
 // "a, b, c" of capability names.
 std::string capability_list(const std::set<Capability>& capabilities);
@@ -85,7 +135,7 @@ struct FidelityClaim {
 
 struct ExecutionComposition {
   Loader loader = Loader::Safetensors;
-  Graph graph = Graph::Llama;
+  Graph graph;
   Loop loop = Loop::Autoregressive;
   Specialization specialization = Specialization::Dedicated;
   // The engine-owned implementation that must build this artifact; only on an exact-artifact
@@ -129,7 +179,7 @@ class ModelProfile {
 std::set<Capability> execution_capabilities(const ExecutionComposition& execution);
 
 // Every rule a profile obeys on its own; fails naming the profile and what is wrong:
-// a non-empty id; an oracle unless the claim is measured-only; artifact and config fingerprints
+// a non-empty id; a declared graph; an oracle unless the claim is measured-only; artifact and config fingerprints
 // together and well-formed; artifact specialisation only with an exact artifact; a named
 // implementation only on an exact-artifact profile with artifact specialisation; a loader and a
 // loop legal for the graph; declared capabilities covering the execution's.
@@ -162,7 +212,8 @@ class ProfileTable {
   std::vector<ModelProfile> families_;
 };
 
-// The family ladder kiln ships with and no exact-artifact profiles.
+// The family ladder kiln ships with (one profile per family of builtin_families(), in its order:
+// model/builtin.cpp) and no exact-artifact profiles.
 const ProfileTable& builtin_profile_table();
 
 struct ResolvedProfile {

@@ -28,7 +28,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "model/family.h"
+#include "model/qwen3_5_checkpoint.h"
 #include "model/rope_frequencies.h"
 
 namespace kiln {
@@ -369,6 +374,208 @@ TensorShard qwen3_5_tensor_shard(const ModelConfig& config, const TensorParallel
     return rows({{rank.rank * heads.ffn, heads.ffn}});
   if (ends_with("mlp.down_proj.weight")) return columns(rank.rank * heads.ffn, heads.ffn);
   return {};  // embedding, norms (layer, q/k, GDN gated), lm_head: replicated
+}
+
+namespace {
+
+// --- config.json (transformers' Qwen3_5TextConfig and Qwen3NextConfig) --------------------------
+
+// layer_types as listed, else transformers Qwen3NextConfig's schedule: layer i is full attention
+// iff (i + 1) % full_attention_interval == 0, the interval 4 by default.
+std::vector<LayerKind> hybrid_layer_schedule(const ConfigFields& text, int64_t layers) {
+  const std::vector<std::pair<std::string, LayerKind>> names = {{"linear_attention", LayerKind::LinearAttention},
+                                                                 {"full_attention", LayerKind::FullAttention}};
+  if (auto listed = read_layer_types(text, layers, names)) return *listed;
+  const int64_t interval = text.optional_positive_integer("full_attention_interval").value_or(4);
+  std::vector<LayerKind> kinds;
+  for (int64_t index = 0; index < layers; ++index)
+    kinds.push_back((index + 1) % interval == 0 ? LayerKind::FullAttention : LayerKind::LinearAttention);
+  return kinds;
+}
+
+// The Gated DeltaNet geometry, every field required.
+void read_gated_delta_net_fields(const ConfigFields& text, ModelConfig& config) {
+  config.linear_num_key_heads = text.positive_integer("linear_num_key_heads");
+  config.linear_num_value_heads = text.positive_integer("linear_num_value_heads");
+  config.linear_key_head_dim = text.positive_integer("linear_key_head_dim");
+  config.linear_value_head_dim = text.positive_integer("linear_value_head_dim");
+  config.linear_conv_kernel_dim = text.positive_integer("linear_conv_kernel_dim");
+  if (config.linear_num_value_heads % config.linear_num_key_heads != 0)
+    text.fail_field("linear_num_value_heads", "{} value heads are not divisible by {} key heads",
+                    config.linear_num_value_heads, config.linear_num_key_heads);
+  if (config.linear_conv_kernel_dim < 2)
+    text.fail_field("linear_conv_kernel_dim", "is {}; a causal conv needs a kernel of at least 2",
+                    config.linear_conv_kernel_dim);
+}
+
+// Both classes default head_dim (256) and num_key_value_heads to constants, so both are required,
+// and rotate a quarter of each head (partial_rotary_factor 0.25) unless told otherwise.
+ModelTypeRules hybrid_rules(std::string model_type) {
+  return {.model_type = std::move(model_type),
+          .qk_norm = true,
+          .head_dim_required = true,
+          .key_value_heads_required = true,
+          .default_partial_rotary_factor = 0.25,
+          .layer_schedule = hybrid_layer_schedule,
+          .read_family_fields = read_gated_delta_net_fields};
+}
+
+// Fields only the hybrid graph is shaped by, and why.
+std::vector<GraphShapingField> hybrid_graph_shaping_fields() {
+  return {
+      // Which layers are Gated DeltaNet and which are attention.
+      {"layer_types",
+       [](const ModelConfig& c) {
+         nlohmann::json kinds = nlohmann::json::array();
+         for (LayerKind kind : c.layer_types)
+           kinds.push_back(kind == LayerKind::FullAttention ? "full_attention" : "linear_attention");
+         return kinds;
+       }},
+      // Gated DeltaNet head counts and widths: its projections and recurrent state shape.
+      {"linear_num_key_heads", [](const ModelConfig& c) { return c.linear_num_key_heads; }},
+      {"linear_num_value_heads", [](const ModelConfig& c) { return c.linear_num_value_heads; }},
+      {"linear_key_head_dim", [](const ModelConfig& c) { return c.linear_key_head_dim; }},
+      {"linear_value_head_dim", [](const ModelConfig& c) { return c.linear_value_head_dim; }},
+      // The causal conv's kernel width: its weights and the conv state kept between steps.
+      {"linear_conv_kernel_dim", [](const ModelConfig& c) { return c.linear_conv_kernel_dim; }},
+      // Multimodal RoPE sections (spec A.5.3): how rotary dims split between position streams.
+      {"rope.mrope_section", [](const ModelConfig& c) { return c.rope.mrope_section; }},
+      {"rope.mrope_interleaved", [](const ModelConfig& c) { return c.rope.mrope_interleaved; }},
+  };
+}
+
+// --- kiln synth ---------------------------------------------------------------------------------
+
+using nlohmann::json;
+
+// The sizes that differ between the Qwen3.5 text shapes; every other field is Qwen3_5TextConfig's
+// default: head_dim 256, linear heads of 128 (16 key heads), conv kernel 4, partial rotary 0.25,
+// rope_theta 1e7, vocabulary 248320, every 4th layer full attention (full_attention_interval 4).
+struct Qwen35Sizes {
+  int hidden, intermediate, layers, heads, kv_heads, linear_value_heads;
+  bool tied;
+};
+
+json qwen3_5_text_config(const Qwen35Sizes& sizes) {
+  json layer_types = json::array();
+  for (int layer = 0; layer < sizes.layers; ++layer)
+    layer_types.push_back((layer + 1) % 4 == 0 ? "full_attention" : "linear_attention");
+  json config = json::parse(R"({
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "attention_bias": false,
+    "attention_dropout": 0.0,
+    "bos_token_id": null,
+    "eos_token_id": null,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "model_type": "qwen3_5_text",
+    "pad_token_id": null,
+    "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
+                        "partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"},
+    "torch_dtype": "bfloat16",
+    "use_cache": true,
+    "vocab_size": 248320
+  })");
+  config["hidden_size"] = sizes.hidden;
+  config["intermediate_size"] = sizes.intermediate;
+  config["num_hidden_layers"] = sizes.layers;
+  config["layer_types"] = layer_types;
+  config["num_attention_heads"] = sizes.heads;
+  config["num_key_value_heads"] = sizes.kv_heads;
+  config["linear_num_value_heads"] = sizes.linear_value_heads;
+  config["tie_word_embeddings"] = sizes.tied;
+  return config;
+}
+
+// Qwen3.5 text decoder as transformers' Qwen3_5ForCausalLM saves it (spec A): zero-centred
+// RMSNorm gains (stored w, applied as 1 + w), gated attention (q_proj carries query and gate per
+// head), Gated DeltaNet layers with the depthwise conv weight in torch's [C, 1, K] layout.
+std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t head_dim = config.head_dim;
+  const int64_t key_width = config.linear_num_key_heads * config.linear_key_head_dim;
+  const int64_t value_width = config.linear_num_value_heads * config.linear_value_head_dim;
+  const int64_t conv_channels = 2 * key_width + value_width;
+  const int64_t value_heads = config.linear_num_value_heads;
+  const int64_t intermediate = config.intermediate_size;
+
+  std::vector<SynthTensor> tensors;
+  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const std::string prefix = fmt::format("model.layers.{}.", layer);
+    tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Zeros});
+    if (config.layer_types.at(static_cast<size_t>(layer)) == LayerKind::FullAttention) {
+      const std::string attention = prefix + "self_attn.";
+      tensors.push_back({attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}});
+      tensors.push_back({attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}});
+      tensors.push_back({attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}});
+      tensors.push_back({attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}});
+      tensors.push_back({attention + "q_norm.weight", {head_dim}, SynthInit::Zeros});
+      tensors.push_back({attention + "k_norm.weight", {head_dim}, SynthInit::Zeros});
+    } else {
+      const std::string linear = prefix + "linear_attn.";
+      tensors.push_back({linear + "in_proj_qkv.weight", {conv_channels, hidden}});
+      tensors.push_back({linear + "in_proj_z.weight", {value_width, hidden}});
+      tensors.push_back({linear + "in_proj_b.weight", {value_heads, hidden}});
+      tensors.push_back({linear + "in_proj_a.weight", {value_heads, hidden}});
+      tensors.push_back({linear + "conv1d.weight", {conv_channels, 1, config.linear_conv_kernel_dim}});
+      tensors.push_back({linear + "dt_bias", {value_heads}, SynthInit::Ones});
+      tensors.push_back({linear + "A_log", {value_heads}});
+      tensors.push_back({linear + "norm.weight", {config.linear_value_head_dim}, SynthInit::Ones});
+      tensors.push_back({linear + "out_proj.weight", {hidden, value_width}});
+    }
+    tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
+    tensors.push_back({prefix + "mlp.gate_proj.weight", {intermediate, hidden}});
+    tensors.push_back({prefix + "mlp.up_proj.weight", {intermediate, hidden}});
+    tensors.push_back({prefix + "mlp.down_proj.weight", {hidden, intermediate}});
+  }
+  tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Zeros});
+  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  return tensors;
+}
+
+}  // namespace
+
+FamilySpec qwen3_5_family() {
+  return {
+      .graph = "qwen3_5",
+      .loop = Loop::HybridRecurrent,
+      .oracle = "transformers float64 logits, fixtures/tiny/qwen3_5-text-tiny and qwen3_5-vl-tiny",
+      .model_types = {hybrid_rules("qwen3_5_text"), hybrid_rules("qwen3_next")},
+      // The multimodal Qwen3.5: its text model.
+      .wrappers = {{"qwen3_5", "qwen3_5_text"}},
+      .graph_shaping_fields = hybrid_graph_shaping_fields(),
+      // Qwen3.5 ships in two checkpoint generations (and Qwen3-Next in a third row layout).
+      .sanitize = [](const Checkpoint& checkpoint,
+                     const ModelConfig& config) { return plan_qwen3_5_checkpoint(checkpoint.tensors(), config); },
+      .tensor_parallel = {check_qwen3_5_tensor_parallel, qwen3_5_tensor_shard},
+      // The graph needs the backend's HybridOps: the CPU and CUDA have them.
+      .backends = {{Device::CPU, make_qwen3_5_model}, {Device::CUDA, make_qwen3_5_model}},
+      .synth_shapes = {
+        // transformers' Qwen3_5TextConfig() defaults, which are the 9B model's text decoder
+        // (configuration_qwen3_5.py), written as save_pretrained writes a Qwen3_5ForCausalLM.
+        {"qwen3.5-9b", "transformers Qwen3_5TextConfig defaults",
+         qwen3_5_text_config({.hidden = 4096, .intermediate = 12288, .layers = 32, .heads = 16, .kv_heads = 4,
+                              .linear_value_heads = 32, .tied = false})},
+        // A ~1.9B-parameter hybrid for 2B-class benchmarks: the published Qwen3.5-2B's hidden size
+        // (2048), vocabulary and head geometry with the 3:1 linear/full schedule; the layer count
+        // and MLP width are ours (the published config was not reachable), hence "-like".
+        {"qwen3.5-2b-like", "kiln (Qwen3.5-2B-sized; not a published config)",
+         qwen3_5_text_config({.hidden = 2048, .intermediate = 6144, .layers = 24, .heads = 8, .kv_heads = 2,
+                              .linear_value_heads = 16, .tied = true})},
+      },
+      .synth_layout = qwen3_5_text_synth_layout,
+      // Qwen3-Next stores its GDN projections in another row layout (in_proj_qkvz, in_proj_ba).
+      .synth_model_types = {"qwen3_5_text"},
+  };
 }
 
 }  // namespace kiln

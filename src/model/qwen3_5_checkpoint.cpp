@@ -8,7 +8,10 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
+#include "model/family.h"
 
 namespace kiln {
 namespace {
@@ -73,9 +76,15 @@ struct Geometry {
 };
 
 Geometry checked_geometry(const ModelConfig& config) {
-  if (!config.is_hybrid())
-    fail("{}: the Qwen3.5 checkpoint sanitizer needs a hybrid model (qwen3_5_text or qwen3_next), got model_type {}",
-         config.source.string(), config.model_type);
+  const FamilySpec* family = builtin_families().find(config.model_type);
+  if (!family || family->loop != Loop::HybridRecurrent) {
+    std::vector<std::string> hybrid;
+    for (const FamilySpec& spec : builtin_families().specs())
+      if (spec.loop == Loop::HybridRecurrent)
+        for (const ModelTypeRules& rules : spec.model_types) hybrid.push_back(rules.model_type);
+    fail("{}: the Qwen3.5 checkpoint sanitizer needs a hybrid model ({}), got model_type {}", config.source.string(),
+         fmt::join(hybrid, " or "), config.model_type);
+  }
   const Geometry geometry{config.hidden_size,           config.linear_num_key_heads, config.linear_num_value_heads,
                           config.linear_key_head_dim,   config.linear_value_head_dim, config.linear_conv_kernel_dim,
                           config.head_dim};
@@ -119,9 +128,9 @@ std::optional<int64_t> layer_index(const std::string& canonical) {
   return index;
 }
 
-class Sanitizer {
+class CheckpointPlanner {
  public:
-  Sanitizer(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config)
+  CheckpointPlanner(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config)
       : tensors_(tensors), config_(config), geometry_(checked_geometry(config)) {}
 
   LoadPlan plan() {
@@ -363,7 +372,7 @@ class Sanitizer {
 }  // namespace
 
 LoadPlan plan_qwen3_5_checkpoint(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config) {
-  return Sanitizer(tensors, config).plan();
+  return CheckpointPlanner(tensors, config).plan();
 }
 
 }  // namespace kiln

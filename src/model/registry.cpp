@@ -11,6 +11,7 @@ ImplementationRegistry::ImplementationRegistry(std::vector<ModelImplementation> 
     const std::string id = implementation.id;
     if (id.find_first_not_of(" \t\r\n") == std::string::npos) fail("model implementation id must not be empty");
     if (!implementation.create) fail("model implementation {} has no factory", id);
+    if (!implementation.graph.declared()) fail("model implementation {} names no graph that a family declares", id);
     if (!legal_loaders(implementation.graph).count(implementation.loader))
       fail("model implementation {} pairs graph {} with loader {}, which that graph cannot be loaded by", id,
            graph_name(implementation.graph), loader_name(implementation.loader));

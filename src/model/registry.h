@@ -35,7 +35,7 @@ struct ModelImplementation {
                                                        const ResolvedProfile& profile, Backend& backend)>;
 
   std::string id;
-  Graph graph = Graph::Llama;
+  Graph graph;
   Loader loader = Loader::Safetensors;
   Loop loop = Loop::Autoregressive;
   Device backend = Device::CPU;
@@ -54,8 +54,8 @@ void check_implementation_binding(const ModelImplementation& implementation, con
 class ImplementationRegistry {
  public:
   ImplementationRegistry() = default;
-  // Fails on an empty id, a missing factory, a duplicate (id, backend), or a loader or loop that
-  // is not legal for the graph.
+  // Fails on an empty id, no declared graph, a missing factory, a duplicate (id, backend), or a loader
+  // or loop that is not legal for the graph.
   explicit ImplementationRegistry(std::vector<ModelImplementation> implementations);
 
   // A new registry holding these implementations and `more`; this one is unchanged.

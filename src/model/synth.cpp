@@ -10,190 +10,14 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/safetensors_writer.h"
+#include "model/family.h"
 
 namespace kiln {
 namespace {
 
 using nlohmann::json;
 
-// The sizes that differ between the Qwen3.5 text shapes; every other field is Qwen3_5TextConfig's
-// default: head_dim 256, linear heads of 128 (16 key heads), conv kernel 4, partial rotary 0.25,
-// rope_theta 1e7, vocabulary 248320, every 4th layer full attention (full_attention_interval 4).
-struct Qwen35Sizes {
-  int hidden, intermediate, layers, heads, kv_heads, linear_value_heads;
-  bool tied;
-};
-
-json qwen3_5_text_config(const Qwen35Sizes& sizes) {
-  json layer_types = json::array();
-  for (int layer = 0; layer < sizes.layers; ++layer)
-    layer_types.push_back((layer + 1) % 4 == 0 ? "full_attention" : "linear_attention");
-  json config = json::parse(R"({
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "attention_bias": false,
-    "attention_dropout": 0.0,
-    "bos_token_id": null,
-    "eos_token_id": null,
-    "head_dim": 256,
-    "hidden_act": "silu",
-    "initializer_range": 0.02,
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 128,
-    "linear_num_key_heads": 16,
-    "linear_value_head_dim": 128,
-    "max_position_embeddings": 262144,
-    "model_type": "qwen3_5_text",
-    "pad_token_id": null,
-    "partial_rotary_factor": 0.25,
-    "rms_norm_eps": 1e-06,
-    "rope_parameters": {"mrope_interleaved": true, "mrope_section": [11, 11, 10],
-                        "partial_rotary_factor": 0.25, "rope_theta": 10000000.0, "rope_type": "default"},
-    "torch_dtype": "bfloat16",
-    "use_cache": true,
-    "vocab_size": 248320
-  })");
-  config["hidden_size"] = sizes.hidden;
-  config["intermediate_size"] = sizes.intermediate;
-  config["num_hidden_layers"] = sizes.layers;
-  config["layer_types"] = layer_types;
-  config["num_attention_heads"] = sizes.heads;
-  config["num_key_value_heads"] = sizes.kv_heads;
-  config["linear_num_value_heads"] = sizes.linear_value_heads;
-  config["tie_word_embeddings"] = sizes.tied;
-  return config;
-}
-
-// The config.json files as published on the Hugging Face Hub, field for field (the Qwen3.5
-// entries say where theirs come from).
-const std::vector<SynthShape>& shape_table() {
-  static const std::vector<SynthShape> table = {
-      {"llama-3.2-1b", "meta-llama/Llama-3.2-1B", json::parse(R"({
-        "architectures": ["LlamaForCausalLM"],
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": 128000,
-        "eos_token_id": 128001,
-        "head_dim": 64,
-        "hidden_act": "silu",
-        "hidden_size": 2048,
-        "initializer_range": 0.02,
-        "intermediate_size": 8192,
-        "max_position_embeddings": 131072,
-        "mlp_bias": false,
-        "model_type": "llama",
-        "num_attention_heads": 32,
-        "num_hidden_layers": 16,
-        "num_key_value_heads": 8,
-        "pretraining_tp": 1,
-        "rms_norm_eps": 1e-05,
-        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "rope_theta": 500000.0,
-        "tie_word_embeddings": true,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.45.0.dev0",
-        "use_cache": true,
-        "vocab_size": 128256
-      })")},
-      {"llama-3.1-8b", "meta-llama/Llama-3.1-8B", json::parse(R"({
-        "architectures": ["LlamaForCausalLM"],
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": 128000,
-        "eos_token_id": 128001,
-        "hidden_act": "silu",
-        "hidden_size": 4096,
-        "initializer_range": 0.02,
-        "intermediate_size": 14336,
-        "max_position_embeddings": 131072,
-        "mlp_bias": false,
-        "model_type": "llama",
-        "num_attention_heads": 32,
-        "num_hidden_layers": 32,
-        "num_key_value_heads": 8,
-        "pretraining_tp": 1,
-        "rms_norm_eps": 1e-05,
-        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "rope_theta": 500000.0,
-        "tie_word_embeddings": false,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.43.0.dev0",
-        "use_cache": true,
-        "vocab_size": 128256
-      })")},
-      {"qwen3-0.6b", "Qwen/Qwen3-0.6B", json::parse(R"({
-        "architectures": ["Qwen3ForCausalLM"],
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        "head_dim": 128,
-        "hidden_act": "silu",
-        "hidden_size": 1024,
-        "initializer_range": 0.02,
-        "intermediate_size": 3072,
-        "max_position_embeddings": 40960,
-        "max_window_layers": 28,
-        "model_type": "qwen3",
-        "num_attention_heads": 16,
-        "num_hidden_layers": 28,
-        "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-06,
-        "rope_scaling": null,
-        "rope_theta": 1000000,
-        "sliding_window": null,
-        "tie_word_embeddings": true,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.51.0",
-        "use_cache": true,
-        "use_sliding_window": false,
-        "vocab_size": 151936
-      })")},
-      {"qwen3-8b", "Qwen/Qwen3-8B", json::parse(R"({
-        "architectures": ["Qwen3ForCausalLM"],
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        "head_dim": 128,
-        "hidden_act": "silu",
-        "hidden_size": 4096,
-        "initializer_range": 0.02,
-        "intermediate_size": 12288,
-        "max_position_embeddings": 40960,
-        "max_window_layers": 36,
-        "model_type": "qwen3",
-        "num_attention_heads": 32,
-        "num_hidden_layers": 36,
-        "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-06,
-        "rope_scaling": null,
-        "rope_theta": 1000000,
-        "sliding_window": null,
-        "tie_word_embeddings": false,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.51.0",
-        "use_cache": true,
-        "use_sliding_window": false,
-        "vocab_size": 151936
-      })")},
-      // transformers' Qwen3_5TextConfig() defaults, which are the 9B model's text decoder
-      // (configuration_qwen3_5.py), written as save_pretrained writes a Qwen3_5ForCausalLM.
-      {"qwen3.5-9b", "transformers Qwen3_5TextConfig defaults",
-       qwen3_5_text_config({.hidden = 4096, .intermediate = 12288, .layers = 32, .heads = 16, .kv_heads = 4,
-                            .linear_value_heads = 32, .tied = false})},
-      // A ~1.9B-parameter hybrid for 2B-class benchmarks: the published Qwen3.5-2B's hidden size
-      // (2048), vocabulary and head geometry with the 3:1 linear/full schedule; the layer count
-      // and MLP width are ours (the published config was not reachable), hence "-like".
-      {"qwen3.5-2b-like", "kiln (Qwen3.5-2B-sized; not a published config)",
-       qwen3_5_text_config({.hidden = 2048, .intermediate = 6144, .layers = 24, .heads = 8, .kv_heads = 2,
-                            .linear_value_heads = 16, .tied = true})},
-  };
-  return table;
-}
-
-// transformers' initializer_range in every config above.
+// transformers' initializer_range in every published config of the families' synth shapes.
 constexpr float kInitStd = 0.02f;
 
 // SplitMix64's output function (Steele, Lea & Flood, "Fast splittable pseudorandom number
@@ -260,119 +84,25 @@ std::string torch_dtype_name(DType dtype) {
 
 }  // namespace
 
-const std::vector<SynthShape>& synth_shapes() { return shape_table(); }
+const std::vector<SynthShape>& synth_shapes() {
+  static const std::vector<SynthShape> shapes = [] {
+    std::vector<SynthShape> all;
+    for (const FamilySpec& family : builtin_families().specs())
+      all.insert(all.end(), family.synth_shapes.begin(), family.synth_shapes.end());
+    return all;
+  }();
+  return shapes;
+}
 
 const SynthShape& find_synth_shape(const std::string& name) {
-  for (const SynthShape& shape : shape_table())
+  for (const SynthShape& shape : synth_shapes())
     if (shape.name == name) return shape;
   std::vector<std::string> names;
-  for (const SynthShape& shape : shape_table()) names.push_back(shape.name);
+  for (const SynthShape& shape : synth_shapes()) names.push_back(shape.name);
   fail("synth: unknown shape '{}' (known: {})", name, fmt::join(names, ", "));
 }
 
 namespace {
-
-// Llama / Qwen2 / Qwen3: transformers' LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM
-// parameter names and shapes.
-std::vector<SynthTensor> dense_decoder_layout(const ModelConfig& config) {
-  const int64_t hidden = config.hidden_size;
-  const int64_t q_width = config.num_attention_heads * config.head_dim;
-  const int64_t kv_width = config.num_key_value_heads * config.head_dim;
-  const int64_t intermediate = config.intermediate_size;
-  // Llama and Qwen3 give all four attention projections a bias when attention_bias is set; Qwen2
-  // biases q/k/v only.
-  const bool output_bias = config.attention_bias && config.model_type != "qwen2";
-
-  std::vector<SynthTensor> tensors;
-  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    const std::string prefix = fmt::format("model.layers.{}.", layer);
-    tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Ones});
-    tensors.push_back({prefix + "self_attn.q_proj.weight", {q_width, hidden}});
-    tensors.push_back({prefix + "self_attn.k_proj.weight", {kv_width, hidden}});
-    tensors.push_back({prefix + "self_attn.v_proj.weight", {kv_width, hidden}});
-    tensors.push_back({prefix + "self_attn.o_proj.weight", {hidden, q_width}});
-    if (config.attention_bias) {
-      tensors.push_back({prefix + "self_attn.q_proj.bias", {q_width}});
-      tensors.push_back({prefix + "self_attn.k_proj.bias", {kv_width}});
-      tensors.push_back({prefix + "self_attn.v_proj.bias", {kv_width}});
-    }
-    if (output_bias) tensors.push_back({prefix + "self_attn.o_proj.bias", {hidden}});
-    if (config.qk_norm) {
-      tensors.push_back({prefix + "self_attn.q_norm.weight", {config.head_dim}, SynthInit::Ones});
-      tensors.push_back({prefix + "self_attn.k_norm.weight", {config.head_dim}, SynthInit::Ones});
-    }
-    tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Ones});
-    tensors.push_back({prefix + "mlp.gate_proj.weight", {intermediate, hidden}});
-    tensors.push_back({prefix + "mlp.up_proj.weight", {intermediate, hidden}});
-    tensors.push_back({prefix + "mlp.down_proj.weight", {hidden, intermediate}});
-    if (config.mlp_bias) {
-      tensors.push_back({prefix + "mlp.gate_proj.bias", {intermediate}});
-      tensors.push_back({prefix + "mlp.up_proj.bias", {intermediate}});
-      tensors.push_back({prefix + "mlp.down_proj.bias", {hidden}});
-    }
-  }
-  tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Ones});
-  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
-  return tensors;
-}
-
-// Qwen3.5 text decoder as transformers' Qwen3_5ForCausalLM saves it (spec A): zero-centred
-// RMSNorm gains (stored w, applied as 1 + w), gated attention (q_proj carries query and gate per
-// head), Gated DeltaNet layers with the depthwise conv weight in torch's [C, 1, K] layout.
-std::vector<SynthTensor> qwen3_5_text_layout(const ModelConfig& config) {
-  const int64_t hidden = config.hidden_size;
-  const int64_t head_dim = config.head_dim;
-  const int64_t key_width = config.linear_num_key_heads * config.linear_key_head_dim;
-  const int64_t value_width = config.linear_num_value_heads * config.linear_value_head_dim;
-  const int64_t conv_channels = 2 * key_width + value_width;
-  const int64_t value_heads = config.linear_num_value_heads;
-  const int64_t intermediate = config.intermediate_size;
-
-  std::vector<SynthTensor> tensors;
-  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    const std::string prefix = fmt::format("model.layers.{}.", layer);
-    tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Zeros});
-    if (config.layer_types.at(static_cast<size_t>(layer)) == LayerKind::FullAttention) {
-      const std::string attention = prefix + "self_attn.";
-      tensors.push_back({attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}});
-      tensors.push_back({attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}});
-      tensors.push_back({attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}});
-      tensors.push_back({attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}});
-      tensors.push_back({attention + "q_norm.weight", {head_dim}, SynthInit::Zeros});
-      tensors.push_back({attention + "k_norm.weight", {head_dim}, SynthInit::Zeros});
-    } else {
-      const std::string linear = prefix + "linear_attn.";
-      tensors.push_back({linear + "in_proj_qkv.weight", {conv_channels, hidden}});
-      tensors.push_back({linear + "in_proj_z.weight", {value_width, hidden}});
-      tensors.push_back({linear + "in_proj_b.weight", {value_heads, hidden}});
-      tensors.push_back({linear + "in_proj_a.weight", {value_heads, hidden}});
-      tensors.push_back({linear + "conv1d.weight", {conv_channels, 1, config.linear_conv_kernel_dim}});
-      tensors.push_back({linear + "dt_bias", {value_heads}, SynthInit::Ones});
-      tensors.push_back({linear + "A_log", {value_heads}});
-      tensors.push_back({linear + "norm.weight", {config.linear_value_head_dim}, SynthInit::Ones});
-      tensors.push_back({linear + "out_proj.weight", {hidden, value_width}});
-    }
-    tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
-    tensors.push_back({prefix + "mlp.gate_proj.weight", {intermediate, hidden}});
-    tensors.push_back({prefix + "mlp.up_proj.weight", {intermediate, hidden}});
-    tensors.push_back({prefix + "mlp.down_proj.weight", {hidden, intermediate}});
-  }
-  tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Zeros});
-  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
-  return tensors;
-}
-
-using LayoutFunction = std::vector<SynthTensor> (*)(const ModelConfig&);
-
-// model_type → the checkpoint layout synth writes for it.
-const std::vector<std::pair<std::string, LayoutFunction>>& layouts() {
-  static const std::vector<std::pair<std::string, LayoutFunction>> table = {
-      {"llama", dense_decoder_layout}, {"qwen2", dense_decoder_layout}, {"qwen3", dense_decoder_layout},
-      {"qwen3_5_text", qwen3_5_text_layout}};
-  return table;
-}
 
 // Applies --layers to a config: the first `layers` layers of the model (in the nested text
 // config when there is one, with layer_types cut to match).
@@ -390,11 +120,13 @@ void override_layers(json& config_json, int64_t layers, const std::string& shape
 
 }  // namespace
 
-std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config) {
+std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config, const FamilyList& families) {
   std::vector<std::string> known;
-  for (const auto& [model_type, layout] : layouts()) {
-    if (model_type == config.model_type) return layout(config);
-    known.push_back(model_type);
+  for (const FamilySpec& family : families.specs()) {
+    for (const std::string& model_type : family.synth_model_types) {
+      if (model_type == config.model_type) return family.synth_layout(config);
+      known.push_back(model_type);
+    }
   }
   fail("synth: no tensor layout for model_type '{}' (it knows {})", config.model_type, fmt::join(known, ", "));
 }
@@ -412,7 +144,7 @@ SynthResult write_synthetic_checkpoint(const SynthOptions& options) {
   const auto config_path = options.out / "config.json";
 
   SynthResult result;
-  result.config = parse_config(config_json, config_path);
+  result.config = parse_model_config(config_json, config_path);
   std::vector<SafetensorsEntry> entries;
   for (const SynthTensor& tensor : synth_tensor_layout(result.config)) {
     SafetensorsEntry entry;

@@ -29,8 +29,11 @@ struct SynthShape {
   nlohmann::json config;
 };
 
-// Every known shape. Adding a model is one entry in synth.cpp's shape table, plus a layout in its
-// layout table when the model_type is new.
+class FamilyList;
+const FamilyList& builtin_families();
+
+// Every known shape: the builtin families' (model/family.h), in their order. Adding a model is one
+// entry in its family's synth_shapes.
 const std::vector<SynthShape>& synth_shapes();
 // The shape called `name`; the error lists the known names.
 const SynthShape& find_synth_shape(const std::string& name);
@@ -43,9 +46,10 @@ struct SynthTensor {
   SynthInit init = SynthInit::Normal;
 };
 
-// The tensors a Hugging Face checkpoint of `config` holds, with their shapes. Fails for a
-// model_type whose layout synth does not know (it knows llama, qwen2, qwen3 and qwen3_5_text).
-std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config);
+// The tensors a Hugging Face checkpoint of `config` holds, with their shapes: the synth layout of
+// the family that writes its model_type. Fails for a model_type no family writes (qwen3_next).
+std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config,
+                                             const FamilyList& families = builtin_families());
 
 struct SynthOptions {
   std::string shape;
