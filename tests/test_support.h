@@ -30,6 +30,13 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// The command line that runs the built `kiln` with `arguments`.
+std::string kiln_command(const std::string& arguments);
+
+// Expects `kiln arguments` to exit non-zero with one line on stderr (stdout dropped) containing
+// `expected`.
+void expect_one_line_error(const std::string& arguments, const std::string& expected);
+
 // A fresh temporary directory, removed when the object dies.
 class TempDir {
  public:
