@@ -78,6 +78,20 @@ int64_t check_norm_weight(const OpContext& context, std::string_view op, const T
   return width;
 }
 
+// rms_norm and add_rms_norm: their stream input `x` (called `x_name`), its weight, and an out of as
+// many elements that may be x itself only in x's dtype. Returns the row width D.
+int64_t check_norm_input_and_out(const OpContext& context, std::string_view op, const Tensor& x,
+                                 std::string_view x_name, const Tensor& weight, const Tensor& out) {
+  require_stream(context, op, x, x_name);
+  const int64_t width = check_norm_weight(context, op, x, weight);
+  require_activation(context, op, out, "out");
+  require_same_numel(context, op, x, x_name, out, "out");
+  if (out.raw() == x.raw() && out.dtype() != x.dtype())
+    fail("{} {}: out {} is {} {} in another dtype (in place only in one dtype)", context.backend, op,
+         dtype_name(out.dtype()), x_name, dtype_name(x.dtype()));
+  return width;
+}
+
 }  // namespace
 
 EmbeddingDims check_embedding(const OpContext& context, const Tensor& table, const Tensor& ids, const Tensor& out) {
@@ -131,27 +145,14 @@ void check_matmul_group(const OpContext& context, const Tensor& x, std::span<con
 }
 
 NormDims check_rms_norm(const OpContext& context, const Tensor& x, const Tensor& weight, const Tensor& out) {
-  constexpr std::string_view op = "rms_norm";
-  require_stream(context, op, x, "x");
-  const int64_t width = check_norm_weight(context, op, x, weight);
-  require_activation(context, op, out, "out");
-  require_same_numel(context, op, x, "x", out, "out");
-  if (out.raw() == x.raw() && out.dtype() != x.dtype())
-    fail("{} {}: out {} is x {} in another dtype (in place only in one dtype)", context.backend, op,
-         dtype_name(out.dtype()), dtype_name(x.dtype()));
+  const int64_t width = check_norm_input_and_out(context, "rms_norm", x, "x", weight, out);
   return {x.numel() / width, width};
 }
 
 NormDims check_add_rms_norm(const OpContext& context, const Tensor& residual, const Tensor& delta, const Tensor& weight,
                             const Tensor& out) {
   constexpr std::string_view op = "add_rms_norm";
-  require_stream(context, op, residual, "residual");
-  const int64_t width = check_norm_weight(context, op, residual, weight);
-  require_activation(context, op, out, "out");
-  require_same_numel(context, op, residual, "residual", out, "out");
-  if (out.raw() == residual.raw() && out.dtype() != residual.dtype())
-    fail("{} {}: out {} is residual {} in another dtype (in place only in one dtype)", context.backend, op,
-         dtype_name(out.dtype()), dtype_name(residual.dtype()));
+  const int64_t width = check_norm_input_and_out(context, op, residual, "residual", weight, out);
   require_dtype(context, op, delta, residual.dtype(), "delta");
   require_same_numel(context, op, residual, "residual", delta, "delta");
   return {residual.numel() / width, width};
