@@ -69,10 +69,7 @@ TEST(Cli, LogitsWritesEveryPositionAsNpy) {
 TEST(Cli, ErrorsAreOneLineAndNonZero) {
   KILN_REQUIRE_SHARED(shared);
   const std::string model = (shared / "fixtures/tiny/llama3-tiny/f32").string();
-  const struct {
-    std::string arguments;
-    std::string expected;
-  } cases[] = {
+  const FailingCommand cases[] = {
       {"generate --model " + model + " --ids 1,x,3", "'x' is not a token id"},
       {"generate --model " + model + " --ids 1,99999", "99999"},
       {"generate --model /nonexistent --ids 1", "/nonexistent"},
@@ -80,7 +77,7 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"logits --model " + model + " --ids 1", "--out"},
       {"frobnicate", "frobnicate"},
   };
-  for (const auto& c : cases) expect_one_line_error(c.arguments, c.expected);
+  for (const FailingCommand& command : cases) expect_one_line_error(command);
 }
 
 // A size a command cannot run at is named before any weight is read: here the checkpoint beside the
@@ -92,10 +89,7 @@ TEST(Cli, SizesAreCheckedBeforeAnyWeightIsRead) {
   std::ofstream(temp.path() / "model.safetensors") << "not a safetensors file";
   const std::string model = temp.path().string();
   const std::string out = (temp.path() / "logits.npy").string();
-  const struct {
-    std::string arguments;
-    std::string expected;
-  } cases[] = {
+  const FailingCommand cases[] = {
       {"generate --model " + model + " --ids 1 --prefill-chunk 100", "prefill chunk must be a positive multiple of 64, got 100"},
       {"logits --model " + model + " --ids 1 --out " + out + " --prefill-chunk 0", "prefill chunk must be a positive multiple of 64, got 0"},
       {"bench --model " + model + " --batch 1,0", "max batch must be at least 1, got 0"},

@@ -320,16 +320,13 @@ TEST(TensorParallelCli, LogitsSplitOverTwoRanksMatchOneRank) {
 TEST(TensorParallelCli, CudaAndIndivisibleSplitsFailWithOneLine) {
   KILN_REQUIRE_SHARED(shared);
   const std::string model = (shared / "fixtures/tiny/llama3-tiny/f32").string();
-  const struct {
-    std::string arguments;
-    std::string expected;
-  } cases[] = {
+  const FailingCommand cases[] = {
       {"generate --model " + model + " --ids 1 --device cuda --tensor-parallel 2",
        "--tensor-parallel 2 on cuda: NCCL tensor parallelism is not built yet"},
       {"generate --model " + model + " --ids 1 --tensor-parallel 3", "num_attention_heads = 4 is not divisible by 3"},
       {"generate --model " + model + " --ids 1 --tensor-parallel 0", "--tensor-parallel"},
   };
-  for (const auto& c : cases) expect_one_line_error(c.arguments, c.expected);
+  for (const FailingCommand& command : cases) expect_one_line_error(command);
 }
 
 }  // namespace

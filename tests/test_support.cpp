@@ -34,13 +34,13 @@ CommandResult run_command(const std::string& command) {
 
 std::string kiln_command(const std::string& arguments) { return kiln_binary().string() + " " + arguments; }
 
-void expect_one_line_error(const std::string& arguments, const std::string& expected) {
-  const CommandResult result = run_command("{ " + kiln_command(arguments) + " 2>&1 >/dev/null; }");
-  EXPECT_NE(result.exit_code, 0) << arguments;
+void expect_one_line_error(const FailingCommand& command) {
+  const CommandResult result = run_command("{ " + kiln_command(command.arguments) + " 2>&1 >/dev/null; }");
+  EXPECT_NE(result.exit_code, 0) << command.arguments;
   std::string output = result.output;
   while (!output.empty() && output.back() == '\n') output.pop_back();
-  EXPECT_EQ(output.find('\n'), std::string::npos) << arguments << ": more than one line:\n" << output;
-  EXPECT_NE(output.find(expected), std::string::npos) << arguments << ": " << output;
+  EXPECT_EQ(output.find('\n'), std::string::npos) << command.arguments << ": more than one line:\n" << output;
+  EXPECT_NE(output.find(command.expected), std::string::npos) << command.arguments << ": " << output;
 }
 
 TempDir::TempDir() {
