@@ -95,6 +95,14 @@ class ExpressionParser {
   }
 
  private:
+  // A call of `callee`, its "(" just consumed.
+  ExpressionPtr parse_call(ExpressionPtr callee) {
+    auto call = make(Expression::Kind::Call);
+    call->object = std::move(callee);
+    parse_call_arguments(*call);
+    return sealed(std::move(call));
+  }
+
   ExpressionPtr make(Expression::Kind kind) {
     auto expression = std::make_unique<Expression>();
     expression->kind = kind;
@@ -328,10 +336,7 @@ class ExpressionParser {
         node = parse_subscript(std::move(node));
       } else if (peek_operator("(")) {
         ++position_;
-        auto call = make(Expression::Kind::Call);
-        call->object = std::move(node);
-        parse_call_arguments(*call);
-        node = sealed(std::move(call));
+        node = parse_call(std::move(node));
       } else {
         return node;
       }
@@ -402,10 +407,7 @@ class ExpressionParser {
         node = sealed(std::move(test));
       } else if (peek_operator("(")) {
         ++position_;
-        auto call = make(Expression::Kind::Call);
-        call->object = std::move(node);
-        parse_call_arguments(*call);
-        node = sealed(std::move(call));
+        node = parse_call(std::move(node));
       } else {
         return node;
       }
