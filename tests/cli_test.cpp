@@ -15,8 +15,6 @@ using namespace kiln::testing;
 
 namespace {
 
-std::string kiln(const std::string& arguments) { return kiln_binary().string() + " " + arguments; }
-
 // The last line of the output (stderr comes after stdout here).
 std::string last_line(const std::string& output) {
   std::string trimmed = output;
@@ -34,7 +32,7 @@ TEST(Cli, GenerateFromTextPrintsTheReferenceStory) {
   ASSERT_TRUE(story.starts_with("Once upon a time, there was a little girl named Lily."));
   // "Once upon a time" is 4 of the 256 reference steps; llama2.c's run counts the prompt in them.
   const CommandResult result =
-      run_command(kiln("generate --model " + model.string() + " --prompt 'Once upon a time' --temperature 0 --max-tokens 252 2>/dev/null"));
+      run_command(kiln_command("generate --model " + model.string() + " --prompt 'Once upon a time' --temperature 0 --max-tokens 252 2>/dev/null"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(result.output, story + "\n");
 }
@@ -43,7 +41,7 @@ TEST(Cli, GenerateStopsAtAStopString) {
   KILN_REQUIRE_SHARED(shared);
   const auto model = shared / "models/stories260K";
   const CommandResult result = run_command(
-      kiln("generate --model " + model.string() + " --prompt 'Once upon a time' --temperature 0 --stop 'park' 2>/dev/null"));
+      kiln_command("generate --model " + model.string() + " --prompt 'Once upon a time' --temperature 0 --stop 'park' 2>/dev/null"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(result.output, "Once upon a time, there was a little girl named Lily. She loved to play outside in the \n");
 }
@@ -60,8 +58,9 @@ TEST(Cli, LogitsWritesEveryPositionAsNpy) {
   TempDir temp;
   const auto out = temp.path() / "logits.npy";
   // 70 positions in prefill chunks of 64: the logits of both chunks are written.
-  const CommandResult result = run_command(kiln("logits --model " + (shared / "fixtures/tiny/llama3-tiny/f32").string() +
-                                                " --ids " + counting_ids(70) + " --prefill-chunk 64 --out " + out.string()));
+  const CommandResult result =
+      run_command(kiln_command("logits --model " + (shared / "fixtures/tiny/llama3-tiny/f32").string() + " --ids " +
+                               counting_ids(70) + " --prefill-chunk 64 --out " + out.string()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const NpyArray logits = read_npy(out);
   EXPECT_EQ(logits.shape, (Shape{70, 512}));
@@ -70,10 +69,7 @@ TEST(Cli, LogitsWritesEveryPositionAsNpy) {
 TEST(Cli, ErrorsAreOneLineAndNonZero) {
   KILN_REQUIRE_SHARED(shared);
   const std::string model = (shared / "fixtures/tiny/llama3-tiny/f32").string();
-  const struct {
-    std::string arguments;
-    std::string expected;
-  } cases[] = {
+  const FailingCommand cases[] = {
       {"generate --model " + model + " --ids 1,x,3", "'x' is not a token id"},
       {"generate --model " + model + " --ids 1,99999", "99999"},
       {"generate --model /nonexistent --ids 1", "/nonexistent"},
@@ -81,14 +77,7 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"logits --model " + model + " --ids 1", "--out"},
       {"frobnicate", "frobnicate"},
   };
-  for (const auto& c : cases) {
-    const CommandResult result = run_command("{ " + kiln(c.arguments) + " 2>&1 >/dev/null; }");
-    EXPECT_NE(result.exit_code, 0) << c.arguments;
-    std::string output = result.output;
-    while (!output.empty() && output.back() == '\n') output.pop_back();
-    EXPECT_EQ(output.find('\n'), std::string::npos) << c.arguments << ": more than one line:\n" << output;
-    EXPECT_NE(last_line(output).find(c.expected), std::string::npos) << c.arguments << ": " << output;
-  }
+  for (const FailingCommand& command : cases) expect_one_line_error(command);
 }
 
 // A size a command cannot run at is named before any weight is read: here the checkpoint beside the
@@ -100,10 +89,7 @@ TEST(Cli, SizesAreCheckedBeforeAnyWeightIsRead) {
   std::ofstream(temp.path() / "model.safetensors") << "not a safetensors file";
   const std::string model = temp.path().string();
   const std::string out = (temp.path() / "logits.npy").string();
-  const struct {
-    std::string arguments;
-    std::string expected;
-  } cases[] = {
+  const FailingCommand cases[] = {
       {"generate --model " + model + " --ids 1 --prefill-chunk 100", "prefill chunk must be a positive multiple of 64, got 100"},
       {"logits --model " + model + " --ids 1 --out " + out + " --prefill-chunk 0", "prefill chunk must be a positive multiple of 64, got 0"},
       {"bench --model " + model + " --batch 1,0", "max batch must be at least 1, got 0"},
@@ -113,7 +99,7 @@ TEST(Cli, SizesAreCheckedBeforeAnyWeightIsRead) {
       {"generate --model " + model + " --ids 1 --prefill-chunk 128", "model.safetensors"},
   };
   for (const auto& c : cases) {
-    const CommandResult result = run_command("{ " + kiln(c.arguments) + " 2>&1 >/dev/null; }");
+    const CommandResult result = run_command("{ " + kiln_command(c.arguments) + " 2>&1 >/dev/null; }");
     EXPECT_EQ(result.exit_code, 1) << c.arguments;
     EXPECT_NE(last_line(result.output).find(c.expected), std::string::npos) << c.arguments << ": " << result.output;
   }
@@ -122,7 +108,7 @@ TEST(Cli, SizesAreCheckedBeforeAnyWeightIsRead) {
 TEST(Cli, EveryCommandHasHelp) {
   for (const char* command :
        {"generate", "logits", "bench", "synth", "inspect", "tokenize", "render", "serve", "fit"}) {
-    const CommandResult result = run_command(kiln(std::string(command) + " --help"));
+    const CommandResult result = run_command(kiln_command(std::string(command) + " --help"));
     EXPECT_EQ(result.exit_code, 0) << command;
     EXPECT_NE(result.output.find("Usage"), std::string::npos) << command;
   }
@@ -131,13 +117,13 @@ TEST(Cli, EveryCommandHasHelp) {
 TEST(Cli, FitSaysWhetherTheModelAndContextFit) {
   KILN_REQUIRE_SHARED(shared);
   const std::string model = (shared / "models/stories260K").string();
-  const CommandResult fits = run_command(kiln("fit --model " + model + " --max-batch 4"));
+  const CommandResult fits = run_command(kiln_command("fit --model " + model + " --max-batch 4"));
   ASSERT_EQ(fits.exit_code, 0) << fits.output;
   EXPECT_NE(fits.output.find("weights"), std::string::npos) << fits.output;
   EXPECT_NE(fits.output.find("fits: 4 sequences of 512 tokens"), std::string::npos) << fits.output;
   // A million sequences of the model's 512 tokens fit no machine: status 2, the shortfall, and the
   // longest context that would fit (none, on a machine under ~3 GB free).
-  const CommandResult too_big = run_command(kiln("fit --model " + model + " --max-batch 1000000"));
+  const CommandResult too_big = run_command(kiln_command("fit --model " + model + " --max-batch 1000000"));
   EXPECT_EQ(too_big.exit_code, 2) << too_big.output;
   EXPECT_NE(too_big.output.find("does not fit"), std::string::npos) << too_big.output;
   EXPECT_TRUE(too_big.output.find("the longest context that fits 1000000 sequences") != std::string::npos ||
@@ -149,7 +135,7 @@ TEST(Cli, ServeRefusesWhatDoesNotFitBeforeLoading) {
   KILN_REQUIRE_SHARED(shared);
   const std::string model = (shared / "models/stories260K").string();
   const CommandResult result =
-      run_command("{ " + kiln("serve --model " + model + " --port 0 --max-batch 1000000") + " 2>&1; }");
+      run_command("{ " + kiln_command("serve --model " + model + " --port 0 --max-batch 1000000") + " 2>&1; }");
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("GiB are available"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("--max-batch 1000000"), std::string::npos) << result.output;

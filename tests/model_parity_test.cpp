@@ -39,15 +39,8 @@ TEST_P(ModelParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
 TEST_P(ModelParity, GreedyContinuationMatchesFloat64Reference) {
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
-  nlohmann::json ref = nlohmann::json::parse(std::ifstream(fixture / "ref.json"));
   TestModel loaded = open_cpu_model(fixture / "f32");
-  std::vector<int32_t> prompt = fixture_prompt(fixture);
-  prompt.resize(ref["greedy_prompt_len"].get<size_t>());
-  GenerationOptions options;
-  options.sampling.temperature = 0;
-  options.max_tokens = static_cast<int64_t>(ref["greedy_f64"].size());
-  const GenerationResult result = generate(*loaded.model, prompt, options);
-  EXPECT_EQ(result.tokens, ref["greedy_f64"].get<std::vector<int32_t>>());
+  expect_greedy_continuation_of_float64_reference(*loaded.model, fixture);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,

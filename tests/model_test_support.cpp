@@ -24,6 +24,17 @@ TestModel open_cpu_model(const std::filesystem::path& dir, const std::string& dt
   return loaded;
 }
 
+void expect_greedy_continuation_of_float64_reference(Model& model, const std::filesystem::path& fixture_dir) {
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(fixture_dir / "ref.json"));
+  std::vector<int32_t> prompt = fixture_prompt(fixture_dir);
+  prompt.resize(ref["greedy_prompt_len"].get<size_t>());
+  GenerationOptions options;
+  options.sampling.temperature = 0;
+  options.max_tokens = static_cast<int64_t>(ref["greedy_f64"].size());
+  const GenerationResult result = generate(model, prompt, options);
+  EXPECT_EQ(result.tokens, ref["greedy_f64"].get<std::vector<int32_t>>());
+}
+
 Tensor logits_with_cuts(Model& model, const std::vector<int32_t>& prompt, std::vector<size_t> cuts) {
   auto cache = model.make_cache(1, static_cast<int64_t>(prompt.size()));
   const int64_t vocab = model.config().vocab_size;

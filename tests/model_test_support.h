@@ -35,6 +35,10 @@ Bf16RowErrors bf16_row_errors(const Tensor& logits, const std::filesystem::path&
 // The fixture's prompt ids (ref.json "prompt_ids").
 std::vector<int32_t> fixture_prompt(const std::filesystem::path& fixture_dir);
 
+// Expects greedy decoding of `model` (the fixture's f32 checkpoint, on any backend) to continue the
+// fixture's prompt, cut to ref.json "greedy_prompt_len", with exactly ref.json "greedy_f64".
+void expect_greedy_continuation_of_float64_reference(Model& model, const std::filesystem::path& fixture_dir);
+
 // Logits [prompt length, vocab] of every prompt position, the prompt prefilled in steps that end at
 // each of `cuts` (ascending; the last step runs to the end of the prompt).
 Tensor logits_with_cuts(Model& model, const std::vector<int32_t>& prompt, std::vector<size_t> cuts);

@@ -93,6 +93,13 @@ SplitFile split(const fs::path& file) {
   return result;
 }
 
+// Sets the header length field (the first 8 bytes) of a safetensors file, leaving the rest as it is.
+void overwrite_header_length(const fs::path& file, uint64_t length) {
+  auto bytes = read_bytes(file);
+  std::memcpy(bytes.data(), &length, 8);
+  write_bytes(file, bytes);
+}
+
 // Writes raw header text and the data section back as a safetensors file.
 void join(const fs::path& file, const std::string& header_text, const std::vector<uint8_t>& data) {
   std::vector<uint8_t> bytes(8);
@@ -381,19 +388,14 @@ std::vector<MalformedCase> malformed_cases() {
       {"header_length_beyond_file",
        [](const fs::path& dir) {
          write_single(dir);
-         auto bytes = read_bytes(single_file(dir));
-         const uint64_t length = bytes.size();  // 8 more than the bytes after the length field
-         std::memcpy(bytes.data(), &length, 8);
-         write_bytes(single_file(dir), bytes);
+         // 8 more than the bytes after the length field.
+         overwrite_header_length(single_file(dir), fs::file_size(single_file(dir)));
        },
        {single, "runs past the end of the file"}},
       {"absurd_header_length",
        [](const fs::path& dir) {
          write_single(dir);
-         auto bytes = read_bytes(single_file(dir));
-         const uint64_t length = 1ull << 40;
-         std::memcpy(bytes.data(), &length, 8);
-         write_bytes(single_file(dir), bytes);
+         overwrite_header_length(single_file(dir), 1ull << 40);
        },
        {single, "1099511627776 is absurd"}},
       {"bad_json",

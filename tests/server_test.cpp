@@ -600,13 +600,20 @@ TEST_F(ServerEndToEnd, HalfSentRequestDoesNotBlockOthers) {
   EXPECT_EQ(timed_out->status, 408);
 }
 
+// Sends a sampled chat stream of `max_tokens` that ignores end-of-sequence and waits for its first
+// content, so the request is still in flight when the test acts.
+void start_long_chat_stream(RawConnection& connection, int max_tokens) {
+  ASSERT_TRUE(connection.send(
+      http_request("POST", "/v1/chat/completions",
+                   chat_body("The cat", max_tokens, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}})
+                       .dump())));
+  ASSERT_TRUE(connection.read_until("\"content\":", 10s)) << connection.buffer();
+}
+
 TEST_F(ServerEndToEnd, AClientThatDisconnectsCancelsItsRequestAndFreesTheCache) {
   {
     RawConnection connection(port_);
-    ASSERT_TRUE(connection.send(http_request(
-        "POST", "/v1/chat/completions",
-        chat_body("The cat", 450, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
-    ASSERT_TRUE(connection.read_until("\"content\":", 10s)) << connection.buffer();
+    ASSERT_NO_FATAL_FAILURE(start_long_chat_stream(connection, 450));
     connection.reset();
   }
   double running = -1, used = -1;
@@ -679,10 +686,7 @@ TEST(ServerProcess, SigtermFinishesRequestsInFlightThenExits) {
   ServeProcess server(stories_arguments(dir));
   ASSERT_NE(server.port(), 0) << server.log();
   RawConnection streaming(server.port());
-  ASSERT_TRUE(streaming.send(
-      http_request("POST", "/v1/chat/completions",
-                   chat_body("The cat", 300, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
-  ASSERT_TRUE(streaming.read_until("\"content\":", 10s));
+  ASSERT_NO_FATAL_FAILURE(start_long_chat_stream(streaming, 300));
   server.signal(SIGTERM);
   auto finished = streaming.read_response(20s);
   ASSERT_TRUE(finished);
@@ -696,10 +700,7 @@ TEST(ServerProcess, ShutdownPastTheGraceCancelsAndTellsTheClient) {
   ServeProcess server(stories_arguments(dir, {"--shutdown-grace", "0"}));
   ASSERT_NE(server.port(), 0) << server.log();
   RawConnection streaming(server.port());
-  ASSERT_TRUE(streaming.send(
-      http_request("POST", "/v1/chat/completions",
-                   chat_body("The cat", 450, {{"stream", true}, {"ignore_eos", true}, {"temperature", 0.8}}).dump())));
-  ASSERT_TRUE(streaming.read_until("\"content\":", 10s));
+  ASSERT_NO_FATAL_FAILURE(start_long_chat_stream(streaming, 450));
   server.signal(SIGINT);
   auto cancelled = streaming.read_response(10s);
   ASSERT_TRUE(cancelled);

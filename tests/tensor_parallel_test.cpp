@@ -296,8 +296,6 @@ TEST(TensorParallelChecks, UnsplittableModelsFailBeforeLoading) {
             "tensor parallelism over 4 ranks: linear_num_key_heads = 2 is not divisible by 4");
 }
 
-std::string kiln(const std::string& arguments) { return kiln_binary().string() + " " + arguments; }
-
 TEST(TensorParallelCli, LogitsSplitOverTwoRanksMatchOneRank) {
   KILN_REQUIRE_SHARED(shared);
   TempDir temp;
@@ -305,10 +303,10 @@ TEST(TensorParallelCli, LogitsSplitOverTwoRanksMatchOneRank) {
   std::string ids = " --ids 1";
   for (int id = 2; id <= 100; ++id) ids += fmt::format(",{}", id);
   ids += " --prefill-chunk 64 --threads 2";
-  const CommandResult whole = run_command(kiln("logits --model " + model + ids + " --out " + (temp.path() / "1.npy").string()));
+  const CommandResult whole = run_command(kiln_command("logits --model " + model + ids + " --out " + (temp.path() / "1.npy").string()));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   const CommandResult split =
-      run_command(kiln("logits --model " + model + ids + " --tensor-parallel 2 --out " + (temp.path() / "2.npy").string()));
+      run_command(kiln_command("logits --model " + model + ids + " --tensor-parallel 2 --out " + (temp.path() / "2.npy").string()));
   ASSERT_EQ(split.exit_code, 0) << split.output;
   const NpyArray expected = read_npy(temp.path() / "1.npy");
   const NpyArray actual = read_npy(temp.path() / "2.npy");
@@ -322,23 +320,13 @@ TEST(TensorParallelCli, LogitsSplitOverTwoRanksMatchOneRank) {
 TEST(TensorParallelCli, CudaAndIndivisibleSplitsFailWithOneLine) {
   KILN_REQUIRE_SHARED(shared);
   const std::string model = (shared / "fixtures/tiny/llama3-tiny/f32").string();
-  const struct {
-    std::string arguments;
-    std::string expected;
-  } cases[] = {
+  const FailingCommand cases[] = {
       {"generate --model " + model + " --ids 1 --device cuda --tensor-parallel 2",
        "--tensor-parallel 2 on cuda: NCCL tensor parallelism is not built yet"},
       {"generate --model " + model + " --ids 1 --tensor-parallel 3", "num_attention_heads = 4 is not divisible by 3"},
       {"generate --model " + model + " --ids 1 --tensor-parallel 0", "--tensor-parallel"},
   };
-  for (const auto& c : cases) {
-    const CommandResult result = run_command("{ " + kiln(c.arguments) + " 2>&1 >/dev/null; }");
-    EXPECT_NE(result.exit_code, 0) << c.arguments;
-    std::string output = result.output;
-    while (!output.empty() && output.back() == '\n') output.pop_back();
-    EXPECT_EQ(output.find('\n'), std::string::npos) << c.arguments << ": more than one line:\n" << output;
-    EXPECT_NE(output.find(c.expected), std::string::npos) << c.arguments << ": " << output;
-  }
+  for (const FailingCommand& command : cases) expect_one_line_error(command);
 }
 
 }  // namespace

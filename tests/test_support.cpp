@@ -32,6 +32,17 @@ CommandResult run_command(const std::string& command) {
   return result;
 }
 
+std::string kiln_command(const std::string& arguments) { return kiln_binary().string() + " " + arguments; }
+
+void expect_one_line_error(const FailingCommand& command) {
+  const CommandResult result = run_command("{ " + kiln_command(command.arguments) + " 2>&1 >/dev/null; }");
+  EXPECT_NE(result.exit_code, 0) << command.arguments;
+  std::string output = result.output;
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  EXPECT_EQ(output.find('\n'), std::string::npos) << command.arguments << ": more than one line:\n" << output;
+  EXPECT_NE(output.find(command.expected), std::string::npos) << command.arguments << ": " << output;
+}
+
 TempDir::TempDir() {
   std::random_device random;
   path_ = std::filesystem::temp_directory_path() / ("kiln-test-" + std::to_string(random()));

@@ -30,6 +30,19 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// The command line that runs the built `kiln` with `arguments`.
+std::string kiln_command(const std::string& arguments);
+
+// A `kiln` command that must fail, and what its error must say.
+struct FailingCommand {
+  std::string arguments;
+  std::string expected;
+};
+
+// Expects the command to exit non-zero with one line on stderr (stdout dropped) containing
+// `expected`.
+void expect_one_line_error(const FailingCommand& command);
+
 // A fresh temporary directory, removed when the object dies.
 class TempDir {
  public:

@@ -78,6 +78,29 @@ int64_t check_norm_weight(const OpContext& context, std::string_view op, const T
   return width;
 }
 
+// Two activations of as many elements (element-wise ops): returns that count.
+int64_t check_same_numel_activations(const OpContext& context, std::string_view op, const Tensor& a,
+                                     std::string_view a_name, const Tensor& b, std::string_view b_name) {
+  require_activation(context, op, a, a_name);
+  require_activation(context, op, b, b_name);
+  require_same_numel(context, op, a, a_name, b, b_name);
+  return a.numel();
+}
+
+// rms_norm and add_rms_norm: their stream input `x` (called `x_name`), its weight, and an out of as
+// many elements that may be x itself only in x's dtype. Returns the row width D.
+int64_t check_norm_input_and_out(const OpContext& context, std::string_view op, const Tensor& x,
+                                 std::string_view x_name, const Tensor& weight, const Tensor& out) {
+  require_stream(context, op, x, x_name);
+  const int64_t width = check_norm_weight(context, op, x, weight);
+  require_activation(context, op, out, "out");
+  require_same_numel(context, op, x, x_name, out, "out");
+  if (out.raw() == x.raw() && out.dtype() != x.dtype())
+    fail("{} {}: out {} is {} {} in another dtype (in place only in one dtype)", context.backend, op,
+         dtype_name(out.dtype()), x_name, dtype_name(x.dtype()));
+  return width;
+}
+
 }  // namespace
 
 EmbeddingDims check_embedding(const OpContext& context, const Tensor& table, const Tensor& ids, const Tensor& out) {
@@ -131,38 +154,21 @@ void check_matmul_group(const OpContext& context, const Tensor& x, std::span<con
 }
 
 NormDims check_rms_norm(const OpContext& context, const Tensor& x, const Tensor& weight, const Tensor& out) {
-  constexpr std::string_view op = "rms_norm";
-  require_stream(context, op, x, "x");
-  const int64_t width = check_norm_weight(context, op, x, weight);
-  require_activation(context, op, out, "out");
-  require_same_numel(context, op, x, "x", out, "out");
-  if (out.raw() == x.raw() && out.dtype() != x.dtype())
-    fail("{} {}: out {} is x {} in another dtype (in place only in one dtype)", context.backend, op,
-         dtype_name(out.dtype()), dtype_name(x.dtype()));
+  const int64_t width = check_norm_input_and_out(context, "rms_norm", x, "x", weight, out);
   return {x.numel() / width, width};
 }
 
 NormDims check_add_rms_norm(const OpContext& context, const Tensor& residual, const Tensor& delta, const Tensor& weight,
                             const Tensor& out) {
   constexpr std::string_view op = "add_rms_norm";
-  require_stream(context, op, residual, "residual");
-  const int64_t width = check_norm_weight(context, op, residual, weight);
-  require_activation(context, op, out, "out");
-  require_same_numel(context, op, residual, "residual", out, "out");
-  if (out.raw() == residual.raw() && out.dtype() != residual.dtype())
-    fail("{} {}: out {} is residual {} in another dtype (in place only in one dtype)", context.backend, op,
-         dtype_name(out.dtype()), dtype_name(residual.dtype()));
+  const int64_t width = check_norm_input_and_out(context, op, residual, "residual", weight, out);
   require_dtype(context, op, delta, residual.dtype(), "delta");
   require_same_numel(context, op, residual, "residual", delta, "delta");
   return {residual.numel() / width, width};
 }
 
 int64_t check_add(const OpContext& context, const Tensor& a, const Tensor& b) {
-  constexpr std::string_view op = "add";
-  require_activation(context, op, a, "a");
-  require_activation(context, op, b, "b");
-  require_same_numel(context, op, a, "a", b, "b");
-  return a.numel();
+  return check_same_numel_activations(context, "add", a, "a", b, "b");
 }
 
 int64_t check_swiglu(const OpContext& context, const Tensor& gate, const Tensor& up, const Tensor& out) {
@@ -304,11 +310,7 @@ void check_split_query_gate(const OpContext& context, const Tensor& query_and_ga
 }
 
 int64_t check_sigmoid_gate(const OpContext& context, const Tensor& x, const Tensor& gate) {
-  constexpr std::string_view op = "sigmoid_gate";
-  require_activation(context, op, x, "x");
-  require_activation(context, op, gate, "gate");
-  require_same_numel(context, op, x, "x", gate, "gate");
-  return x.numel();
+  return check_same_numel_activations(context, "sigmoid_gate", x, "x", gate, "gate");
 }
 
 ConvDims check_causal_conv1d_silu(const OpContext& context, const Tensor& x, const Tensor& weight,

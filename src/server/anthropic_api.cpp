@@ -199,21 +199,14 @@ MessagesRequest parse_messages_request(const json& body, const std::string& serv
 }
 
 json anthropic_error_body(int status, const std::string& message) {
-  std::string type = "invalid_request_error";
-  if (status == 401)
-    type = "authentication_error";
-  else if (status == 403)
-    type = "permission_error";
-  else if (status == 404)
-    type = "not_found_error";
-  else if (status == 413)
-    type = "request_too_large";
-  else if (status == 429)
-    type = "rate_limit_error";
-  else if (status == 503)
-    type = "overloaded_error";
-  else if (status >= 500)
-    type = "api_error";
+  const std::string type = error_type_for(status,
+                                          {{401, "authentication_error"},
+                                           {403, "permission_error"},
+                                           {404, "not_found_error"},
+                                           {413, "request_too_large"},
+                                           {429, "rate_limit_error"},
+                                           {503, "overloaded_error"}},
+                                          "api_error");
   return {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
 }
 

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -24,6 +25,18 @@ class ApiError : public std::runtime_error {
   std::string param_;
   std::string code_;
 };
+
+// A status's error type in a dialect's words: the dialect's own name for that status if `named` has
+// one, else `server_error` for any 5xx, else "invalid_request_error" (both dialects' word).
+struct NamedStatus {
+  int status;
+  const char* type;
+};
+inline std::string error_type_for(int status, std::initializer_list<NamedStatus> named, const char* server_error) {
+  for (const NamedStatus& entry : named)
+    if (entry.status == status) return entry.type;
+  return status >= 500 ? server_error : "invalid_request_error";
+}
 
 // A 400 naming the field.
 template <typename... Args>

@@ -311,17 +311,12 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
 }
 
 json openai_error_body(int status, const std::string& message, const std::string& param, const std::string& code) {
-  std::string type = "invalid_request_error";
-  if (status == 401)
-    type = "authentication_error";
-  else if (status == 404)
-    type = "not_found_error";
-  else if (status == 429)
-    type = "rate_limit_error";
-  else if (status == 503)
-    type = "service_unavailable_error";
-  else if (status >= 500)
-    type = "server_error";
+  const std::string type = error_type_for(status,
+                                          {{401, "authentication_error"},
+                                           {404, "not_found_error"},
+                                           {429, "rate_limit_error"},
+                                           {503, "service_unavailable_error"}},
+                                          "server_error");
   return {{"error",
            {{"message", message},
             {"type", type},

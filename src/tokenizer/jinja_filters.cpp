@@ -440,20 +440,27 @@ const std::map<std::string, TestFunction, std::less<>>& tests() {
 
 }  // namespace
 
-Value apply_filter(const std::string& name, const Value& input, CallArguments& arguments, const Location& at) {
-  const auto& table = filters();
+namespace {
+
+// Calls the entry `name` of `table` (a filter or a test, `kind` says which), charging the steps a
+// string input costs.
+template <class Table>
+auto apply_named(const Table& table, const char* kind, const std::string& name, const Value& input,
+                 CallArguments& arguments, const Location& at) {
   const auto found = table.find(name);
-  if (found == table.end()) at.error("unknown filter '" + name + "'");
+  if (found == table.end()) at.error(std::string("unknown ") + kind + " '" + name + "'");
   if (input.is_string()) at.charge(input.bytes() / kBytesPerStep);
   return found->second(input, arguments, at);
 }
 
+}  // namespace
+
+Value apply_filter(const std::string& name, const Value& input, CallArguments& arguments, const Location& at) {
+  return apply_named(filters(), "filter", name, input, arguments, at);
+}
+
 bool apply_test(const std::string& name, const Value& input, CallArguments& arguments, const Location& at) {
-  const auto& table = tests();
-  const auto found = table.find(name);
-  if (found == table.end()) at.error("unknown test '" + name + "'");
-  if (input.is_string()) at.charge(input.bytes() / kBytesPerStep);
-  return found->second(input, arguments, at);
+  return apply_named(tests(), "test", name, input, arguments, at);
 }
 
 }  // namespace kiln::jinja

@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <initializer_list>
+#include <string_view>
+
 #include "core/error.h"
 #include "tokenizer/jinja_scanner.h"
 
@@ -91,6 +95,14 @@ class ExpressionParser {
   }
 
  private:
+  // A call of `callee`, its "(" just consumed.
+  ExpressionPtr parse_call(ExpressionPtr callee) {
+    auto call = make(Expression::Kind::Call);
+    call->object = std::move(callee);
+    parse_call_arguments(*call);
+    return sealed(std::move(call));
+  }
+
   ExpressionPtr make(Expression::Kind kind) {
     auto expression = std::make_unique<Expression>();
     expression->kind = kind;
@@ -143,23 +155,21 @@ class ExpressionParser {
     return sealed(std::move(node));
   }
 
-  ExpressionPtr parse_or() {
-    ExpressionPtr left = parse_and();
-    while (peek_name("or")) {
-      ++position_;
-      left = binary("or", std::move(left), parse_and());
+  // operand (op operand)*, grouped from the left, for op among `ops`: keywords (Name tokens) or
+  // symbols (Operator tokens).
+  template <class Operand>
+  ExpressionPtr left_associative(Token::Kind op_kind, std::initializer_list<std::string_view> ops, Operand operand) {
+    ExpressionPtr left = operand();
+    while (peek().kind == op_kind && std::find(ops.begin(), ops.end(), peek().text) != ops.end()) {
+      std::string op = tokens_[position_++].text;
+      left = binary(op, std::move(left), operand());
     }
     return left;
   }
 
-  ExpressionPtr parse_and() {
-    ExpressionPtr left = parse_not();
-    while (peek_name("and")) {
-      ++position_;
-      left = binary("and", std::move(left), parse_not());
-    }
-    return left;
-  }
+  ExpressionPtr parse_or() { return left_associative(Token::Kind::Name, {"or"}, [this] { return parse_and(); }); }
+
+  ExpressionPtr parse_and() { return left_associative(Token::Kind::Name, {"and"}, [this] { return parse_not(); }); }
 
   ExpressionPtr parse_not() {
     if (peek_name("not")) {
@@ -203,39 +213,19 @@ class ExpressionParser {
   }
 
   ExpressionPtr parse_math1() {
-    ExpressionPtr left = parse_concat();
-    while (peek_operator("+") || peek_operator("-")) {
-      std::string op = tokens_[position_++].text;
-      left = binary(op, std::move(left), parse_concat());
-    }
-    return left;
+    return left_associative(Token::Kind::Operator, {"+", "-"}, [this] { return parse_concat(); });
   }
 
   ExpressionPtr parse_concat() {
-    ExpressionPtr left = parse_math2();
-    while (peek_operator("~")) {
-      ++position_;
-      left = binary("~", std::move(left), parse_math2());
-    }
-    return left;
+    return left_associative(Token::Kind::Operator, {"~"}, [this] { return parse_math2(); });
   }
 
   ExpressionPtr parse_math2() {
-    ExpressionPtr left = parse_pow();
-    while (peek_operator("*") || peek_operator("/") || peek_operator("//") || peek_operator("%")) {
-      std::string op = tokens_[position_++].text;
-      left = binary(op, std::move(left), parse_pow());
-    }
-    return left;
+    return left_associative(Token::Kind::Operator, {"*", "/", "//", "%"}, [this] { return parse_pow(); });
   }
 
   ExpressionPtr parse_pow() {
-    ExpressionPtr left = parse_unary(true);
-    while (peek_operator("**")) {
-      ++position_;
-      left = binary("**", std::move(left), parse_unary(true));
-    }
-    return left;
+    return left_associative(Token::Kind::Operator, {"**"}, [this] { return parse_unary(true); });
   }
 
   ExpressionPtr parse_unary(bool with_filters) {
@@ -346,10 +336,7 @@ class ExpressionParser {
         node = parse_subscript(std::move(node));
       } else if (peek_operator("(")) {
         ++position_;
-        auto call = make(Expression::Kind::Call);
-        call->object = std::move(node);
-        parse_call_arguments(*call);
-        node = sealed(std::move(call));
+        node = parse_call(std::move(node));
       } else {
         return node;
       }
@@ -420,10 +407,7 @@ class ExpressionParser {
         node = sealed(std::move(test));
       } else if (peek_operator("(")) {
         ++position_;
-        auto call = make(Expression::Kind::Call);
-        call->object = std::move(node);
-        parse_call_arguments(*call);
-        node = sealed(std::move(call));
+        node = parse_call(std::move(node));
       } else {
         return node;
       }

@@ -8,10 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
-#include <fstream>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_support.h"
@@ -66,15 +64,8 @@ TEST_P(CudaFixtureParity, GreedyContinuationMatchesFloat64Reference) {
   KILN_REQUIRE_CUDA();
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
-  nlohmann::json ref = nlohmann::json::parse(std::ifstream(fixture / "ref.json"));
   TestModel loaded = open_cuda_model(fixture / "f32", DType::F32);
-  std::vector<int32_t> prompt = fixture_prompt(fixture);
-  prompt.resize(ref["greedy_prompt_len"].get<size_t>());
-  GenerationOptions options;
-  options.sampling.temperature = 0;
-  options.max_tokens = static_cast<int64_t>(ref["greedy_f64"].size());
-  const GenerationResult result = generate(*loaded.model, prompt, options);
-  EXPECT_EQ(result.tokens, ref["greedy_f64"].get<std::vector<int32_t>>());
+  expect_greedy_continuation_of_float64_reference(*loaded.model, fixture);
 }
 
 // Every position's logits, through the whole graph: one-shot prefill, 64-token chunks, and

@@ -1,5 +1,6 @@
 // AVX2 attention loops: the bits of the portable ones (attention_kernels.h), 8 lanes at a time.
 #include "backend/cpu/attention_kernels.h"
+#include "backend/cpu/attention_weighted_sums.h"
 #include "backend/cpu/simd_avx2.h"
 
 namespace kiln::cpu {
@@ -35,47 +36,11 @@ void group_scores(const float* q, int64_t heads, const float* keys, int64_t key_
 
 // Up to 2 heads × 32 dims per pass: 8 accumulators and 4 value vectors stay in the 16 registers.
 constexpr int kHeadsPerPass = 2;
-constexpr int64_t kDimsPerPass = 32;
-
-template <int Heads>
-void weighted_sums_pass(const float* weights, int64_t count, const float* values, int64_t value_stride,
-                        int64_t head_dim, int64_t d0, float* sums) {
-  __m256i masks[4];
-  for (int i = 0; i < 4; ++i) masks[i] = lane_mask(head_dim - d0 - 8 * i);
-  __m256 acc[Heads][4];
-  for (int g = 0; g < Heads; ++g)
-    for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_maskload_ps(sums + g * head_dim + d0 + 8 * i, masks[i]);
-  for (int64_t j = 0; j < count; ++j) {
-    const float* row = values + j * value_stride + d0;
-    __m256 value[4];
-    for (int i = 0; i < 4; ++i) value[i] = _mm256_maskload_ps(row + 8 * i, masks[i]);
-    for (int g = 0; g < Heads; ++g) {
-      const __m256 weight = _mm256_set1_ps(weights[g * count + j]);
-      for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_add_ps(acc[g][i], _mm256_mul_ps(weight, value[i]));
-    }
-  }
-  for (int g = 0; g < Heads; ++g)
-    for (int i = 0; i < 4; ++i) _mm256_maskstore_ps(sums + g * head_dim + d0 + 8 * i, masks[i], acc[g][i]);
-}
-
-void group_weighted_sums(const float* weights, int64_t heads, const float* values, int64_t value_stride,
-                         int64_t count, int64_t head_dim, float* sums) {
-  for (int64_t g = 0; g < heads; g += kHeadsPerPass) {
-    const float* pass_weights = weights + g * count;
-    float* pass_sums = sums + g * head_dim;
-    for (int64_t d0 = 0; d0 < head_dim; d0 += kDimsPerPass) {
-      if (heads - g == 1)
-        weighted_sums_pass<1>(pass_weights, count, values, value_stride, head_dim, d0, pass_sums);
-      else
-        weighted_sums_pass<2>(pass_weights, count, values, value_stride, head_dim, d0, pass_sums);
-    }
-  }
-}
 
 }  // namespace
 
 const AttentionKernels& attention_kernels_avx2() {
-  static const AttentionKernels kernels{&group_scores, &group_weighted_sums};
+  static const AttentionKernels kernels{&group_scores, &simd_group_weighted_sums<Avx2Lanes, kHeadsPerPass>};
   return kernels;
 }
 

@@ -1,5 +1,6 @@
 // AVX-512 attention loops: the bits of the portable ones (attention_kernels.h), 16 lanes at a time.
 #include "backend/cpu/attention_kernels.h"
+#include "backend/cpu/attention_weighted_sums.h"
 #include "backend/cpu/simd_avx512.h"
 
 namespace kiln::cpu {
@@ -68,53 +69,13 @@ void group_scores(const float* q, int64_t heads, const float* keys, int64_t key_
   }
 }
 
-// Up to 4 heads × 64 dims per pass: 16 accumulators and 4 value vectors stay in registers while
-// the pass walks every key.
+// Up to 4 heads × 64 dims per pass: 16 accumulators and 4 value vectors stay in the 32 registers.
 constexpr int kHeadsPerPass = 4;
-constexpr int64_t kDimsPerPass = 64;
-
-template <int Heads>
-void weighted_sums_pass(const float* weights, int64_t count, const float* values, int64_t value_stride,
-                        int64_t head_dim, int64_t d0, float* sums) {
-  __mmask16 masks[4];
-  for (int i = 0; i < 4; ++i) masks[i] = lane_mask(head_dim - d0 - 16 * i);
-  __m512 acc[Heads][4];
-  for (int g = 0; g < Heads; ++g)
-    for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_maskz_loadu_ps(masks[i], sums + g * head_dim + d0 + 16 * i);
-  for (int64_t j = 0; j < count; ++j) {
-    const float* row = values + j * value_stride + d0;
-    __m512 value[4];
-    for (int i = 0; i < 4; ++i) value[i] = _mm512_maskz_loadu_ps(masks[i], row + 16 * i);
-    for (int g = 0; g < Heads; ++g) {
-      const __m512 weight = _mm512_set1_ps(weights[g * count + j]);
-      for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_add_ps(acc[g][i], _mm512_mul_ps(weight, value[i]));
-    }
-  }
-  for (int g = 0; g < Heads; ++g)
-    for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(sums + g * head_dim + d0 + 16 * i, masks[i], acc[g][i]);
-}
-
-void group_weighted_sums(const float* weights, int64_t heads, const float* values, int64_t value_stride,
-                         int64_t count, int64_t head_dim, float* sums) {
-  for (int64_t g = 0; g < heads; g += kHeadsPerPass) {
-    const int64_t pass_heads = heads - g < kHeadsPerPass ? heads - g : kHeadsPerPass;
-    const float* pass_weights = weights + g * count;
-    float* pass_sums = sums + g * head_dim;
-    for (int64_t d0 = 0; d0 < head_dim; d0 += kDimsPerPass) {
-      switch (pass_heads) {
-        case 1: weighted_sums_pass<1>(pass_weights, count, values, value_stride, head_dim, d0, pass_sums); break;
-        case 2: weighted_sums_pass<2>(pass_weights, count, values, value_stride, head_dim, d0, pass_sums); break;
-        case 3: weighted_sums_pass<3>(pass_weights, count, values, value_stride, head_dim, d0, pass_sums); break;
-        default: weighted_sums_pass<4>(pass_weights, count, values, value_stride, head_dim, d0, pass_sums); break;
-      }
-    }
-  }
-}
 
 }  // namespace
 
 const AttentionKernels& attention_kernels_avx512() {
-  static const AttentionKernels kernels{&group_scores, &group_weighted_sums};
+  static const AttentionKernels kernels{&group_scores, &simd_group_weighted_sums<Avx512Lanes, kHeadsPerPass>};
   return kernels;
 }
 

@@ -1,10 +1,12 @@
-// The tiling loop shared by the SIMD matmul kernels (internal; included only by *_avx2.cpp and
-// *_avx512.cpp, whose instantiations stay local to their file).
+// The tiling loop and the tiles shared by the SIMD matmul kernels (internal; included only by
+// *_avx2.cpp and *_avx512.cpp, whose instantiations stay local to their file).
 //
 // A thread's columns are walked in panels small enough to stay in L2 while every block of rows
 // passes over them, so prefill reads each weight from memory once per panel, not once per row.
 // Tiles change only which elements are computed together, never the order inside one element.
 #pragma once
+
+#include <immintrin.h>
 
 #include <cstdint>
 #include <utility>
@@ -57,6 +59,72 @@ void run_tiled_columns(const Table& table, const MatmulOperands& op, int64_t n_b
                                            op.out + row * op.n + column, op.n);
       }
     }
+  }
+}
+
+// Tile<Rows, Cols> computes Rows × Cols outputs, one accumulator each, block by block of K. Matmul
+// names an instruction set's lanes (simd_avx2.h, simd_avx512.h) plus its kBlockK (two halves of
+// kLanes), its largest tile (kTileRows × kTileCols) and how each weight dtype loads half h of a
+// block as kLanes floats: Weights::half, and Weights::partial_half for a final block of `valid`
+// (< kBlockK) elements that reads no byte past the row.
+template <class Matmul, class Weights>
+struct SimdTiles {
+  using Element = typename Weights::Element;
+  using Floats = typename Matmul::Floats;
+
+  template <int Rows, int Cols>
+  struct Tile {
+    template <bool Partial>
+    static void block(Floats (&acc)[Rows][Cols], const float* x, int64_t x_stride, const Element* w,
+                      int64_t k, int64_t k0, int64_t valid) {
+      if (!Partial)
+        for (int c = 0; c < Cols; ++c)
+          for (int64_t line = 0; line < Matmul::kBlockK * int64_t(sizeof(Element)); line += kCacheLine)
+            _mm_prefetch(reinterpret_cast<const char*>(w + c * k + k0) + kPrefetchBytes + line, _MM_HINT_T0);
+      for (int h = 0; h < 2; ++h) {
+        Floats weights[Cols];
+        for (int c = 0; c < Cols; ++c)
+          weights[c] = Partial ? Weights::partial_half(w + c * k + k0, h, valid)
+                               : Weights::half(w + c * k + k0, h);
+        for (int r = 0; r < Rows; ++r) {
+          const Floats xv = Matmul::load(x + r * x_stride + k0 + Matmul::kLanes * h);
+          for (int c = 0; c < Cols; ++c) acc[r][c] = Matmul::fmadd(xv, weights[c], acc[r][c]);
+        }
+      }
+    }
+
+    static void run(const float* x, int64_t x_stride, const Element* w, int64_t k, const float* bias,
+                    float* out, int64_t out_stride) {
+      Floats acc[Rows][Cols];
+      for (int r = 0; r < Rows; ++r)
+        for (int c = 0; c < Cols; ++c) acc[r][c] = Matmul::zero();
+      const int64_t full_end = k / Matmul::kBlockK * Matmul::kBlockK;
+      for (int64_t k0 = 0; k0 < full_end; k0 += Matmul::kBlockK)
+        block<false>(acc, x, x_stride, w, k, k0, Matmul::kBlockK);
+      if (full_end < k) block<true>(acc, x, x_stride, w, k, full_end, k - full_end);
+      for (int r = 0; r < Rows; ++r)
+        for (int c = 0; c < Cols; ++c) {
+          const float sum = Matmul::sum(acc[r][c]);
+          out[r * out_stride + c] = bias ? sum + bias[c] : sum;
+        }
+    }
+  };
+
+  static constexpr TileTable<Element, Matmul::kTileRows, Matmul::kTileCols, Tile> table{};
+
+  static void columns(const MatmulOperands& op, int64_t n_begin, int64_t n_end) {
+    run_tiled_columns<Element, Matmul::kTileRows, Matmul::kTileCols>(table, op, n_begin, n_end);
+  }
+};
+
+// MatmulKernels::columns for the instruction set Matmul describes (see SimdTiles).
+template <class Matmul>
+void simd_matmul_columns(const MatmulOperands& op, int64_t n_begin, int64_t n_end) {
+  switch (op.w_dtype) {
+    case DType::F32: return SimdTiles<Matmul, typename Matmul::F32Weights>::columns(op, n_begin, n_end);
+    case DType::F16: return SimdTiles<Matmul, typename Matmul::F16Weights>::columns(op, n_begin, n_end);
+    case DType::BF16: return SimdTiles<Matmul, typename Matmul::Bf16Weights>::columns(op, n_begin, n_end);
+    case DType::I32: return;  // rejected by matmul() before any kernel runs
   }
 }
 

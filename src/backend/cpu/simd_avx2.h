@@ -23,5 +23,23 @@ inline float sum_lanes(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
 
+// The 8-lane operations in which the kernel templates shared by both instruction sets
+// (matmul_tiles.h, attention_weighted_sums.h) are written.
+struct Avx2Lanes {
+  using Floats = __m256;
+  using Mask = __m256i;
+  static constexpr int kLanes = 8;
+  static Floats zero() { return _mm256_setzero_ps(); }
+  static Floats broadcast(float value) { return _mm256_set1_ps(value); }
+  static Floats load(const float* from) { return _mm256_loadu_ps(from); }
+  static Floats masked_load(Mask mask, const float* from) { return _mm256_maskload_ps(from, mask); }
+  static void masked_store(float* to, Mask mask, Floats v) { _mm256_maskstore_ps(to, mask, v); }
+  static Floats add(Floats a, Floats b) { return _mm256_add_ps(a, b); }
+  static Floats mul(Floats a, Floats b) { return _mm256_mul_ps(a, b); }
+  static Floats fmadd(Floats a, Floats b, Floats c) { return _mm256_fmadd_ps(a, b, c); }
+  static Mask lanes_below(int64_t valid) { return lane_mask(valid); }
+  static float sum(Floats v) { return sum_lanes(v); }
+};
+
 }  // namespace
 }  // namespace kiln::cpu
