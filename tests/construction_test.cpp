@@ -76,6 +76,13 @@ void write_tiny_checkpoint(const std::filesystem::path& dir) {
   write_safetensors(dir / "model.safetensors", entries);
 }
 
+// A tiny checkpoint (write_tiny_checkpoint) in a folder of its own, removed with it.
+struct TinyCheckpoint {
+  TempDir root;
+  std::filesystem::path dir = root.path() / "tiny";
+  TinyCheckpoint() { write_tiny_checkpoint(dir); }
+};
+
 // A model that holds weights and buffers but never runs: these tests build models, not logits.
 class HeldWeightsModel final : public Model {
  public:
@@ -157,9 +164,8 @@ bool process_maps(const std::filesystem::path& file) {
 }  // namespace
 
 TEST(Construction, AFaultMidConstructionReleasesEverythingItTook) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   auto backend = make_cpu_backend();
   ConstructionProbe probe;
   const ImplementationRegistry registry({probing_implementation(probe, /*fault=*/true)});
@@ -171,9 +177,8 @@ TEST(Construction, AFaultMidConstructionReleasesEverythingItTook) {
 }
 
 TEST(Construction, TheWeightSourceIsOnlyBorrowed) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   auto backend = make_cpu_backend();
   const ModelConfig config = load_model_config(dir);
   const auto resolved = resolve_profile(config, std::nullopt, builtin_profile_table());
@@ -201,9 +206,8 @@ TEST(Construction, TheWeightSourceIsOnlyBorrowed) {
 }
 
 TEST(Construction, AnUnusedCheckpointTensorFailsTheLoadAndReleasesTheModel) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   auto backend = make_cpu_backend();
   ConstructionProbe probe;
   const ImplementationRegistry registry({probing_implementation(probe, /*fault=*/false, /*taken=*/2)});
@@ -213,9 +217,8 @@ TEST(Construction, AnUnusedCheckpointTensorFailsTheLoadAndReleasesTheModel) {
 }
 
 TEST(LoadModel, BuildsWithTheSelectedImplementationAndKeepsItsBinding) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   auto backend = make_cpu_backend();
   ConstructionProbe probe;
   std::unique_ptr<ModelPlan> plan;
@@ -237,9 +240,8 @@ TEST(LoadModel, BuildsWithTheSelectedImplementationAndKeepsItsBinding) {
 }
 
 TEST(LoadModel, ConvertsTheWeightsToTheRequestedDtype) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   auto backend = make_cpu_backend();
   ConstructionProbe probe;
   const ImplementationRegistry registry({probing_implementation(probe, /*fault=*/false)});
@@ -263,9 +265,8 @@ TEST(LoadModel, ConvertsTheWeightsToTheRequestedDtype) {
 }
 
 TEST(LoadModel, AnEmptyRegistryIsAClearErrorBeforeAnyWeightIsRead) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   auto backend = make_cpu_backend();
   const ImplementationRegistry empty;
   EXPECT_FAILS_MENTIONING(load_model(dir, *backend, options_with(empty)), "llama-family", "graph:llama", "cpu");
@@ -274,9 +275,8 @@ TEST(LoadModel, AnEmptyRegistryIsAClearErrorBeforeAnyWeightIsRead) {
 }
 
 TEST(LoadModel, AGraphWithoutSanitizerIsAnError) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   ConstructionProbe probe;
   const ImplementationRegistry registry({probing_implementation(probe, /*fault=*/false)});
   const SanitizerTable no_sanitizers;
@@ -356,11 +356,10 @@ TEST(LoadModel, TheConstructionSeamRefusesAnImplementationThatNoLongerMatchesThe
 }
 
 TEST(LoadModel, AHashedArtifactIsExactWhenAProfileIsBoundToIt) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
-  const auto fingerprint = content_fingerprint(dir, root.path() / "memo.json");
-  const kiln::testing::ScopedEnv memo("KILN_ARTIFACT_HASH_MEMO", (root.path() / "memo.json").string());
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
+  const auto fingerprint = content_fingerprint(dir, tiny.root.path() / "memo.json");
+  const kiln::testing::ScopedEnv memo("KILN_ARTIFACT_HASH_MEMO", (tiny.root.path() / "memo.json").string());
   const ProfileTable profiles(
       {ModelProfile::build(kiln::testing::exact_spec("hashed", load_model_config(dir), fingerprint))},
                               builtin_profile_table().families());
@@ -376,9 +375,8 @@ TEST(LoadModel, AHashedArtifactIsExactWhenAProfileIsBoundToIt) {
 }
 
 TEST(LoadModel, ThePlanReportHasEveryField) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   ConstructionProbe probe;
   const ImplementationRegistry registry({probing_implementation(probe, false)});
   const auto report = plan_model(dir, Device::CPU, true, options_with(registry)).to_json();
@@ -398,9 +396,8 @@ TEST(LoadModel, ThePlanReportHasEveryField) {
 }
 
 TEST(LoadModel, APlanBuildsOnlyOnItsOwnDevice) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   ConstructionProbe probe;
   ModelImplementation on_cuda = probing_implementation(probe, /*fault=*/false);
   on_cuda.backend = Device::CUDA;
@@ -412,9 +409,8 @@ TEST(LoadModel, APlanBuildsOnlyOnItsOwnDevice) {
 }
 
 TEST(LoadModel, AnImplementationThatReturnsNoModelIsAnError) {
-  TempDir root;
-  const auto dir = root.path() / "tiny";
-  write_tiny_checkpoint(dir);
+  const TinyCheckpoint tiny;
+  const std::filesystem::path& dir = tiny.dir;
   ModelImplementation empty_handed;
   empty_handed.id = "llama";
   empty_handed.graph = builtin_graph("llama");

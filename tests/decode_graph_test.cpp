@@ -17,6 +17,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/loader.h"
+#include "forwarding_backend.h"
 #include "model_test_support.h"
 #include "test_support.h"
 
@@ -26,46 +27,10 @@ namespace {
 // The CPU backend with GraphOps: capture() runs the work and replay() runs it again (reading the
 // buffers as they are then, as a graph does); sample_tokens applies choose_token to each row with
 // the draw from its settings. It lets the engine's graph path run, and be checked, on the CPU.
-class ReplayingCpuBackend final : public Backend, public GraphOps {
+class ReplayingCpuBackend final : public ForwardingCpuBackend, public GraphOps {
  public:
   GraphOps* graph_ops() override { return this; }
-  HybridOps* hybrid_ops() override { return cpu_->hybrid_ops(); }
   std::string name() const override { return "cpu-replaying"; }
-  Device device() const override { return cpu_->device(); }
-  DType activation_dtype() const override { return cpu_->activation_dtype(); }
-  double measure_copy_bandwidth_gbps() override { return cpu_->measure_copy_bandwidth_gbps(); }
-  void synchronize() override { cpu_->synchronize(); }
-  Tensor alloc(const Shape& shape, DType dtype) override { return cpu_->alloc(shape, dtype); }
-  DeviceMemory memory() override { return cpu_->memory(); }
-  Tensor upload(const Tensor& host) override { return cpu_->upload(host); }
-  Tensor download(const Tensor& tensor) override { return cpu_->download(tensor); }
-  void zero(Tensor& tensor) override { cpu_->zero(tensor); }
-  BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override {
-    return cpu_->make_layout(spans, token_ids);
-  }
-  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override { cpu_->embedding(table, ids, out); }
-  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override { cpu_->matmul(x, w, bias, out); }
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override {
-    cpu_->rms_norm(x, weight, eps, style, out);
-  }
-  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
-                    Tensor& out) override {
-    cpu_->add_rms_norm(residual, delta, weight, eps, style, out);
-  }
-  void add(Tensor& a, const Tensor& b) override { cpu_->add(a, b); }
-  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override { cpu_->gather_rows(x, rows, out); }
-  void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override {
-    cpu_->rope(x, positions, inv_freq, rotary_dim);
-  }
-  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override { cpu_->swiglu(gate, up, out); }
-  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                Tensor& v_cache) override {
-    cpu_->kv_write(k, v, layout, k_cache, v_cache);
-  }
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-                 float scale, Tensor& out) override {
-    cpu_->attention(q, k_cache, v_cache, layout, scale, out);
-  }
 
   std::unique_ptr<CapturedWork> capture(const std::function<void()>& work) override {
     struct Rerun final : CapturedWork {
@@ -131,9 +96,6 @@ class ReplayingCpuBackend final : public Backend, public GraphOps {
   int captures = 0;
   int replays = 0;
   int fed_rows = 0;  // rows that took the previous step's token on the "device"
-
- private:
-  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
 };
 
 TEST(DecodeBucket, PowersOfTwoUpToEightThenMultiplesOfEight) {

@@ -21,6 +21,7 @@
 #include "model/family.h"
 #include "model/loader.h"
 #include "model/synth.h"
+#include "forwarding_backend.h"
 #include "profile_support.h"
 #include "test_support.h"
 
@@ -34,97 +35,32 @@ namespace {
 // mapped or converted bytes) and a layout's host tensors. With `as_caching_allocator` it answers
 // the measuring backend's questions as a caching allocator of 512-byte granules would, and with
 // `device` it reports that memory instead of the machine's (its ops stay the CPU's).
-class CountingCpuBackend final : public Backend, public HybridOps {
+class CountingCpuBackend final : public ForwardingCpuBackend {
  public:
   explicit CountingCpuBackend(bool as_caching_allocator = false, std::optional<DeviceMemory> device = std::nullopt)
-      : cpu_(make_cpu_backend()),
-        hybrid_(*cpu_->hybrid_ops()),
-        as_caching_allocator_(as_caching_allocator),
-        device_(device) {}
+      : as_caching_allocator_(as_caching_allocator), device_(device) {}
 
   uint64_t live() const { return counts_->live; }
   uint64_t peak() const { return counts_->peak; }
   void restart_peak() { counts_->peak = counts_->live; }
 
-  std::string name() const override { return cpu_->name(); }
-  Device device() const override { return cpu_->device(); }
-  DType activation_dtype() const override { return cpu_->activation_dtype(); }
-  double measure_copy_bandwidth_gbps() override { return cpu_->measure_copy_bandwidth_gbps(); }
-  void synchronize() override { cpu_->synchronize(); }
   Tensor alloc(const Shape& shape, DType dtype) override {
-    const Tensor tensor = cpu_->alloc(shape, dtype);
+    const Tensor tensor = cpu().alloc(shape, dtype);
     return counted(tensor, hold(tensor.nbytes()));
   }
-  DeviceMemory memory() override { return device_ ? *device_ : cpu_->memory(); }
+  DeviceMemory memory() override { return device_ ? *device_ : cpu().memory(); }
   uint64_t allocation_bytes(uint64_t bytes) const override {
-    return as_caching_allocator_ ? (bytes + 511) / 512 * 512 : cpu_->allocation_bytes(bytes);
+    return as_caching_allocator_ ? (bytes + 511) / 512 * 512 : ForwardingCpuBackend::allocation_bytes(bytes);
   }
   bool caches_freed_blocks() const override { return as_caching_allocator_; }
-  Tensor upload(const Tensor& host) override { return counted(cpu_->upload(host), hold(host.nbytes())); }
-  Tensor download(const Tensor& tensor) override { return cpu_->download(tensor); }
-  void zero(Tensor& tensor) override { cpu_->zero(tensor); }
+  Tensor upload(const Tensor& host) override { return counted(cpu().upload(host), hold(host.nbytes())); }
   BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override {
-    BatchLayout layout = cpu_->make_layout(spans, token_ids);
+    BatchLayout layout = cpu().make_layout(spans, token_ids);
     const auto held = hold(layout.token_ids.nbytes() + layout.positions.nbytes() + layout.slots.nbytes() +
                            layout.spans_device.nbytes());
     for (Tensor* tensor : {&layout.token_ids, &layout.positions, &layout.slots, &layout.spans_device})
       *tensor = counted(*tensor, held);
     return layout;
-  }
-
-  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override { cpu_->embedding(table, ids, out); }
-  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
-    cpu_->matmul(x, w, bias, out);
-  }
-  void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override { cpu_->matmul_group(x, targets); }
-  void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override {
-    cpu_->rms_norm(x, weight, eps, style, out);
-  }
-  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
-                    Tensor& out) override {
-    cpu_->add_rms_norm(residual, delta, weight, eps, style, out);
-  }
-  void add(Tensor& a, const Tensor& b) override { cpu_->add(a, b); }
-  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override { cpu_->gather_rows(x, rows, out); }
-  void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override {
-    cpu_->rope(x, positions, inv_freq, rotary_dim);
-  }
-  void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override { cpu_->swiglu(gate, up, out); }
-  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                Tensor& v_cache) override {
-    cpu_->kv_write(k, v, layout, k_cache, v_cache);
-  }
-  void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                     int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) override {
-    cpu_->rope_kv_write(q, k, v, layout, inv_freq, rotary_dim, head_norms, k_cache, v_cache);
-  }
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-                 float scale, Tensor& out) override {
-    cpu_->attention(q, k_cache, v_cache, layout, scale, out);
-  }
-
-  HybridOps* hybrid_ops() override { return this; }
-  void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) override {
-    hybrid_.split_query_gate(query_and_gate, query, gate);
-  }
-  void sigmoid_gate(Tensor& x, const Tensor& gate) override { hybrid_.sigmoid_gate(x, gate); }
-  void causal_conv1d_silu(const Tensor& x, const Tensor& weight, const BatchLayout& layout, Tensor& conv_state,
-                          Tensor& out) override {
-    hybrid_.causal_conv1d_silu(x, weight, layout, conv_state, out);
-  }
-  void gated_delta_prepare_qkv(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v) override {
-    hybrid_.gated_delta_prepare_qkv(qkv, q, k, v);
-  }
-  void gated_delta_gates(const Tensor& b, const Tensor& a, const Tensor& a_log, const Tensor& dt_bias, Tensor& beta,
-                         Tensor& g) override {
-    hybrid_.gated_delta_gates(b, a, a_log, dt_bias, beta, g);
-  }
-  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                        const BatchLayout& layout, Tensor& state, Tensor& out) override {
-    hybrid_.gated_delta_rule(q, k, v, g, beta, layout, state, out);
-  }
-  void rms_norm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override {
-    hybrid_.rms_norm_gated(x, z, weight, eps, out);
   }
 
  private:
@@ -145,8 +81,6 @@ class CountingCpuBackend final : public Backend, public HybridOps {
     return Tensor::borrow(tensor.raw(), tensor.shape(), tensor.dtype(), std::move(owner), tensor.device());
   }
 
-  std::unique_ptr<Backend> cpu_;
-  HybridOps& hybrid_;
   bool as_caching_allocator_;
   std::optional<DeviceMemory> device_;
   std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();

@@ -73,6 +73,17 @@ void expect_the_allocator_holds_the_plan(const std::filesystem::path& dir, DType
   EXPECT_GT(plan.graph_scratch, 0u);
 }
 
+// llama-3.2-1b's shape with 4 of its 16 layers (a real vocabulary and widths, a quick load), written
+// into `temp`; returns its folder.
+std::filesystem::path write_four_layer_llama_1b(const TempDir& temp) {
+  SynthOptions synth;
+  synth.shape = "llama-3.2-1b";
+  synth.out = temp.path() / "model";
+  synth.layers = 4;
+  write_synthetic_checkpoint(synth);
+  return synth.out;
+}
+
 TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansForEachFamily) {
   KILN_REQUIRE_CUDA();
   KILN_REQUIRE_SHARED(shared);
@@ -87,31 +98,22 @@ TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansForEachFamily) {
 
 TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansAtARealModelsWidths) {
   KILN_REQUIRE_CUDA();
-  // llama-3.2-1b's shape with 4 of its 16 layers: K of 8,192 splits the prefill GEMMs' K across
-  // blocks (their scratch), the vocabulary is real (the sampling scratch), and decode attention
-  // splits its keys (its partials, sized for the whole cache inside the graphs).
+  // K of 8,192 splits the prefill GEMMs' K across blocks (their scratch), the vocabulary is real
+  // (the sampling scratch), and decode attention splits its keys (its partials, sized for the whole
+  // cache inside the graphs).
   TempDir temp;
-  SynthOptions synth;
-  synth.shape = "llama-3.2-1b";
-  synth.out = temp.path() / "model";
-  synth.layers = 4;
-  write_synthetic_checkpoint(synth);
-  expect_the_allocator_holds_the_plan(synth.out, DType::BF16, {8, 4096, 256});
-  expect_the_allocator_holds_the_plan(synth.out, DType::BF16, {1, 2048, 8});
+  const std::filesystem::path model = write_four_layer_llama_1b(temp);
+  expect_the_allocator_holds_the_plan(model, DType::BF16, {8, 4096, 256});
+  expect_the_allocator_holds_the_plan(model, DType::BF16, {1, 2048, 8});
 }
 
 TEST(CudaMemoryPlan, AServedModelUsesNoMoreThanItsPlan) {
   KILN_REQUIRE_CUDA();
-  // llama-3.2-1b's shape with 4 of its 16 layers: a real vocabulary and widths, a quick load.
   TempDir temp;
-  SynthOptions synth;
-  synth.shape = "llama-3.2-1b";
-  synth.out = temp.path() / "model";
-  synth.layers = 4;
-  write_synthetic_checkpoint(synth);
+  const std::filesystem::path model_dir = write_four_layer_llama_1b(temp);
 
   auto backend = make_cuda_backend(0, DType::BF16);
-  const ModelPlan model_plan = plan_model(synth.out, Device::CUDA, /*backend_present=*/true);
+  const ModelPlan model_plan = plan_model(model_dir, Device::CUDA, /*backend_present=*/true);
   const MemoryRequest request{8, 4096, 256};
   const MemoryPlan plan = plan_memory(model_plan, *backend, std::nullopt, request);
   ASSERT_TRUE(plan.fits()) << describe_memory_plan(plan, "cuda");
