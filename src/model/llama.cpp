@@ -228,10 +228,6 @@ void check_llama_tensor_parallel(const ModelConfig& config, int ranks) {
 
 TensorShard llama_tensor_shard(const ModelConfig& config, const TensorParallelRank& rank, const std::string& canonical,
                                const Shape& shape) {
-  auto ends_with = [&](const char* suffix) {
-    const std::string tail(suffix);
-    return canonical.size() >= tail.size() && canonical.compare(canonical.size() - tail.size(), tail.size(), tail) == 0;
-  };
   const AttentionShard heads = attention_shard(config, rank);
   const int64_t head_dim = config.head_dim;
   const int64_t ffn = config.intermediate_size / rank.ranks;
@@ -241,16 +237,17 @@ TensorShard llama_tensor_shard(const ModelConfig& config, const TensorParallelRa
   auto columns = [](int64_t first, int64_t count) {
     return TensorShard{TensorShard::Axis::Columns, {}, first, count};
   };
-  if (ends_with("self_attn.q_proj.weight") || ends_with("self_attn.q_proj.bias"))
+  if (canonical.ends_with("self_attn.q_proj.weight") || canonical.ends_with("self_attn.q_proj.bias"))
     return rows(heads.first_head * head_dim, heads.heads * head_dim);
   for (const char* name : {"self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
                            "self_attn.v_proj.bias"})
-    if (ends_with(name)) return rows(heads.first_kv_head * head_dim, heads.kv_heads * head_dim);
+    if (canonical.ends_with(name)) return rows(heads.first_kv_head * head_dim, heads.kv_heads * head_dim);
   for (const char* name : {"mlp.gate_proj.weight", "mlp.gate_proj.bias", "mlp.up_proj.weight", "mlp.up_proj.bias"})
-    if (ends_with(name)) return rows(rank.rank * ffn, ffn);
-  if (ends_with("self_attn.o_proj.weight")) return columns(heads.first_head * head_dim, heads.heads * head_dim);
-  if (ends_with("mlp.down_proj.weight")) return columns(rank.rank * ffn, ffn);
-  if (ends_with("self_attn.o_proj.bias") || ends_with("mlp.down_proj.bias"))
+    if (canonical.ends_with(name)) return rows(rank.rank * ffn, ffn);
+  if (canonical.ends_with("self_attn.o_proj.weight"))
+    return columns(heads.first_head * head_dim, heads.heads * head_dim);
+  if (canonical.ends_with("mlp.down_proj.weight")) return columns(rank.rank * ffn, ffn);
+  if (canonical.ends_with("self_attn.o_proj.bias") || canonical.ends_with("mlp.down_proj.bias"))
     return rows(0, rank.rank == 0 ? shape.at(0) : 0);
   return {};  // embedding, norms, q/k norms, lm_head: replicated
 }

@@ -123,7 +123,8 @@ class Qwen35Model final : public Model {
         hybrid_(backend.hybrid_ops()),
         collective_(rank.collective),
         heads_(hybrid_heads(config, rank)) {
-    if (!hybrid_) fail("the {} backend has no Gated DeltaNet kernels: the qwen3_5 graph cannot run on it", backend.name());
+    if (!hybrid_)
+      fail("the {} backend has no Gated DeltaNet kernels: the qwen3_5 graph cannot run on it", backend.name());
     const int64_t hidden = config.hidden_size;
     const int64_t ffn = heads_.ffn;
     const int64_t key_heads = heads_.key_heads, key_dim = config.linear_key_head_dim;
@@ -340,10 +341,6 @@ void check_qwen3_5_tensor_parallel(const ModelConfig& config, int ranks) {
 
 TensorShard qwen3_5_tensor_shard(const ModelConfig& config, const TensorParallelRank& rank,
                                  const std::string& canonical, const Shape&) {
-  auto ends_with = [&](const char* suffix) {
-    const std::string tail(suffix);
-    return canonical.size() >= tail.size() && canonical.compare(canonical.size() - tail.size(), tail.size(), tail) == 0;
-  };
   const AttentionShard attention = attention_shard(config, rank);
   const HybridHeads heads = hybrid_heads(config, rank);
   const int64_t head_dim = config.head_dim;
@@ -352,27 +349,27 @@ TensorShard qwen3_5_tensor_shard(const ModelConfig& config, const TensorParallel
   auto rows = [](std::vector<RowBlock> blocks) { return TensorShard{TensorShard::Axis::Rows, std::move(blocks)}; };
   auto columns = [](int64_t first, int64_t count) { return TensorShard{TensorShard::Axis::Columns, {}, first, count}; };
   // Gated attention: a head's q_proj rows are its query then its gate (2·head_dim).
-  if (ends_with("self_attn.q_proj.weight"))
+  if (canonical.ends_with("self_attn.q_proj.weight"))
     return rows({{attention.first_head * 2 * head_dim, attention.heads * 2 * head_dim}});
-  if (ends_with("self_attn.k_proj.weight") || ends_with("self_attn.v_proj.weight"))
+  if (canonical.ends_with("self_attn.k_proj.weight") || canonical.ends_with("self_attn.v_proj.weight"))
     return rows({{attention.first_kv_head * head_dim, attention.kv_heads * head_dim}});
-  if (ends_with("self_attn.o_proj.weight"))
+  if (canonical.ends_with("self_attn.o_proj.weight"))
     return columns(attention.first_head * head_dim, attention.heads * head_dim);
   // Gated DeltaNet: in_proj_qkv and conv1d channels are [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)].
-  if (ends_with("linear_attn.in_proj_qkv.weight") || ends_with("linear_attn.conv1d.weight"))
+  if (canonical.ends_with("linear_attn.in_proj_qkv.weight") || canonical.ends_with("linear_attn.conv1d.weight"))
     return rows({{heads.first_key_head * key_dim, heads.key_heads * key_dim},
                  {key_width + heads.first_key_head * key_dim, heads.key_heads * key_dim},
                  {2 * key_width + heads.first_value_head * value_dim, heads.value_heads * value_dim}});
-  if (ends_with("linear_attn.in_proj_z.weight"))
+  if (canonical.ends_with("linear_attn.in_proj_z.weight"))
     return rows({{heads.first_value_head * value_dim, heads.value_heads * value_dim}});
   for (const char* name : {"linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight", "linear_attn.dt_bias",
                            "linear_attn.A_log"})
-    if (ends_with(name)) return rows({{heads.first_value_head, heads.value_heads}});
-  if (ends_with("linear_attn.out_proj.weight"))
+    if (canonical.ends_with(name)) return rows({{heads.first_value_head, heads.value_heads}});
+  if (canonical.ends_with("linear_attn.out_proj.weight"))
     return columns(heads.first_value_head * value_dim, heads.value_heads * value_dim);
-  if (ends_with("mlp.gate_proj.weight") || ends_with("mlp.up_proj.weight"))
+  if (canonical.ends_with("mlp.gate_proj.weight") || canonical.ends_with("mlp.up_proj.weight"))
     return rows({{rank.rank * heads.ffn, heads.ffn}});
-  if (ends_with("mlp.down_proj.weight")) return columns(rank.rank * heads.ffn, heads.ffn);
+  if (canonical.ends_with("mlp.down_proj.weight")) return columns(rank.rank * heads.ffn, heads.ffn);
   return {};  // embedding, norms (layer, q/k, GDN gated), lm_head: replicated
 }
 
