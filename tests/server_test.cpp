@@ -711,7 +711,8 @@ TEST(ServerProcess, ShutdownPastTheGraceCancelsAndTellsTheClient) {
   KILN_REQUIRE_STORIES(dir);
   expect_stream_signalled_mid_flight(
       stories_arguments(dir, {"--shutdown-grace", "0"}), 450, SIGINT, 10s, [](const std::string& body) {
-        EXPECT_NE(body.find("shutting down"), std::string::npos) << body.substr(body.size() > 400 ? body.size() - 400 : 0);
+        EXPECT_NE(body.find("shutting down"), std::string::npos)
+            << body.substr(body.size() > 400 ? body.size() - 400 : 0);
       });
 }
 
