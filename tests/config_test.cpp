@@ -9,10 +9,12 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "model/family.h"
+#include "profile_support.h"
 #include "test_support.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
+using kiln::testing::expect_sizes;
 using nlohmann::json;
 
 namespace {
@@ -99,10 +101,8 @@ TEST(Config, Qwen3TinyFixture) {
   KILN_REQUIRE_SHARED(shared);
   const ModelConfig config = load_model_config(shared / "fixtures/tiny/qwen3-tiny/f32");
   EXPECT_EQ(config.model_type, "qwen3");
-  EXPECT_EQ(config.hidden_size, 64);
-  EXPECT_EQ(config.intermediate_size, 128);
-  EXPECT_EQ(config.head_dim, 32);  // explicit: 4 heads × 32 ≠ hidden 64
-  EXPECT_EQ(config.num_key_value_heads, 2);
+  // head_dim is explicit: 4 heads × 32 ≠ hidden 64.
+  expect_sizes(config, {.hidden_size = 64, .intermediate_size = 128, .num_key_value_heads = 2, .head_dim = 32});
   EXPECT_TRUE(config.qk_norm);
   EXPECT_TRUE(config.tie_word_embeddings);
   EXPECT_EQ(config.rope.type, "default");
@@ -119,13 +119,8 @@ TEST(Config, Qwen3_5TextTinyFixture) {
   EXPECT_EQ(config.model_type, "qwen3_5_text");
   EXPECT_TRUE(hybrid(config));
   EXPECT_EQ(config.layer_types, kinds("LLLF"));
-  EXPECT_EQ(config.hidden_size, 128);
-  EXPECT_EQ(config.head_dim, 32);
-  EXPECT_EQ(config.linear_num_key_heads, 2);
-  EXPECT_EQ(config.linear_num_value_heads, 4);
-  EXPECT_EQ(config.linear_key_head_dim, 32);
-  EXPECT_EQ(config.linear_value_head_dim, 32);
-  EXPECT_EQ(config.linear_conv_kernel_dim, 4);
+  expect_sizes(config, {.hidden_size = 128, .head_dim = 32, .linear_num_key_heads = 2, .linear_num_value_heads = 4,
+                        .linear_key_head_dim = 32, .linear_value_head_dim = 32, .linear_conv_kernel_dim = 4});
   EXPECT_EQ(config.rope.theta, 1e7);
   EXPECT_EQ(config.rope.partial_rotary_factor, 0.25);
   EXPECT_EQ(config.rope.mrope_section, (std::vector<int64_t>{2, 1, 1}));
@@ -154,12 +149,8 @@ TEST(Config, Stories260K) {
   KILN_REQUIRE_SHARED(shared);
   const ModelConfig config = load_model_config(shared / "models/stories260K");
   EXPECT_EQ(config.model_type, "llama");
-  EXPECT_EQ(config.hidden_size, 64);
-  EXPECT_EQ(config.intermediate_size, 172);
-  EXPECT_EQ(config.num_hidden_layers, 5);
-  EXPECT_EQ(config.num_attention_heads, 8);
-  EXPECT_EQ(config.num_key_value_heads, 4);
-  EXPECT_EQ(config.head_dim, 8);
+  expect_sizes(config, {.hidden_size = 64, .intermediate_size = 172, .num_hidden_layers = 5,
+                        .num_attention_heads = 8, .num_key_value_heads = 4, .head_dim = 8});
   EXPECT_EQ(config.max_position_embeddings, 512);
   EXPECT_EQ(config.rope.type, "default");
   EXPECT_EQ(config.rope.theta, 10000.0);

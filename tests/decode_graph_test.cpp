@@ -8,7 +8,10 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -98,6 +101,25 @@ class ReplayingCpuBackend final : public ForwardingCpuBackend, public GraphOps {
   int fed_rows = 0;  // rows that took the previous step's token on the "device"
 };
 
+// Tests of the engine's graph path on a ReplayingCpuBackend (`backend`), over the tiny fixtures.
+class DecodeGraphsWithReplayingBackend : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KILN_REQUIRE_SHARED(shared);
+    tiny_fixtures_ = shared / "fixtures/tiny";
+  }
+  std::filesystem::path fixture(const std::string& name) const { return tiny_fixtures_ / name; }
+  // The f32 checkpoint of the tiny fixture `name`, loaded onto `backend`.
+  std::unique_ptr<Model> load_replaying_f32(const std::string& name) {
+    return load_model(fixture(name) / "f32", backend, LoadOptions{});
+  }
+
+  ReplayingCpuBackend backend;
+
+ private:
+  std::filesystem::path tiny_fixtures_;
+};
+
 TEST(DecodeBucket, PowersOfTwoUpToEightThenMultiplesOfEight) {
   const std::vector<std::pair<int64_t, int64_t>> expected = {{1, 1},   {2, 2},   {3, 4},   {4, 4},   {5, 8},
                                                              {8, 8},   {9, 16},  {16, 16}, {17, 24}, {24, 24},
@@ -169,12 +191,9 @@ TEST(SamplerStream, SampleTakesExactlyOneDrawPerSampledToken) {
 // The scheduler runs a step through DecodeGraphs only when every sequence decodes one token (a
 // sequence whose last prompt chunk is in the step is not decoding yet); with padding (3 slots,
 // bucket 4), joins mid-flight, sampling and top logprobs, each request equals its solo run.
-TEST(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
-  ReplayingCpuBackend backend;
-  auto model = load_model(fixture / "f32", backend, LoadOptions{});
-  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+TEST_F(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
+  auto model = load_replaying_f32("qwen3-tiny");
+  const std::vector<int32_t> prompt = fixture_prompt(fixture("qwen3-tiny"));
   const std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, 10);
   const std::vector<std::vector<int32_t>> solo = solo_tokens(*model, requests);
   const int solo_replays = backend.replays;
@@ -185,12 +204,9 @@ TEST(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
 // Steps queued ahead (launch, collect) whose rows take the previous step's tokens on the device
 // (fed_from) give the tokens and logprobs of one step at a time with the tokens from the host —
 // also when the rows change order and the batch shrinks to another bucket between steps.
-TEST(DecodeGraphsWithReplayingBackend, QueuedFedStepsEqualStepsWithHostTokens) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
-  ReplayingCpuBackend backend;
-  auto model = load_model(fixture / "f32", backend, LoadOptions{});
-  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+TEST_F(DecodeGraphsWithReplayingBackend, QueuedFedStepsEqualStepsWithHostTokens) {
+  auto model = load_replaying_f32("llama3-tiny");
+  const std::vector<int32_t> prompt = fixture_prompt(fixture("llama3-tiny"));
   const std::vector<int> lengths = {9, 14, 5};
   auto stepped_cache = model->make_cache(4, 64);
   auto queued_cache = model->make_cache(4, 64);
@@ -244,10 +260,8 @@ TEST(DecodeGraphsWithReplayingBackend, QueuedFedStepsEqualStepsWithHostTokens) {
   }
 }
 
-TEST(DecodeGraphsWithReplayingBackend, QueueLimitsAndFeedRowsAreChecked) {
-  KILN_REQUIRE_SHARED(shared);
-  ReplayingCpuBackend backend;
-  auto model = load_model(shared / "fixtures/tiny/llama3-tiny/f32", backend, LoadOptions{});
+TEST_F(DecodeGraphsWithReplayingBackend, QueueLimitsAndFeedRowsAreChecked) {
+  auto model = load_replaying_f32("llama3-tiny");
   auto cache = model->make_cache(2, 16);
   DecodeGraphs graphs(*model, *cache);
   expect_error_mentions([&] { graphs.collect(); }, {"no launched step"});
@@ -265,13 +279,10 @@ TEST(DecodeGraphsWithReplayingBackend, QueueLimitsAndFeedRowsAreChecked) {
 
 // generate() on a backend with GraphOps queues each step before reading the previous one's token
 // (and drops the step queued past a stop); it must emit what the CPU's direct loop emits.
-TEST(DecodeGraphsWithReplayingBackend, GenerateEqualsTheDirectLoop) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
-  ReplayingCpuBackend backend;
-  auto replaying = load_model(fixture / "f32", backend, LoadOptions{});
-  TestModel direct = open_cpu_model(fixture / "f32");
-  const std::vector<int32_t> full_prompt = fixture_prompt(fixture);
+TEST_F(DecodeGraphsWithReplayingBackend, GenerateEqualsTheDirectLoop) {
+  auto replaying = load_replaying_f32("llama3-tiny");
+  TestModel direct = open_cpu_model(fixture("llama3-tiny") / "f32");
+  const std::vector<int32_t> full_prompt = fixture_prompt(fixture("llama3-tiny"));
   const std::vector<int32_t> prompt(full_prompt.begin(), full_prompt.begin() + 12);
   GenerationOptions greedy;
   greedy.max_tokens = 10;
@@ -295,12 +306,9 @@ TEST(DecodeGraphsWithReplayingBackend, GenerateEqualsTheDirectLoop) {
 // Requests that decode together without top logprobs: the scheduler queues each decode step
 // before reading the previous one's tokens (fed on the device), drops the rows of a request that
 // stopped meanwhile, and every request still equals its solo run.
-TEST(DecodeGraphsWithReplayingBackend, SchedulerQueuedStepsEqualSoloRuns) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
-  ReplayingCpuBackend backend;
-  auto model = load_model(fixture / "f32", backend, LoadOptions{});
-  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+TEST_F(DecodeGraphsWithReplayingBackend, SchedulerQueuedStepsEqualSoloRuns) {
+  auto model = load_replaying_f32("qwen3-tiny");
+  const std::vector<int32_t> prompt = fixture_prompt(fixture("qwen3-tiny"));
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 3; ++i) {
     GenerationRequest request;

@@ -248,6 +248,15 @@ struct ArtifactFolder {
   }
   // The content hash computed from scratch (a memo of its own).
   std::string fresh() const { return content_fingerprint(dir, root.path() / "fresh" / std::to_string(counter++)); }
+  // Memoises the hash, applies `change` to the second shard, and expects the memoised hash to be
+  // recomputed: it differs from the first one and equals a hash from scratch.
+  void expect_memo_invalidated_by(const std::function<void(const std::filesystem::path& shard)>& change) const {
+    const std::string original = content_fingerprint(dir, memo);
+    change(dir / "model-00002-of-00002.safetensors");
+    const std::string rehashed = content_fingerprint(dir, memo);
+    EXPECT_NE(rehashed, original);
+    EXPECT_EQ(rehashed, fresh());
+  }
   mutable int counter = 0;
 };
 
@@ -291,43 +300,32 @@ TEST(ArtifactFingerprint, IsMemoisedWhileSizeMtimeAndInodeHold) {
 }
 
 TEST(ArtifactFingerprint, AChangedMtimeInvalidatesTheMemo) {
-  ArtifactFolder folder;
-  const std::string original = content_fingerprint(folder.dir, folder.memo);
-  const auto shard = folder.dir / "model-00002-of-00002.safetensors";
-  timespec mtime = mtime_of(shard);
-  write_file(shard, std::string(500, 'Y'));
-  mtime.tv_sec += 1;
-  set_mtime(shard, mtime);
-  const std::string rehashed = content_fingerprint(folder.dir, folder.memo);
-  EXPECT_NE(rehashed, original);
-  EXPECT_EQ(rehashed, folder.fresh());
+  ArtifactFolder().expect_memo_invalidated_by([](const std::filesystem::path& shard) {
+    timespec mtime = mtime_of(shard);
+    write_file(shard, std::string(500, 'Y'));
+    mtime.tv_sec += 1;
+    set_mtime(shard, mtime);
+  });
 }
 
 TEST(ArtifactFingerprint, AChangedSizeInvalidatesTheMemo) {
-  ArtifactFolder folder;
-  const std::string original = content_fingerprint(folder.dir, folder.memo);
-  const auto shard = folder.dir / "model-00002-of-00002.safetensors";
-  const timespec mtime = mtime_of(shard);
-  write_file(shard, std::string(501, 'y'));
-  set_mtime(shard, mtime);
-  const std::string rehashed = content_fingerprint(folder.dir, folder.memo);
-  EXPECT_NE(rehashed, original);
-  EXPECT_EQ(rehashed, folder.fresh());
+  ArtifactFolder().expect_memo_invalidated_by([](const std::filesystem::path& shard) {
+    const timespec mtime = mtime_of(shard);
+    write_file(shard, std::string(501, 'y'));
+    set_mtime(shard, mtime);
+  });
 }
 
 TEST(ArtifactFingerprint, AChangedInodeInvalidatesTheMemo) {
   ArtifactFolder folder;
-  const std::string original = content_fingerprint(folder.dir, folder.memo);
-  // Replace a shard by another file of the same size and mtime, renamed over it: only the inode
+  // Replace the shard by another file of the same size and mtime, renamed over it: only the inode
   // tells them apart.
-  const auto shard = folder.dir / "model-00002-of-00002.safetensors";
-  const auto replacement = folder.root.path() / "replacement";
-  write_file(replacement, std::string(500, 'Y'));
-  set_mtime(replacement, mtime_of(shard));
-  std::filesystem::rename(replacement, shard);
-  const std::string rehashed = content_fingerprint(folder.dir, folder.memo);
-  EXPECT_NE(rehashed, original);
-  EXPECT_EQ(rehashed, folder.fresh());
+  folder.expect_memo_invalidated_by([&](const std::filesystem::path& shard) {
+    const auto replacement = folder.root.path() / "replacement";
+    write_file(replacement, std::string(500, 'Y'));
+    set_mtime(replacement, mtime_of(shard));
+    std::filesystem::rename(replacement, shard);
+  });
 }
 
 TEST(ArtifactFingerprint, AMalformedMemoIsRewritten) {

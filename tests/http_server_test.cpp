@@ -108,32 +108,34 @@ TEST(HttpRequestReader, TheLastChunkAndTrailerArrivingAByteAtATime) {
 }
 
 TEST(HttpRequestReader, LimitsAndMalformedRequestsAreErrorsWithTheirStatus) {
-  auto read = [](const std::string& bytes, size_t max_header, size_t max_body) {
-    HttpRequestReader reader(max_header, max_body);
-    reader.feed(bytes);
-    EXPECT_FALSE(reader.complete());
-    EXPECT_TRUE(reader.failed()) << bytes.substr(0, 60);
-    return std::make_pair(reader.error_status(), reader.error_message());
+  // A request the reader refuses (under its header and body bounds): the status it fails with and
+  // words its error message must contain ("" where any message will do).
+  struct Refusal {
+    std::string bytes;
+    size_t max_header, max_body;
+    int status;
+    std::string mentions;
   };
-  const auto header = read("GET / HTTP/1.1\r\nX-Long: " + std::string(200, 'a') + "\r\n\r\n", 100, 1000);
-  EXPECT_EQ(header.first, 431);
-  EXPECT_NE(header.second.find("100 bytes"), std::string::npos) << header.second;
-  // Refused from the header alone, before any of the body is sent.
-  const auto body = read("POST / HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", 1000, 1000);
-  EXPECT_EQ(body.first, 413);
-  EXPECT_NE(body.second.find("1000 bytes"), std::string::npos) << body.second;
-  const auto chunked = read("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" + std::string(2048, 'x'),
-                            1000, 1000);
-  EXPECT_EQ(chunked.first, 413);
-  EXPECT_EQ(read("THIS IS NOT HTTP\r\n\r\n", 1000, 1000).first, 400);
-  EXPECT_EQ(read("POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 1000, 1000).first, 400);
-  const auto malformed = read("GET / HTTP/1.1\r\nBad Header\r\n\r\n", 1000, 1000);
-  EXPECT_EQ(malformed.first, 400);
-  EXPECT_NE(malformed.second.find("malformed HTTP request"), std::string::npos) << malformed.second;
-  // A chunk header never ends: held to the header bound, not buffered without end.
-  const auto endless_chunk = read("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;" + std::string(500, 'e'),
-                                  100, 1000);
-  EXPECT_EQ(endless_chunk.first, 431);
+  const std::vector<Refusal> refusals = {
+      {"GET / HTTP/1.1\r\nX-Long: " + std::string(200, 'a') + "\r\n\r\n", 100, 1000, 431, "100 bytes"},
+      // Refused from the header alone, before any of the body is sent.
+      {"POST / HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", 1000, 1000, 413, "1000 bytes"},
+      {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" + std::string(2048, 'x'), 1000, 1000, 413, ""},
+      {"THIS IS NOT HTTP\r\n\r\n", 1000, 1000, 400, ""},
+      {"POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 1000, 1000, 400, ""},
+      {"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 1000, 1000, 400, "malformed HTTP request"},
+      // A chunk header never ends: held to the header bound, not buffered without end.
+      {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;" + std::string(500, 'e'), 100, 1000, 431, ""},
+  };
+  for (const Refusal& refusal : refusals) {
+    HttpRequestReader reader(refusal.max_header, refusal.max_body);
+    reader.feed(refusal.bytes);
+    const std::string request = refusal.bytes.substr(0, 60);
+    EXPECT_FALSE(reader.complete()) << request;
+    EXPECT_TRUE(reader.failed()) << request;
+    EXPECT_EQ(reader.error_status(), refusal.status) << request;
+    EXPECT_NE(reader.error_message().find(refusal.mentions), std::string::npos) << reader.error_message();
+  }
 }
 
 TEST(HttpRequestReader, ExpectContinueIsSeenOnceTheHeaderIsComplete) {

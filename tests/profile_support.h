@@ -2,10 +2,12 @@
 // rules can be tested without a checkpoint on disk.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -18,6 +20,36 @@
 #include "test_support.h"
 
 namespace kiln::testing {
+
+// Sizes a config must have: each one given is checked, each one left out is not.
+struct ConfigSizes {
+  std::optional<int64_t> hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+      head_dim, vocab_size, linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim,
+      linear_conv_kernel_dim;
+};
+
+// Expects `config` to have each size given in `expected`, naming the field of any that differs.
+inline void expect_sizes(const ModelConfig& config, const ConfigSizes& expected) {
+  using Size = std::tuple<const char*, int64_t ModelConfig::*, std::optional<int64_t> ConfigSizes::*>;
+  const Size sizes[] = {{"hidden_size", &ModelConfig::hidden_size, &ConfigSizes::hidden_size},
+                        {"intermediate_size", &ModelConfig::intermediate_size, &ConfigSizes::intermediate_size},
+                        {"num_hidden_layers", &ModelConfig::num_hidden_layers, &ConfigSizes::num_hidden_layers},
+                        {"num_attention_heads", &ModelConfig::num_attention_heads, &ConfigSizes::num_attention_heads},
+                        {"num_key_value_heads", &ModelConfig::num_key_value_heads, &ConfigSizes::num_key_value_heads},
+                        {"head_dim", &ModelConfig::head_dim, &ConfigSizes::head_dim},
+                        {"vocab_size", &ModelConfig::vocab_size, &ConfigSizes::vocab_size},
+                        {"linear_num_key_heads", &ModelConfig::linear_num_key_heads,
+                         &ConfigSizes::linear_num_key_heads},
+                        {"linear_num_value_heads", &ModelConfig::linear_num_value_heads,
+                         &ConfigSizes::linear_num_value_heads},
+                        {"linear_key_head_dim", &ModelConfig::linear_key_head_dim, &ConfigSizes::linear_key_head_dim},
+                        {"linear_value_head_dim", &ModelConfig::linear_value_head_dim,
+                         &ConfigSizes::linear_value_head_dim},
+                        {"linear_conv_kernel_dim", &ModelConfig::linear_conv_kernel_dim,
+                         &ConfigSizes::linear_conv_kernel_dim}};
+  for (const auto& [name, actual, wanted] : sizes)
+    if (expected.*wanted) EXPECT_EQ(config.*actual, *(expected.*wanted)) << name;
+}
 
 // A tiny Llama-shaped config of the given model_type (hybrid fields filled for hybrid types).
 inline ModelConfig tiny_config(const std::string& model_type = "llama") {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -681,32 +682,38 @@ TEST(ServerProcess, ApiKeyIsRequiredWhenSet) {
   EXPECT_EQ(http_exchange(server.port(), "GET", "/health", "")->status, 200);
 }
 
-TEST(ServerProcess, SigtermFinishesRequestsInFlightThenExits) {
-  KILN_REQUIRE_STORIES(dir);
-  ServeProcess server(stories_arguments(dir));
+// Serves `arguments`, sends `signal_number` while a long chat stream of `max_tokens` is in flight,
+// reads the stream's response within `response_wait` and hands its body to `expect_body`; the
+// server must then exit with 0 within 10 s.
+void expect_stream_signalled_mid_flight(const std::vector<std::string>& arguments, int max_tokens, int signal_number,
+                                        std::chrono::seconds response_wait,
+                                        const std::function<void(const std::string& body)>& expect_body) {
+  ServeProcess server(arguments);
   ASSERT_NE(server.port(), 0) << server.log();
   RawConnection streaming(server.port());
-  ASSERT_NO_FATAL_FAILURE(start_long_chat_stream(streaming, 300));
-  server.signal(SIGTERM);
-  auto finished = streaming.read_response(20s);
-  ASSERT_TRUE(finished);
-  EXPECT_NE(finished->body.find("\"finish_reason\":\"length\""), std::string::npos) << finished->body.substr(0, 300);
-  EXPECT_NE(finished->body.find("data: [DONE]"), std::string::npos);
+  ASSERT_NO_FATAL_FAILURE(start_long_chat_stream(streaming, max_tokens));
+  server.signal(signal_number);
+  auto response = streaming.read_response(response_wait);
+  ASSERT_TRUE(response);
+  expect_body(response->body);
   EXPECT_EQ(server.wait_exit(10s), 0) << server.log();
+}
+
+TEST(ServerProcess, SigtermFinishesRequestsInFlightThenExits) {
+  KILN_REQUIRE_STORIES(dir);
+  expect_stream_signalled_mid_flight(stories_arguments(dir), 300, SIGTERM, 20s, [](const std::string& body) {
+    EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos) << body.substr(0, 300);
+    EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
+  });
 }
 
 TEST(ServerProcess, ShutdownPastTheGraceCancelsAndTellsTheClient) {
   KILN_REQUIRE_STORIES(dir);
-  ServeProcess server(stories_arguments(dir, {"--shutdown-grace", "0"}));
-  ASSERT_NE(server.port(), 0) << server.log();
-  RawConnection streaming(server.port());
-  ASSERT_NO_FATAL_FAILURE(start_long_chat_stream(streaming, 450));
-  server.signal(SIGINT);
-  auto cancelled = streaming.read_response(10s);
-  ASSERT_TRUE(cancelled);
-  EXPECT_NE(cancelled->body.find("shutting down"), std::string::npos)
-      << cancelled->body.substr(cancelled->body.size() > 400 ? cancelled->body.size() - 400 : 0);
-  EXPECT_EQ(server.wait_exit(10s), 0) << server.log();
+  expect_stream_signalled_mid_flight(
+      stories_arguments(dir, {"--shutdown-grace", "0"}), 450, SIGINT, 10s, [](const std::string& body) {
+        EXPECT_NE(body.find("shutting down"), std::string::npos)
+            << body.substr(body.size() > 400 ? body.size() - 400 : 0);
+      });
 }
 
 // The official npm clients (openai, @anthropic-ai/sdk) against the real server.

@@ -13,6 +13,7 @@
 #include "model/load_plan.h"
 #include "model/qwen3_5_checkpoint.h"
 #include "model/synth.h"
+#include "profile_support.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -27,13 +28,9 @@ TEST(Synth, Qwen3OneLayerCheckpointLoads) {
 
   const ModelConfig config = load_model_config(out);
   EXPECT_EQ(config.model_type, "qwen3");
-  EXPECT_EQ(config.num_hidden_layers, 1);
-  EXPECT_EQ(config.hidden_size, 1024);
-  EXPECT_EQ(config.intermediate_size, 3072);
-  EXPECT_EQ(config.num_attention_heads, 16);
-  EXPECT_EQ(config.num_key_value_heads, 8);
-  EXPECT_EQ(config.head_dim, 128);
-  EXPECT_EQ(config.vocab_size, 151936);
+  kiln::testing::expect_sizes(config, {.hidden_size = 1024, .intermediate_size = 3072, .num_hidden_layers = 1,
+                                       .num_attention_heads = 16, .num_key_value_heads = 8, .head_dim = 128,
+                                       .vocab_size = 151936});
   EXPECT_EQ(config.rope.theta, 1e6);
   EXPECT_TRUE(config.tie_word_embeddings);
   EXPECT_EQ(config.torch_dtype, "bfloat16");

@@ -1,6 +1,9 @@
 // The library's text facade (text/text_model.h): the README's story through TextModel, streamed
 // pieces that add up to the result, stop strings, and a chat on a model without a template.
+#include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -15,21 +18,31 @@ using namespace kiln::testing;
 
 namespace {
 
-TEST(TextModel, GeneratesTheReferenceStoryAndStreamsItInPieces) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto folder = shared / "models/stories260K";
+// stories260K opened through TextModel (`model`) on the CPU backend.
+class TextModelOnStories260K : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KILN_REQUIRE_SHARED(shared);
+    folder = shared / "models/stories260K";
+    model.emplace(TextModel::open(folder, *cpu));
+  }
+
+  std::filesystem::path folder;
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::optional<TextModel> model;
+};
+
+TEST_F(TextModelOnStories260K, GeneratesTheReferenceStoryAndStreamsItInPieces) {
   const auto ref = nlohmann::json::parse(std::ifstream(folder / "ref_greedy.json"));
   std::vector<int32_t> path = {1};
   for (int32_t id : ref["greedy_ids"].get<std::vector<int32_t>>()) path.push_back(id);
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
-  TextModel model = TextModel::open(folder, *cpu);
-  const std::string story = model.tokenizer().decode(path, true);
+  const std::string story = model->tokenizer().decode(path, true);
 
   TextOptions options;
   options.max_tokens = 252;  // the reference's 256 steps less the prompt's 4 tokens
   options.sampling.temperature = 0;
   std::string streamed;
-  const TextResult result = model.generate("Once upon a time", options, [&](std::string_view text) {
+  const TextResult result = model->generate("Once upon a time", options, [&](std::string_view text) {
     streamed += text;
     return true;
   });
@@ -40,38 +53,32 @@ TEST(TextModel, GeneratesTheReferenceStoryAndStreamsItInPieces) {
   EXPECT_EQ(result.finish_reason, FinishReason::Length);
 }
 
-TEST(TextModel, StopsAtAStopStringOrWhenTheCallbackSaysSo) {
-  KILN_REQUIRE_SHARED(shared);
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
-  TextModel model = TextModel::open(shared / "models/stories260K", *cpu);
+TEST_F(TextModelOnStories260K, StopsAtAStopStringOrWhenTheCallbackSaysSo) {
   TextOptions options;
   options.sampling.temperature = 0;
   options.stop = {"park"};
-  const TextResult stopped = model.generate("Once upon a time", options);
+  const TextResult stopped = model->generate("Once upon a time", options);
   EXPECT_EQ(stopped.text, ", there was a little girl named Lily. She loved to play outside in the ");
   EXPECT_EQ(stopped.finish_reason, FinishReason::Stop);
 
   options.stop.clear();
   int pieces = 0;
-  const TextResult cut = model.generate("Once upon a time", options, [&](std::string_view) { return ++pieces < 3; });
+  const TextResult cut = model->generate("Once upon a time", options, [&](std::string_view) { return ++pieces < 3; });
   EXPECT_EQ(pieces, 3);
   EXPECT_EQ(cut.completion_tokens, 3);
   EXPECT_EQ(cut.finish_reason, FinishReason::Stop);
 }
 
-TEST(TextModel, AChatNeedsAChatTemplate) {
-  KILN_REQUIRE_SHARED(shared);
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
-  TextModel model = TextModel::open(shared / "models/stories260K", *cpu);
+TEST_F(TextModelOnStories260K, AChatNeedsAChatTemplate) {
   const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "Hi"}}};
   try {
-    model.chat(messages, {});
+    model->chat(messages, {});
     FAIL() << "stories260K has no chat template";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("has no chat template"), std::string::npos) << error.what();
   }
 
-  TextModel templated(load_model(shared / "models/stories260K", *cpu), shared / "models/stories260K",
+  TextModel templated(load_model(folder, *cpu), folder,
                       "{% for m in messages %}{{ m.content }}{% endfor %}");
   TextOptions options;
   options.max_tokens = 4;

@@ -129,7 +129,17 @@ TEST(CudaBackendOps, OutOfRangeTokenIdIsReportedAtTheNextSynchronisation) {
 
 // --- invariance on the GPU ---
 
-class CudaInvariance : public ::testing::TestWithParam<DType> {};
+// Each test runs on a CUDA backend of its own (`cuda`) with the parameter's activation dtype (`act`).
+class CudaInvariance : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    KILN_REQUIRE_CUDA();
+    cuda = make_cuda_backend(0, act);
+  }
+
+  const DType act = GetParam();
+  std::unique_ptr<Backend> cuda;
+};
 
 // A device tensor holding rows [first, first + count) of a host tensor.
 Tensor upload_rows(Backend& backend, const Tensor& host, int64_t first, int64_t count) {
@@ -137,9 +147,6 @@ Tensor upload_rows(Backend& backend, const Tensor& host, int64_t first, int64_t 
 }
 
 TEST_P(CudaInvariance, MatmulRowIsBitIdenticalAloneAndInAnyBatch) {
-  KILN_REQUIRE_CUDA();
-  const DType act = GetParam();
-  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
   std::mt19937 random(11);
   const int64_t rows = 300, k = 520;
   const Tensor x = f32_as(random_f32({rows, k}, random), act);
@@ -167,9 +174,6 @@ TEST_P(CudaInvariance, MatmulRowIsBitIdenticalAloneAndInAnyBatch) {
 // The second width set at m = 200 is 140 + 140 + 2 prefill blocks: one shared launch on a
 // 132-multiprocessor GPU (3 waves against 4.5 one by one), so that path is held to the same bits.
 TEST_P(CudaInvariance, MatmulGroupEqualsOneMatmulPerProductBitForBit) {
-  KILN_REQUIRE_CUDA();
-  const DType act = GetParam();
-  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
   std::mt19937 random(13);
   const int64_t k = 1032;  // two segments, the second partial
   const std::vector<std::vector<int64_t>> width_sets = {{4096, 1024, 1024, 40}, {8960, 8960, 72}};
@@ -279,9 +283,6 @@ TEST(CudaPrefillGemm, RowsAreTheDecodeKernelsBits) {
 // rms_norm(q), rms_norm(k) before them — for decode steps (a head per block) and prefills (eight),
 // full and partial rotary dims, head dims under and over the block's 64 threads per head.
 TEST_P(CudaInvariance, RopeKvWriteEqualsItsOpsBitForBit) {
-  KILN_REQUIRE_CUDA();
-  const DType act = GetParam();
-  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
   std::mt19937 random(14);
   struct Case {
     std::vector<SequenceSpan> spans;
@@ -343,9 +344,6 @@ TEST_P(CudaInvariance, RopeKvWriteEqualsItsOpsBitForBit) {
 }
 
 TEST_P(CudaInvariance, NormRowIsBitIdenticalAloneAndInAnyBatch) {
-  KILN_REQUIRE_CUDA();
-  const DType act = GetParam();
-  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
   std::mt19937 random(12);
   for (int64_t width : {100, 4096}) {
     const Tensor x = f32_as(random_f32({300, width}, random), act);
@@ -366,9 +364,6 @@ TEST_P(CudaInvariance, NormRowIsBitIdenticalAloneAndInAnyBatch) {
 // other call (alone, reordered batch, prefill chunks, single-token decode, multi-token append,
 // decode batch) must reproduce the reference rows bit for bit.
 TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) {
-  KILN_REQUIRE_CUDA();
-  const DType act = GetParam();
-  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
   std::mt19937 random(13);
   struct HeadShape {
     int64_t heads, kv_heads, head_dim;
@@ -437,9 +432,6 @@ TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) 
 // appends of 1..16 tokens equal decoding token by token (whole aligned chunks take the chunked
 // form, so token by token differs from one shot from position 64 on).
 TEST_P(CudaInvariance, GatedDeltaRowsAreBitIdenticalUnderEverySchedule) {
-  KILN_REQUIRE_CUDA();
-  const DType act = GetParam();
-  std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
   HybridOps& hybrid = *cuda->hybrid_ops();
   std::mt19937 random(17);
   constexpr int64_t kKeyHeads = 2, kValueHeads = 4, kKeyDim = 64, kValueDim = 32;

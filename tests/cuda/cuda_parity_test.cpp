@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -21,14 +23,22 @@
 namespace kiln::testing {
 namespace {
 
-class CudaFixtureParity : public ::testing::TestWithParam<std::string> {};
+class CudaFixtureParity : public ::testing::TestWithParam<std::string> {
+ protected:
+  // The logits of every position of `fixture`'s prompt (a host tensor), from its `checkpoint`
+  // folder ("f32" or "bf16") loaded on the CUDA backend with `activations`, prefilled in one step.
+  static Tensor whole_prompt_logits(const std::filesystem::path& fixture, const std::string& checkpoint,
+                                    DType activations) {
+    TestModel loaded = open_cuda_model(fixture / checkpoint, activations);
+    return prompt_logits(*loaded.model, fixture_prompt(fixture), kWholePrompt);
+  }
+};
 
 TEST_P(CudaFixtureParity, F32MatchesFloat64ReferenceAtEveryPosition) {
   KILN_REQUIRE_CUDA();
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
-  TestModel loaded = open_cuda_model(fixture / "f32", DType::F32);
-  const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
+  const Tensor logits = whole_prompt_logits(fixture, "f32", DType::F32);
   const std::vector<double> errors = row_relative_errors(logits, read_npy(fixture / "f32/ref_logits_f64.npy"));
   ASSERT_EQ(errors.size(), 300u);
   for (size_t row = 0; row < errors.size(); ++row) ASSERT_LE(errors[row], 1e-4) << "position " << row;
@@ -38,8 +48,7 @@ TEST_P(CudaFixtureParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   KILN_REQUIRE_CUDA();
   KILN_REQUIRE_SHARED(shared);
   const auto fixture = shared / "fixtures/tiny" / GetParam();
-  TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
-  const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
+  const Tensor logits = whole_prompt_logits(fixture, "bf16", DType::BF16);
   const auto [ours, theirs] = bf16_row_errors(logits, fixture / "bf16");
   ASSERT_EQ(ours.size(), theirs.size());
   // transformers' own bf16 error on the fixture is its mean and its worst row error; kiln's bf16 path
