@@ -168,6 +168,28 @@ TEST(MeasuringBackend, AWrongShapeStillFails) {
   EXPECT_NO_THROW(measuring.matmul(right_x, w, nullptr, out));
 }
 
+// Misuse of the measuring backend fails in one line naming the target and the call.
+TEST(MeasuringBackend, RefusesMisuseInOneLine) {
+  auto cpu = make_cpu_backend();
+  MeasuringBackend measuring(*cpu);
+  EXPECT_FAILS_MENTIONING(measuring.measure_copy_bandwidth_gbps(), "measuring backend for cpu computes nothing");
+  EXPECT_FAILS_MENTIONING(measuring.alloc({4, -1}, DType::F32), "cpu alloc: shape [4, -1] has a negative extent");
+  EXPECT_FAILS_MENTIONING(Tensor::unbacked({-2}, DType::F32), "tensor shape [-2] has a negative extent");
+  EXPECT_FAILS_MENTIONING(measuring.upload(Tensor()), "cpu upload: the host tensor is undefined");
+  Tensor undefined;
+  EXPECT_FAILS_MENTIONING(measuring.zero(undefined), "cpu zero: the tensor is undefined");
+  EXPECT_FAILS_MENTIONING(measuring.make_layout({{0, 0, 0, 0}}, {}), "cpu make_layout: span 0", "at least one token");
+  EXPECT_FAILS_MENTIONING(measuring.make_layout({{0, 1, 2, 0}}, {1, 2}), "span 0 starts at token 1",
+                          "end at token 0");
+  EXPECT_FAILS_MENTIONING(measuring.make_layout({{0, 0, 2, 0}}, {1}), "1 token ids for spans covering 2 tokens");
+  GraphOps& graphs = measuring;  // its GraphOps, whether or not the target has them
+  Tensor device = measuring.alloc({4}, DType::F32);
+  EXPECT_FAILS_MENTIONING(graphs.upload_into(Tensor::zeros({3}, DType::F32), device), "cpu upload_into: host",
+                          "does not match device");
+  EXPECT_FAILS_MENTIONING(graphs.capture([&] { graphs.capture([] {}); }),
+                          "capture() was called from inside captured work");
+}
+
 TEST(MeasuringBackend, HoldsWhatANonCachingAllocatorHoldsAndItsPeak) {
   CountingCpuBackend target;
   MeasuringBackend measuring(target);

@@ -23,9 +23,18 @@ namespace kiln::testing {
 
 // Sizes a config must have: each one given is checked, each one left out is not.
 struct ConfigSizes {
-  std::optional<int64_t> hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
-      head_dim, vocab_size, linear_num_key_heads, linear_num_value_heads, linear_key_head_dim, linear_value_head_dim,
-      linear_conv_kernel_dim;
+  std::optional<int64_t> hidden_size = std::nullopt;
+  std::optional<int64_t> intermediate_size = std::nullopt;
+  std::optional<int64_t> num_hidden_layers = std::nullopt;
+  std::optional<int64_t> num_attention_heads = std::nullopt;
+  std::optional<int64_t> num_key_value_heads = std::nullopt;
+  std::optional<int64_t> head_dim = std::nullopt;
+  std::optional<int64_t> vocab_size = std::nullopt;
+  std::optional<int64_t> linear_num_key_heads = std::nullopt;
+  std::optional<int64_t> linear_num_value_heads = std::nullopt;
+  std::optional<int64_t> linear_key_head_dim = std::nullopt;
+  std::optional<int64_t> linear_value_head_dim = std::nullopt;
+  std::optional<int64_t> linear_conv_kernel_dim = std::nullopt;
 };
 
 // Expects `config` to have each size given in `expected`, naming the field of any that differs.
@@ -47,8 +56,11 @@ inline void expect_sizes(const ModelConfig& config, const ConfigSizes& expected)
                          &ConfigSizes::linear_value_head_dim},
                         {"linear_conv_kernel_dim", &ModelConfig::linear_conv_kernel_dim,
                          &ConfigSizes::linear_conv_kernel_dim}};
-  for (const auto& [name, actual, wanted] : sizes)
-    if (expected.*wanted) EXPECT_EQ(config.*actual, *(expected.*wanted)) << name;
+  for (const auto& [name, actual, wanted] : sizes) {
+    if (expected.*wanted) {
+      EXPECT_EQ(config.*actual, *(expected.*wanted)) << name;
+    }
+  }
 }
 
 // A tiny Llama-shaped config of the given model_type (hybrid fields filled for hybrid types).
