@@ -139,7 +139,8 @@ TEST(CpuMatmul, RejectsMismatchedShapesAndDtypes) {
 TEST(CpuMatmul, GroupEqualsOneMatmulPerProductAndRejectsTooManyProducts) {
   auto backend = make_cpu_backend();
   const Tensor x = random_f32({3, 40}, 21);
-  const Tensor w0 = random_f32({24, 40}, 22), w1 = random_f32({8, 40}, 23), bias1 = random_f32({8}, 24);
+  const Weight w0 = random_f32({24, 40}, 22), w1 = random_f32({8, 40}, 23);
+  const Tensor bias1 = random_f32({8}, 24);
   Tensor grouped0 = Tensor::empty({3, 24}, DType::F32), grouped1 = Tensor::empty({3, 8}, DType::F32);
   Tensor alone0 = Tensor::empty({3, 24}, DType::F32), alone1 = Tensor::empty({3, 8}, DType::F32);
   const MatmulTarget targets[] = {{&w0, nullptr, &grouped0}, {&w1, &bias1, &grouped1}};

@@ -335,8 +335,47 @@ std::vector<BadConfig> bad_configs() {
       {"sliding_layer_type",
        llama_with([](json& c) { c["layer_types"] = {"full_attention", "sliding_attention"}; }),
        {"field 'layer_types'", "entry 1 is 'sliding_attention'"}},
-      {"quantized", llama_with([](json& c) { c["quantization_config"] = {{"quant_method", "fp8"}}; }),
-       {"field 'quantization_config'", "until quantization lands"}},
+      {"quant_method_unknown", llama_with([](json& c) { c["quantization_config"] = {{"quant_method", "bitsandbytes"}}; }),
+       {"field 'quantization_config.quant_method'", "'bitsandbytes'"}},
+      {"fp8_without_blocks", llama_with([](json& c) { c["quantization_config"] = {{"quant_method", "fp8"}}; }),
+       {"field 'quantization_config.weight_block_size'", "is required"}},
+      {"fp8_static_activations",
+       llama_with([](json& c) {
+         c["quantization_config"] = {
+             {"quant_method", "fp8"}, {"activation_scheme", "static"}, {"weight_block_size", {128, 128}}};
+       }),
+       {"field 'quantization_config.activation_scheme'", "'static'"}},
+      {"fp8_bad_blocks",
+       llama_with([](json& c) {
+         c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128}}};
+       }),
+       {"field 'quantization_config.weight_block_size'", "[128]"}},
+      {"mlx_bits_7", llama_with([](json& c) { c["quantization"] = {{"group_size", 64}, {"bits", 7}}; }),
+       {"field 'quantization.bits'", "is 7"}},
+      {"mlx_group_48", llama_with([](json& c) { c["quantization"] = {{"group_size", 48}, {"bits", 4}}; }),
+       {"field 'quantization.group_size'", "is 48"}},
+      {"mlx_module_bits",
+       llama_with([](json& c) {
+         c["quantization"] = {{"group_size", 64}, {"bits", 4}, {"model.embed_tokens", {{"bits", 1}}}};
+       }),
+       {"field 'quantization.model.embed_tokens.bits'", "is 1"}},
+      {"mlx_module_not_object",
+       llama_with([](json& c) { c["quantization"] = {{"group_size", 64}, {"bits", 4}, {"lm_head", 8}}; }),
+       {"field 'quantization.lm_head'", "per-module entry"}},
+      {"mlx_mode", llama_with([](json& c) {
+         c["quantization"] = {{"group_size", 32}, {"bits", 4}, {"mode", "mxfp4"}};
+       }),
+       {"field 'quantization.mode'", "'mxfp4'"}},
+      {"gptq_bits_3",
+       llama_with([](json& c) {
+         c["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 3}, {"group_size", 128}};
+       }),
+       {"field 'quantization_config.bits'", "is 3"}},
+      {"awq_gemv",
+       llama_with([](json& c) {
+         c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}, {"version", "gemv"}};
+       }),
+       {"field 'quantization_config.version'", "'gemv'"}},
       {"eos_outside_vocabulary", llama_with([](json& c) { c["eos_token_id"] = 512; }),
        {"field 'eos_token_id'", "512 is outside the vocabulary of 512"}},
       {"bad_layer_type",

@@ -38,7 +38,29 @@ TEST(DType, F16RoundTripsEveryHalf) {
 TEST(DType, ParsesSafetensorsNames) {
   EXPECT_EQ(parse_dtype("BF16"), DType::BF16);
   EXPECT_EQ(parse_dtype("F32"), DType::F32);
-  EXPECT_FALSE(parse_dtype("F8_E4M3").has_value());
+  EXPECT_EQ(parse_dtype("F8_E4M3"), DType::F8E4M3);
+  EXPECT_EQ(parse_dtype("U32"), DType::U32);
+  EXPECT_FALSE(parse_dtype("F8_E5M2").has_value());
+}
+
+// e4m3fn: every finite code decodes exactly and rounds back to itself; values between codes
+// round to the nearer (ties to the even code); out of range saturates at 448.
+TEST(DType, Fp8E4m3RoundTripsEveryCode) {
+  EXPECT_EQ(fp8_e4m3_to_f32(0x38), 1.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(fp8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(fp8_e4m3_to_f32(0xb8), -1.0f);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0x7f)));
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7f) == 0x7f) continue;
+    const float value = fp8_e4m3_to_f32(static_cast<uint8_t>(code));
+    if (code == 0x80) continue;  // -0 rounds to the code of -0 too; checked below
+    EXPECT_EQ(f32_to_fp8_e4m3(value), code) << "code " << code;
+  }
+  EXPECT_EQ(f32_to_fp8_e4m3(-0.0f), 0x80);
+  EXPECT_EQ(f32_to_fp8_e4m3(1.0625f), 0x38);  // halfway between 1 (0x38) and 1.125 (0x39): the even code
+  EXPECT_EQ(f32_to_fp8_e4m3(1.1f), 0x39);
+  EXPECT_EQ(f32_to_fp8_e4m3(1000.0f), 0x7e);
 }
 
 TEST(Tensor, ReshapeAndSliceShareStorage) {

@@ -30,8 +30,8 @@ class ForwardingCpuBackend : public Backend, public HybridOps {
     return cpu_->make_layout(spans, token_ids);
   }
 
-  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override { cpu_->embedding(table, ids, out); }
-  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override {
+  void embedding(const Weight& table, const Tensor& ids, Tensor& out) override { cpu_->embedding(table, ids, out); }
+  void matmul(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) override {
     cpu_->matmul(x, w, bias, out);
   }
   void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override { cpu_->matmul_group(x, targets); }

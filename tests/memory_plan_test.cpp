@@ -156,7 +156,8 @@ TEST(MeasuringBackend, AWrongShapeStillFails) {
   const Tensor w = measuring.upload(Tensor::unbacked({32, 48}, DType::BF16));
   Tensor out = measuring.alloc({4, 32}, DType::F32);
   EXPECT_FAILS_MENTIONING(measuring.matmul(x, w, nullptr, out), "cpu matmul", "x has shape [4, 64]", "K = 48");
-  const MatmulTarget products[] = {{&w, nullptr, &out}};
+  const Weight weight = w;
+  const MatmulTarget products[] = {{&weight, nullptr, &out}};
   EXPECT_FAILS_MENTIONING(measuring.matmul_group(x, products), "cpu matmul", "K = 48");
   // The activation dtype is the target's: BF16 activations are refused where the CPU refuses them.
   const Tensor bf16_x = measuring.alloc({4, 48}, DType::BF16);

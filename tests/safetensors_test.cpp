@@ -458,9 +458,9 @@ std::vector<MalformedCase> malformed_cases() {
       {"unsupported_dtype",
        [](const fs::path& dir) {
          write_single(dir);
-         edit_header(single_file(dir), [](json& header) { header[kUpProj]["dtype"] = "F8_E4M3"; });
+         edit_header(single_file(dir), [](json& header) { header[kUpProj]["dtype"] = "F8_E5M2"; });
        },
-       {single, kUpProj, "unsupported dtype 'F8_E4M3'", "until quantization lands"}},
+       {single, kUpProj, "unsupported dtype 'F8_E5M2'", "quantized weights"}},
       {"integer_dtype",
        [](const fs::path& dir) {
          write_single(dir);

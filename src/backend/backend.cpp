@@ -5,6 +5,12 @@
 
 namespace kiln {
 
+Weight Backend::upload_weight(const Weight& host) {
+  if (!host.quantized()) return Weight(upload(host.values()));
+  auto part = [&](const Tensor& tensor) { return tensor.defined() && tensor.numel() > 0 ? upload(tensor) : tensor; };
+  return host.with_parts(upload(host.values()), upload(host.scales()), part(host.biases()));
+}
+
 void Backend::matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) {
   const std::string backend = name();
   check_matmul_group(OpContext{backend, activation_dtype(), device()}, x, targets);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/weight.h"
 
 namespace kiln {
 
@@ -39,9 +40,9 @@ struct BatchLayout {
   Tensor spans_device;  // [S, 4] = {slot, first_token, tokens, first_position}
 };
 
-// One product of a matmul group: out = x·wᵀ (+ bias), w [N, K] in its stored dtype.
+// One product of a matmul group: out = x·wᵀ (+ bias), w [N, K] dense or quantized.
 struct MatmulTarget {
-  const Tensor* w = nullptr;
+  const Weight* w = nullptr;
   const Tensor* bias = nullptr;  // or null
   Tensor* out = nullptr;
 };
@@ -112,16 +113,22 @@ class Backend {
   virtual uint64_t reserved_bytes() const { return 0; }
   // A copy (or, on the CPU, the same tensor) of a host tensor on this device.
   virtual Tensor upload(const Tensor& host) = 0;
+  // Every part of a host weight uploaded (upload's rules for each).
+  Weight upload_weight(const Weight& host);
   virtual Tensor download(const Tensor& tensor) = 0;  // a host copy
   virtual void zero(Tensor& tensor) = 0;
   virtual BatchLayout make_layout(const std::vector<SequenceSpan>& spans,
                                   const std::vector<int32_t>& token_ids) = 0;
 
   // --- dense transformer ops ---
-  // out[t, :] = table[ids[t], :]
-  virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
-  // out[t, n] = Σ_k x[t, k] · w[n, k] (+ bias[n]); w is [N, K] in its stored dtype.
-  virtual void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) = 0;
+  // out[t, :] = table[ids[t], :], a quantized table's row decoded (core/weight.h) and rounded to
+  // out's dtype.
+  virtual void embedding(const Weight& table, const Tensor& ids, Tensor& out) = 0;
+  // out[t, n] = Σ_k x[t, k] · w[n, k] (+ bias[n]); w is [N, K], dense in its stored dtype or
+  // quantized, each element decoded as core/weight.h says and, where the dense path would read a
+  // weight in the activation dtype, rounded to it: every output element bit-identical to the
+  // dense matmul of the decoded weights.
+  virtual void matmul(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) = 0;
   // The products of one x with up to kMaxMatmulGroup weights (q/k/v, gate/up): every output
   // element bit-identical to its own matmul call, in one launch on backends where that is faster
   // (the default is one matmul per target).

@@ -142,11 +142,11 @@ BatchLayout MeasuringBackend::make_layout(const std::vector<SequenceSpan>& spans
   return layout;
 }
 
-void MeasuringBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+void MeasuringBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
   check_embedding(contract(), table, ids, out);
 }
 
-void MeasuringBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+void MeasuringBackend::matmul(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
   check_matmul(contract(), x, w, bias, out);
   const MatmulTarget product{&w, bias, &out};
   const auto held = scratch(target_.matmul_scratch_bytes(x, {&product, 1}));

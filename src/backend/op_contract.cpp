@@ -30,6 +30,15 @@ void require_weight(const OpContext& context, std::string_view op, const Tensor&
     fail("{} {}: {} has dtype {}, expected F32, BF16 or F16", context.backend, op, name, dtype_name(tensor.dtype()));
 }
 
+// A matmul's or embedding's weight: a dense weight as require_weight says; a quantized one's
+// parts (their dtypes and shapes were checked when the Weight was made) on the backend's device.
+void require_matrix(const OpContext& context, std::string_view op, const Weight& weight, std::string_view name) {
+  if (!weight.quantized()) return require_weight(context, op, weight.values(), name);
+  require_defined(context, op, weight.values(), name);
+  require_defined(context, op, weight.scales(), fmt::format("{} scales", name));
+  if (weight.format() == WeightFormat::Affine) require_defined(context, op, weight.biases(), fmt::format("{} biases", name));
+}
+
 void require_activation(const OpContext& context, std::string_view op, const Tensor& tensor, std::string_view name) {
   require_defined(context, op, tensor, name);
   if (tensor.dtype() != context.activations)
@@ -103,10 +112,10 @@ int64_t check_norm_input_and_out(const OpContext& context, std::string_view op, 
 
 }  // namespace
 
-EmbeddingDims check_embedding(const OpContext& context, const Tensor& table, const Tensor& ids, const Tensor& out) {
+EmbeddingDims check_embedding(const OpContext& context, const Weight& table, const Tensor& ids, const Tensor& out) {
   constexpr std::string_view op = "embedding";
-  require_weight(context, op, table, "table");
-  if (table.ndim() != 2)
+  require_matrix(context, op, table, "table");
+  if (table.shape().size() != 2)
     fail("{} {}: table has shape {}, expected [vocab, hidden]", context.backend, op, shape_string(table.shape()));
   require_dtype(context, op, ids, DType::I32, "ids");
   // The CPU required ids [T] and out [T, hidden]; CUDA only out's element count.
@@ -118,11 +127,11 @@ EmbeddingDims check_embedding(const OpContext& context, const Tensor& table, con
   return dims;
 }
 
-MatmulDims check_matmul(const OpContext& context, const Tensor& x, const Tensor& w, const Tensor* bias,
+MatmulDims check_matmul(const OpContext& context, const Tensor& x, const Weight& w, const Tensor* bias,
                         const Tensor& out) {
   constexpr std::string_view op = "matmul";
-  require_weight(context, op, w, "weight");
-  if (w.ndim() != 2 || w.dim(1) == 0)
+  require_matrix(context, op, w, "weight");
+  if (w.shape().size() != 2 || w.dim(1) == 0)
     fail("{} {}: weight has shape {}, expected [N, K] with K > 0", context.backend, op, shape_string(w.shape()));
   const int64_t n = w.dim(0), k = w.dim(1);
   require_activation(context, op, x, "x");

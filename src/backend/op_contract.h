@@ -37,15 +37,15 @@ struct OpContext {
 struct EmbeddingDims {
   int64_t vocab, hidden, tokens;
 };
-// table [vocab, hidden] a weight; ids I32 [T]; out [T, hidden] in the stream dtype.
-EmbeddingDims check_embedding(const OpContext& context, const Tensor& table, const Tensor& ids, const Tensor& out);
+// table [vocab, hidden] a weight (dense or quantized); ids I32 [T]; out [T, hidden] in the stream dtype.
+EmbeddingDims check_embedding(const OpContext& context, const Weight& table, const Tensor& ids, const Tensor& out);
 
 struct MatmulDims {
   int64_t rows, n, k;
 };
-// w [N, K > 0] a weight; x [..., K] activations; out [..., N] of x's rows, stream dtype; bias [N]
-// a weight, or null.
-MatmulDims check_matmul(const OpContext& context, const Tensor& x, const Tensor& w, const Tensor* bias,
+// w [N, K > 0] a weight (dense, or quantized with every part on the device); x [..., K]
+// activations; out [..., N] of x's rows, stream dtype; bias [N] a weight, or null.
+MatmulDims check_matmul(const OpContext& context, const Tensor& x, const Weight& w, const Tensor* bias,
                         const Tensor& out);
 
 // 1 to kMaxMatmulGroup products, each one matmul's rules.

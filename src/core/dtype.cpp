@@ -5,7 +5,7 @@
 namespace kiln {
 
 std::optional<DType> parse_dtype(std::string_view name) {
-  for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::I32})
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::I32, DType::U32, DType::F8E4M3})
     if (dtype_name(dtype) == name) return dtype;
   return std::nullopt;
 }
@@ -52,6 +52,27 @@ uint16_t f32_to_f16(float value) {
   }
   const uint32_t rounding_bias = 0xfffu + ((abs_bits >> 13) & 1u);
   return sign | static_cast<uint16_t>((abs_bits - (112u << 23) + rounding_bias) >> 13);
+}
+
+uint8_t f32_to_fp8_e4m3(float value) {
+  if (std::isnan(value)) return 0x7f;
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
+  // The nearest of the 127 non-negative finite codes, ties to the even code (codes are ordered
+  // like their values, so "even" is the code's last bit, as for IEEE formats).
+  const float magnitude = std::fabs(value);
+  uint8_t best = 0;
+  for (uint8_t code = 1; code < 0x7f; ++code) {
+    const float candidate = fp8_e4m3_to_f32(code);
+    const float below = fp8_e4m3_to_f32(best);
+    if (candidate <= magnitude) {
+      best = code;
+      continue;
+    }
+    const float over = candidate - magnitude, under = magnitude - below;
+    if (over < under || (over == under && (code & 1) == 0)) best = code;
+    break;
+  }
+  return sign | best;
 }
 
 }  // namespace kiln

@@ -206,8 +206,7 @@ ModelConfig parse_config(const json& config_json, const std::filesystem::path& s
       config.architectures.push_back(name.get<std::string>());
     }
   }
-  if (top.has("quantization_config") || text.has("quantization_config"))
-    top.fail_field("quantization_config", "quantized checkpoints are not supported until quantization lands");
+  config.quantization = parse_quantization_config(top, text);
 
   config.hidden_size = text.positive_integer("hidden_size");
   config.intermediate_size = text.positive_integer("intermediate_size");

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/config_fields.h"
+#include "io/quantization_config.h"
 
 namespace kiln {
 
@@ -74,6 +75,8 @@ struct ModelConfig {
 
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
+
+  QuantizationConfig quantization;  // method None for an unquantized checkpoint
 };
 
 // What one model_type's configuration class adds to the fields every family shares, from its

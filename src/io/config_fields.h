@@ -27,6 +27,7 @@ class ConfigFields {
   // Present and not null (transformers writes absent optional values as null).
   bool has(const std::string& key) const { return object_.contains(key) && !object_[key].is_null(); }
   const nlohmann::json& raw(const std::string& key) const { return object_.at(key); }
+  const nlohmann::json& raw_object() const { return object_; }
   std::string name(const std::string& key) const { return prefix_ + key; }
   const std::filesystem::path& source() const { return source_; }
 

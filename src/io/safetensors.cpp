@@ -28,19 +28,21 @@ using nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 // dtype names the safetensors format defines that kiln does not read (yet).
-constexpr std::array<std::string_view, 17> kUnsupportedDtypes = {
-    "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL",
-    "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C64"};
+constexpr std::array<std::string_view, 14> kUnsupportedDtypes = {
+    "F64", "I64", "I16", "I8", "U64", "U16", "U8", "BOOL", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C64"};
 
 std::string describe(const std::filesystem::path& path) { return path.string(); }
 
 DType checkpoint_dtype(const std::string& name, const std::filesystem::path& file, const std::string& tensor) {
-  for (DType dtype : {DType::F32, DType::F16, DType::BF16})
+  // U32, I32 and F8_E4M3 hold quantized weights' parts (core/weight.h).
+  for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::U32, DType::I32, DType::F8E4M3})
     if (dtype_name(dtype) == name) return dtype;
   if (std::find(kUnsupportedDtypes.begin(), kUnsupportedDtypes.end(), name) != kUnsupportedDtypes.end())
-    fail("{}: tensor '{}': unsupported dtype '{}' (kiln reads F32, F16 and BF16 until quantization lands)",
+    fail("{}: tensor '{}': unsupported dtype '{}' (kiln reads F32, F16, BF16, and U32, I32 and F8_E4M3 in "
+         "quantized weights)",
          describe(file), tensor, name);
-  fail("{}: tensor '{}': unknown dtype '{}' (kiln reads F32, F16 and BF16)", describe(file), tensor, name);
+  fail("{}: tensor '{}': unknown dtype '{}' (kiln reads F32, F16, BF16, U32, I32 and F8_E4M3)", describe(file), tensor,
+       name);
 }
 
 // The JSON type of `value` in words, for "is a …, not a …" messages.

@@ -30,10 +30,10 @@ namespace {
 
 struct LlamaLayer {
   Tensor input_norm, post_attention_norm;
-  Tensor q_proj, k_proj, v_proj, o_proj;
+  Weight q_proj, k_proj, v_proj, o_proj;
   Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when the family has none
   Tensor q_norm, k_norm;                  // Qwen3 only
-  Tensor gate_proj, up_proj, down_proj;
+  Weight gate_proj, up_proj, down_proj;
   Tensor gate_bias, up_bias, down_bias;   // Llama mlp_bias only
 };
 
@@ -82,16 +82,19 @@ class LlamaModel final : public Model {
     const int64_t reduced_bias = rank.rank == 0 ? hidden : 0;
 
     auto take = [&](const std::string& name, const Shape& shape) { return backend.upload(weights.take(name, shape)); };
-    embed_tokens_ = take("model.embed_tokens.weight", {config.vocab_size, hidden});
+    auto take_matrix = [&](const std::string& name, const Shape& shape) {
+      return backend.upload_weight(weights.take_weight(name, shape));
+    };
+    embed_tokens_ = take_matrix("model.embed_tokens.weight", {config.vocab_size, hidden});
     for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
       const std::string prefix = "model.layers." + std::to_string(index) + ".";
       LlamaLayer layer;
       layer.input_norm = take(prefix + "input_layernorm.weight", {hidden});
       layer.post_attention_norm = take(prefix + "post_attention_layernorm.weight", {hidden});
-      layer.q_proj = take(prefix + "self_attn.q_proj.weight", {q_width, hidden});
-      layer.k_proj = take(prefix + "self_attn.k_proj.weight", {kv_width, hidden});
-      layer.v_proj = take(prefix + "self_attn.v_proj.weight", {kv_width, hidden});
-      layer.o_proj = take(prefix + "self_attn.o_proj.weight", {hidden, q_width});
+      layer.q_proj = take_matrix(prefix + "self_attn.q_proj.weight", {q_width, hidden});
+      layer.k_proj = take_matrix(prefix + "self_attn.k_proj.weight", {kv_width, hidden});
+      layer.v_proj = take_matrix(prefix + "self_attn.v_proj.weight", {kv_width, hidden});
+      layer.o_proj = take_matrix(prefix + "self_attn.o_proj.weight", {hidden, q_width});
       if (config.attention_bias) {
         layer.q_bias = take(prefix + "self_attn.q_proj.bias", {q_width});
         layer.k_bias = take(prefix + "self_attn.k_proj.bias", {kv_width});
@@ -102,9 +105,9 @@ class LlamaModel final : public Model {
         layer.q_norm = take(prefix + "self_attn.q_norm.weight", {config.head_dim});
         layer.k_norm = take(prefix + "self_attn.k_norm.weight", {config.head_dim});
       }
-      layer.gate_proj = take(prefix + "mlp.gate_proj.weight", {ffn, hidden});
-      layer.up_proj = take(prefix + "mlp.up_proj.weight", {ffn, hidden});
-      layer.down_proj = take(prefix + "mlp.down_proj.weight", {hidden, ffn});
+      layer.gate_proj = take_matrix(prefix + "mlp.gate_proj.weight", {ffn, hidden});
+      layer.up_proj = take_matrix(prefix + "mlp.up_proj.weight", {ffn, hidden});
+      layer.down_proj = take_matrix(prefix + "mlp.down_proj.weight", {hidden, ffn});
       if (config.mlp_bias) {
         layer.gate_bias = take(prefix + "mlp.gate_proj.bias", {ffn});
         layer.up_bias = take(prefix + "mlp.up_proj.bias", {ffn});
@@ -115,12 +118,12 @@ class LlamaModel final : public Model {
     final_norm_ = take("model.norm.weight", {hidden});
     // A checkpoint that stores lm_head uses it; a tied one without it reads the embedding.
     if (weights.contains("lm_head.weight") || !config.tie_word_embeddings)
-      lm_head_ = take("lm_head.weight", {config.vocab_size, hidden});
+      lm_head_ = take_matrix("lm_head.weight", {config.vocab_size, hidden});
     else
       lm_head_ = embed_tokens_;
 
     const int64_t rotary_dim = rope_rotary_dim(config);
-    std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim, embed_tokens_.dtype());
+    std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim, rope_frequency_dtype(config, embed_tokens_.float_dtype()));
     Tensor host_inv_freq = Tensor::empty({static_cast<int64_t>(inv_freq.size())}, DType::F32);
     std::copy(inv_freq.begin(), inv_freq.end(), host_inv_freq.data<float>());
     inv_freq_ = backend.upload(host_inv_freq);
@@ -131,13 +134,16 @@ class LlamaModel final : public Model {
   Backend& backend() const override { return backend_; }
 
   size_t decode_weight_bytes() const override {
-    size_t bytes = final_norm_.nbytes() + lm_head_.nbytes();
-    for (const LlamaLayer& layer : layers_)
-      for (const Tensor* tensor : {&layer.input_norm, &layer.post_attention_norm, &layer.q_proj, &layer.k_proj,
-                                   &layer.v_proj, &layer.o_proj, &layer.q_bias, &layer.k_bias, &layer.v_bias,
-                                   &layer.o_bias, &layer.q_norm, &layer.k_norm, &layer.gate_proj, &layer.up_proj,
-                                   &layer.down_proj, &layer.gate_bias, &layer.up_bias, &layer.down_bias})
+    size_t bytes = final_norm_.nbytes() + lm_head_.nbytes() + embed_tokens_.row_nbytes();
+    for (const LlamaLayer& layer : layers_) {
+      for (const Tensor* tensor : {&layer.input_norm, &layer.post_attention_norm, &layer.q_bias, &layer.k_bias,
+                                   &layer.v_bias, &layer.o_bias, &layer.q_norm, &layer.k_norm, &layer.gate_bias,
+                                   &layer.up_bias, &layer.down_bias})
         if (tensor->defined()) bytes += tensor->nbytes();
+      for (const Weight* weight : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
+                                   &layer.up_proj, &layer.down_proj})
+        bytes += weight->nbytes();
+    }
     return bytes;
   }
 
@@ -208,7 +214,8 @@ class LlamaModel final : public Model {
   Backend& backend_;
   Collective* collective_;  // null: one rank
   int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0;  // this rank's query heads, KV heads, MLP width
-  Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
+  Weight embed_tokens_, lm_head_;
+  Tensor final_norm_, inv_freq_;
   std::vector<LlamaLayer> layers_;
   int rotary_dim_ = 0;
 };

@@ -20,7 +20,7 @@ float stored_value_as_f32(const Tensor& tensor, int64_t index) {
     case DType::F32: return tensor.data<const float>()[index];
     case DType::F16: return f16_to_f32(tensor.data<const uint16_t>()[index]);
     case DType::BF16: return bf16_to_f32(tensor.data<const uint16_t>()[index]);
-    case DType::I32: break;
+    default: break;
   }
   fail("subtract-one fix-up of a {} tensor", dtype_name(tensor.dtype()));
 }
@@ -153,11 +153,17 @@ WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan)
 WeightMap WeightMap::shapes_only(const Checkpoint& checkpoint, const LoadPlan& plan, std::optional<DType> dtype) {
   const std::string name = checkpoint.location().string();
   if (dtype == DType::I32) fail("{}: weights cannot be converted to {}", name, dtype_name(*dtype));
+  std::set<std::string> quantized_parts;
+  for (const PlannedTensor& planned : plan.tensors)
+    if (planned.quantized)
+      quantized_parts.insert({planned.canonical, planned.quantized->scales, planned.quantized->biases});
   return WeightMap(checkpoint, plan, [&](const PlannedTensor& planned, const TensorInfo& info) {
     DType fixed_up = info.dtype;
     for (FixUp fixup : planned.fixups)
       if (fixup == FixUp::SubtractOne) fixed_up = DType::F32;
-    if (dtype && fixed_up == DType::I32)
+    // A quantized matrix's parts keep their dtypes (convert_to leaves them as stored).
+    if (quantized_parts.count(planned.canonical)) return Tensor::unbacked(planned.canonical_shape, fixed_up);
+    if (dtype && !is_float_dtype(fixed_up))
       fail("{}: tensor '{}' is {}, not a floating-point weight to convert to {}", name, planned.source,
            dtype_name(fixed_up), dtype_name(*dtype));
     return Tensor::unbacked(planned.canonical_shape, dtype ? *dtype : fixed_up);
@@ -181,6 +187,11 @@ WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan, const M
            planned.canonical);
     const TensorInfo& info = checkpoint.info(planned.source);
     tensors_.emplace(planned.canonical, materialise(planned, info));
+    if (planned.quantized) {
+      quantized_.emplace(planned.canonical, *planned.quantized);
+      quantized_parts_.insert({planned.canonical, planned.quantized->scales});
+      if (!planned.quantized->biases.empty()) quantized_parts_.insert(planned.quantized->biases);
+    }
     sources_.emplace(planned.canonical, planned.source);
     source_files_.emplace(planned.canonical, info.file);
     covered.insert(planned.source);
@@ -199,6 +210,31 @@ Tensor WeightMap::take(const std::string& canonical, const Shape& shape) {
          shape_string(found->second.shape()));
   used_.insert(canonical);
   return found->second;
+}
+
+Weight WeightMap::take_weight(const std::string& canonical, const Shape& shape) {
+  const auto quantized = quantized_.find(canonical);
+  if (quantized == quantized_.end()) return Weight(take(canonical, shape));
+  const QuantizedParts& parts = quantized->second;
+  const std::string where = fmt::format("{}: tensor '{}'", source_files_.at(canonical).string(), sources_.at(canonical));
+  auto part = [&](const std::string& name) {
+    const auto found = tensors_.find(name);
+    if (found == tensors_.end()) fail("{}: its quantization part '{}' is not planned", where, name);
+    used_.insert(name);
+    return found->second;
+  };
+  Weight weight;
+  try {
+    weight = parts.format == WeightFormat::Affine
+                 ? Weight::affine(part(canonical), part(parts.scales), part(parts.biases), parts.bits, parts.group_size)
+                 : Weight::fp8_block(part(canonical), part(parts.scales), parts.block_rows, parts.block_columns);
+  } catch (const Error& error) {
+    fail("{}: {}", where, error.what());
+  }
+  if (weight.shape() != shape)
+    fail("{}: wrong shape: config implies {} but the checkpoint's {} matrix is {}", where, shape_string(shape),
+         weight.describe(), shape_string(weight.shape()));
+  return weight;
 }
 
 const std::string& WeightMap::source_name(const std::string& canonical) const {
@@ -225,6 +261,8 @@ void WeightMap::shard(const ShardRule& shard_of) {
     const TensorShard shard = shard_of(canonical, tensor.shape());
     const std::string file = source_files_.at(canonical).string();
     const std::string& source = sources_.at(canonical);
+    if (shard.axis != TensorShard::Axis::Whole && quantized_parts_.count(canonical))
+      fail("{}: tensor '{}': tensor parallelism over quantized weights is not supported", file, source);
     switch (shard.axis) {
       case TensorShard::Axis::Whole:
         break;
@@ -249,8 +287,10 @@ void WeightMap::shard(const ShardRule& shard_of) {
 void WeightMap::convert_to(DType dtype) {
   if (dtype == DType::I32) fail("{}: weights cannot be converted to {}", checkpoint_name_, dtype_name(dtype));
   for (auto& [canonical, tensor] : tensors_) {
-    if (tensor.dtype() == dtype) continue;
-    if (tensor.dtype() == DType::I32)
+    // A quantized matrix keeps its parts as stored: its values are codes, and its scales are part
+    // of what the codes mean.
+    if (tensor.dtype() == dtype || quantized_parts_.count(canonical)) continue;
+    if (!is_float_dtype(tensor.dtype()))
       fail("{}: tensor '{}' is {}, not a floating-point weight to convert to {}", checkpoint_name_,
            sources_.at(canonical), dtype_name(tensor.dtype()), dtype_name(dtype));
     const Tensor stored = tensor;

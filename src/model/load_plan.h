@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
+#include "core/weight.h"
 #include "io/safetensors.h"
 
 namespace kiln {
@@ -33,12 +34,23 @@ struct RowBlock {
   int64_t rows = 0;
 };
 
+// A planned tensor that holds a quantized matrix's values (core/weight.h): how they decode and
+// the canonical names of the matrix's other parts, planned beside it.
+struct QuantizedParts {
+  WeightFormat format = WeightFormat::Affine;
+  int bits = 0, group_size = 0;           // Affine
+  int block_rows = 0, block_columns = 0;  // Fp8Block
+  std::string scales;                     // canonical name of the scales (FP8: weight_scale_inv)
+  std::string biases;                     // Affine: canonical name of the biases
+};
+
 struct PlannedTensor {
   std::string canonical;  // the name the graph asks for
   std::string source;     // the name in the checkpoint
   std::vector<FixUp> fixups;
   std::vector<int64_t> canonical_shape;
   std::vector<RowBlock> row_blocks = {};  // for FixUp::GatherRows only (defaulted: older initialisers stay valid)
+  std::optional<QuantizedParts> quantized = std::nullopt;  // set by plan_quantized_weights (model/quantized_checkpoint.h)
 };
 
 struct DroppedTensor {
@@ -89,6 +101,9 @@ class WeightMap {
   bool contains(const std::string& canonical) const { return tensors_.count(canonical) != 0; }
   // The tensor, checked against `shape`; marks it used. Errors name the checkpoint tensor.
   Tensor take(const std::string& canonical, const Shape& shape);
+  // A matmul or embedding matrix: dense as take gives it, or, when the plan marks it quantized,
+  // the Weight its planned parts make, checked against the logical `shape`; marks every part used.
+  Weight take_weight(const std::string& canonical, const Shape& shape);
   // The source name of a canonical tensor (for error messages).
   const std::string& source_name(const std::string& canonical) const;
   // Fails naming every planned tensor that no graph code took, and every checkpoint tensor the
@@ -101,6 +116,8 @@ class WeightMap {
   WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan, const Materialise& materialise);
 
   std::map<std::string, Tensor> tensors_;
+  std::map<std::string, QuantizedParts> quantized_;  // canonical values tensor → its layout
+  std::set<std::string> quantized_parts_;            // every canonical name of a quantized matrix's parts
   std::map<std::string, std::string> sources_;
   std::map<std::string, std::filesystem::path> source_files_;  // canonical → the file holding it
   std::vector<std::string> unplanned_;  // "'name' in <file>" for tensors the plan ignores

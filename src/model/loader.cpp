@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "io/fingerprint.h"
 #include "model/family.h"
+#include "model/quantized_checkpoint.h"
 
 namespace kiln {
 
@@ -37,7 +38,8 @@ ModelPlan plan_model(const std::filesystem::path& model_dir, Device device, bool
   auto implementation = options.registry->select(config, resolved, device);
   const Sanitizer& sanitize = options.sanitizers->for_profile(resolved.profile);
   Checkpoint checkpoint = Checkpoint::open(model_dir);
-  LoadPlan load_plan = sanitize(checkpoint, config);
+  LoadPlan load_plan =
+      plan_quantized_weights(sanitize(checkpoint, config), checkpoint, config.quantization, config.source);
   return ModelPlan{model_dir,
                    std::move(config),
                    std::move(resolved),

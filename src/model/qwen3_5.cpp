@@ -40,11 +40,13 @@ namespace kiln {
 namespace {
 
 struct GatedDeltaNetWeights {
-  Tensor in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, a_log, norm, out_proj;
+  Weight in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
+  Tensor conv1d, dt_bias, a_log, norm;
 };
 
 struct GatedAttentionWeights {
-  Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+  Weight q_proj, k_proj, v_proj, o_proj;
+  Tensor q_norm, k_norm;
 };
 
 struct HybridLayer {
@@ -52,7 +54,7 @@ struct HybridLayer {
   Tensor input_norm, post_attention_norm;
   GatedDeltaNetWeights delta;
   GatedAttentionWeights attention;
-  Tensor gate_proj, up_proj, down_proj;
+  Weight gate_proj, up_proj, down_proj;
   int64_t state_index = 0;  // index among the layers of its kind (cache tensors)
 };
 
@@ -134,7 +136,10 @@ class Qwen35Model final : public Model {
     const int64_t kv_width = heads_.kv_heads * config.head_dim;
 
     auto take = [&](const std::string& name, const Shape& shape) { return backend.upload(weights.take(name, shape)); };
-    embed_tokens_ = take("model.embed_tokens.weight", {config.vocab_size, hidden});
+    auto take_matrix = [&](const std::string& name, const Shape& shape) {
+      return backend.upload_weight(weights.take_weight(name, shape));
+    };
+    embed_tokens_ = take_matrix("model.embed_tokens.weight", {config.vocab_size, hidden});
     for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
       const std::string prefix = "model.layers." + std::to_string(index) + ".";
       HybridLayer layer;
@@ -144,42 +149,42 @@ class Qwen35Model final : public Model {
       if (layer.kind == LayerKind::LinearAttention) {
         const std::string p = prefix + "linear_attn.";
         GatedDeltaNetWeights& d = layer.delta;
-        d.in_proj_qkv = take(p + "in_proj_qkv.weight", {conv_channels, hidden});
-        d.in_proj_z = take(p + "in_proj_z.weight", {value_heads * value_dim, hidden});
-        d.in_proj_b = take(p + "in_proj_b.weight", {value_heads, hidden});
-        d.in_proj_a = take(p + "in_proj_a.weight", {value_heads, hidden});
+        d.in_proj_qkv = take_matrix(p + "in_proj_qkv.weight", {conv_channels, hidden});
+        d.in_proj_z = take_matrix(p + "in_proj_z.weight", {value_heads * value_dim, hidden});
+        d.in_proj_b = take_matrix(p + "in_proj_b.weight", {value_heads, hidden});
+        d.in_proj_a = take_matrix(p + "in_proj_a.weight", {value_heads, hidden});
         d.conv1d = take(p + "conv1d.weight", {conv_channels, config.linear_conv_kernel_dim});
         d.dt_bias = take(p + "dt_bias", {value_heads});
         d.a_log = take(p + "A_log", {value_heads});
         d.norm = take(p + "norm.weight", {value_dim});
-        d.out_proj = take(p + "out_proj.weight", {hidden, value_heads * value_dim});
+        d.out_proj = take_matrix(p + "out_proj.weight", {hidden, value_heads * value_dim});
         layer.state_index = delta_layers_++;
       } else {
         const std::string p = prefix + "self_attn.";
         GatedAttentionWeights& a = layer.attention;
-        a.q_proj = take(p + "q_proj.weight", {2 * q_width, hidden});
-        a.k_proj = take(p + "k_proj.weight", {kv_width, hidden});
-        a.v_proj = take(p + "v_proj.weight", {kv_width, hidden});
-        a.o_proj = take(p + "o_proj.weight", {hidden, q_width});
+        a.q_proj = take_matrix(p + "q_proj.weight", {2 * q_width, hidden});
+        a.k_proj = take_matrix(p + "k_proj.weight", {kv_width, hidden});
+        a.v_proj = take_matrix(p + "v_proj.weight", {kv_width, hidden});
+        a.o_proj = take_matrix(p + "o_proj.weight", {hidden, q_width});
         a.q_norm = take(p + "q_norm.weight", {config.head_dim});
         a.k_norm = take(p + "k_norm.weight", {config.head_dim});
         layer.state_index = attention_layers_++;
       }
-      layer.gate_proj = take(prefix + "mlp.gate_proj.weight", {ffn, hidden});
-      layer.up_proj = take(prefix + "mlp.up_proj.weight", {ffn, hidden});
-      layer.down_proj = take(prefix + "mlp.down_proj.weight", {hidden, ffn});
+      layer.gate_proj = take_matrix(prefix + "mlp.gate_proj.weight", {ffn, hidden});
+      layer.up_proj = take_matrix(prefix + "mlp.up_proj.weight", {ffn, hidden});
+      layer.down_proj = take_matrix(prefix + "mlp.down_proj.weight", {hidden, ffn});
       layers_.push_back(std::move(layer));
     }
     final_norm_ = take("model.norm.weight", {hidden});
     if (weights.contains("lm_head.weight") || !config.tie_word_embeddings)
-      lm_head_ = take("lm_head.weight", {config.vocab_size, hidden});
+      lm_head_ = take_matrix("lm_head.weight", {config.vocab_size, hidden});
     else
       lm_head_ = embed_tokens_;
 
     // Text-only input: the three mRoPE streams all carry the 1-D position, so the interleaved
     // multimodal RoPE is exactly partial 1-D RoPE (spec A.5.3).
     rotary_dim_ = static_cast<int>(rope_rotary_dim(config));
-    const std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim_, embed_tokens_.dtype());
+    const std::vector<float> inv_freq = rope_inverse_frequencies(config.rope, rotary_dim_, rope_frequency_dtype(config, embed_tokens_.float_dtype()));
     Tensor host_inv_freq = Tensor::empty({static_cast<int64_t>(inv_freq.size())}, DType::F32);
     std::copy(inv_freq.begin(), inv_freq.end(), host_inv_freq.data<float>());
     inv_freq_ = backend.upload(host_inv_freq);
@@ -189,15 +194,17 @@ class Qwen35Model final : public Model {
   Backend& backend() const override { return backend_; }
 
   size_t decode_weight_bytes() const override {
-    size_t bytes = final_norm_.nbytes() + lm_head_.nbytes();
+    size_t bytes = final_norm_.nbytes() + lm_head_.nbytes() + embed_tokens_.row_nbytes();
     for (const HybridLayer& layer : layers_) {
       const auto& d = layer.delta;
       const auto& a = layer.attention;
-      for (const Tensor* tensor : {&layer.input_norm, &layer.post_attention_norm, &layer.gate_proj, &layer.up_proj,
-                                   &layer.down_proj, &d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a,
-                                   &d.conv1d, &d.dt_bias, &d.a_log, &d.norm, &d.out_proj, &a.q_proj, &a.k_proj,
-                                   &a.v_proj, &a.o_proj, &a.q_norm, &a.k_norm})
+      for (const Tensor* tensor : {&layer.input_norm, &layer.post_attention_norm, &d.conv1d, &d.dt_bias, &d.a_log,
+                                   &d.norm, &a.q_norm, &a.k_norm})
         if (tensor->defined()) bytes += tensor->nbytes();
+      for (const Weight* weight : {&layer.gate_proj, &layer.up_proj, &layer.down_proj, &d.in_proj_qkv, &d.in_proj_z,
+                                   &d.in_proj_b, &d.in_proj_a, &d.out_proj, &a.q_proj, &a.k_proj, &a.v_proj,
+                                   &a.o_proj})
+        bytes += weight->nbytes();
     }
     return bytes;
   }
@@ -319,7 +326,8 @@ class Qwen35Model final : public Model {
   HybridOps* hybrid_;
   Collective* collective_;  // null: one rank
   HybridHeads heads_;
-  Tensor embed_tokens_, final_norm_, lm_head_, inv_freq_;
+  Weight embed_tokens_, lm_head_;
+  Tensor final_norm_, inv_freq_;
   std::vector<HybridLayer> layers_;
   int64_t attention_layers_ = 0, delta_layers_ = 0;
   int rotary_dim_ = 0;

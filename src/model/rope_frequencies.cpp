@@ -58,4 +58,8 @@ int64_t rope_rotary_dim(const ModelConfig& config) {
   return static_cast<int64_t>(static_cast<double>(config.head_dim) * config.rope.partial_rotary_factor);
 }
 
+DType rope_frequency_dtype(const ModelConfig& config, DType embedding_dtype) {
+  return config.quantization.method == QuantMethod::None ? embedding_dtype : DType::F32;
+}
+
 }  // namespace kiln

@@ -59,7 +59,8 @@ TEST(CudaBackendOps, FusedOpsRejectWhatTheyCannotCompute) {
   std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
   Tensor x = cuda->alloc({1, 64}, DType::BF16), w = cuda->alloc({8, 64}, DType::BF16);
   Tensor out = cuda->alloc({1, 8}, DType::BF16);
-  const std::vector<MatmulTarget> five(5, MatmulTarget{&w, nullptr, &out});
+  const Weight weight = w;
+  const std::vector<MatmulTarget> five(5, MatmulTarget{&weight, nullptr, &out});
   expect_error_mentions([&] { cuda->matmul_group(x, five); }, {"CUDA matmul_group: 5 products, it takes 1 to 4"});
 
   const BatchLayout one = cuda->make_layout({{0, 0, 1, 0}}, {0});
@@ -178,7 +179,7 @@ TEST_P(CudaInvariance, MatmulGroupEqualsOneMatmulPerProductBitForBit) {
   const int64_t k = 1032;  // two segments, the second partial
   const std::vector<std::vector<int64_t>> width_sets = {{4096, 1024, 1024, 40}, {8960, 8960, 72}};
   for (const std::vector<int64_t>& widths : width_sets) {
-    std::vector<Tensor> weights;
+    std::vector<Weight> weights;
     for (int64_t n : widths) weights.push_back(cuda->upload(f32_as(random_f32({n, k}, random, 0.03f), act)));
     const Tensor bias = cuda->upload(f32_as(random_f32({widths[1]}, random), act));
     for (int64_t m : {1, 8, 16, 17, 200}) {

@@ -60,8 +60,9 @@ std::vector<OpCase> matmul_cases(std::mt19937& random) {
       std::vector<Tensor> outs;
       for (int64_t n : widths)
         outs.push_back(backend.alloc({m, n}, n == 128 ? DType::F32 : backend.activation_dtype()));
+      const Weight weights[] = {in[1], in[2], in[3]};
       const MatmulTarget targets[] = {
-          {&in[1], nullptr, &outs[0]}, {&in[2], nullptr, &outs[1]}, {&in[3], &in[4], &outs[2]}};
+          {&weights[0], nullptr, &outs[0]}, {&weights[1], nullptr, &outs[1]}, {&weights[2], &in[4], &outs[2]}};
       backend.matmul_group(in[0], targets);
       return outs;
     };

@@ -88,9 +88,9 @@ BatchLayout CpuBackend::make_layout(const std::vector<SequenceSpan>& spans, cons
   return cpu::make_layout(spans, token_ids);
 }
 
-void CpuBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) { cpu::embedding(table, ids, out); }
+void CpuBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) { cpu::embedding(table, ids, out); }
 
-void CpuBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+void CpuBackend::matmul(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
   cpu::matmul(matmul_kernels_, x, w, bias, out, matmul_scratch_);
 }
 

@@ -40,8 +40,8 @@ class CpuBackend final : public Backend, public HybridOps {
   void zero(Tensor& tensor) override;
   BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override;
 
-  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
-  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
+  void embedding(const Weight& table, const Tensor& ids, Tensor& out) override;
+  void matmul(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override;
   void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps, NormStyle style,
                     Tensor& out) override;

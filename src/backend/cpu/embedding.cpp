@@ -8,7 +8,7 @@
 
 namespace kiln::cpu {
 
-void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+void embedding(const Weight& table, const Tensor& ids, Tensor& out) {
   const EmbeddingDims dims = check_embedding(kCpuOps, table, ids, out);
   const int64_t vocab = dims.vocab, hidden = dims.hidden, tokens = dims.tokens;
   const int32_t* token_ids = ids.data<int32_t>();
@@ -17,8 +17,12 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
       fail("cpu embedding: token id {} (at index {}) is outside the vocabulary of {} tokens", token_ids[t], t, vocab);
   float* rows = out.data<float>();
   ThreadPool::global().parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      widen_to_f32(table.raw(), table.dtype(), token_ids[t] * hidden, hidden, rows + t * hidden);
+    for (int64_t t = begin; t < end; ++t) {
+      if (table.quantized())
+        decode_rows(table, token_ids[t], token_ids[t] + 1, rows + t * hidden);
+      else
+        widen_to_f32(table.values().raw(), table.values().dtype(), token_ids[t] * hidden, hidden, rows + t * hidden);
+    }
   });
 }
 

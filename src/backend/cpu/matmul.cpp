@@ -1,6 +1,7 @@
 // matmul: argument checks, packing x, the split over output columns, and the portable kernel.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/checks.h"
 #include "backend/cpu/ops.h"
@@ -74,6 +75,28 @@ void scalar_columns(const MatmulOperands& op, int64_t n_begin, int64_t n_end) {
   }
 }
 
+// Weight rows a quantized matmul decodes at a time (per thread): the f32 block stays in L2.
+constexpr int64_t kDecodedRowsPerBlock = 64;
+
+// out[:, n_begin:n_end] for a quantized w: each block of rows is decoded to f32 (core/weight.h)
+// and multiplied by the f32 kernel, whose per-element order depends on K alone, so the result is
+// the dense f32 matmul of the decoded weights.
+void quantized_columns(const MatmulKernels& kernels, const MatmulOperands& dense, const Weight& w, int64_t n_begin,
+                       int64_t n_end) {
+  thread_local std::vector<float> decoded;
+  for (int64_t begin = n_begin; begin < n_end; begin += kDecodedRowsPerBlock) {
+    const int64_t end = std::min(n_end, begin + kDecodedRowsPerBlock);
+    decoded.resize(static_cast<size_t>((end - begin) * dense.k));
+    decode_rows(w, begin, end, decoded.data());
+    MatmulOperands block = dense;
+    block.w = decoded.data();
+    block.w_dtype = DType::F32;
+    block.out = dense.out + begin;  // out keeps its row stride n; column c of the block is begin + c
+    block.bias = dense.bias ? dense.bias + begin : nullptr;
+    kernels.columns(block, 0, end - begin);
+  }
+}
+
 }  // namespace
 
 const MatmulKernels& matmul_kernels_scalar() {
@@ -81,7 +104,7 @@ const MatmulKernels& matmul_kernels_scalar() {
   return kernels;
 }
 
-void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
+void matmul(const MatmulKernels& kernels, const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out,
             MatmulScratch& scratch) {
   const MatmulDims dims = check_matmul(kCpuOps, x, w, bias, out);
   const int64_t rows = dims.rows, n = dims.n, k = dims.k;
@@ -91,7 +114,8 @@ void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, cons
   if (!scratch.packed_x.defined() || scratch.packed_x.numel() < rows * k_padded)
     scratch.packed_x = Tensor::empty({rows * k_padded}, DType::F32);
   float* packed = scratch.packed_x.data<float>();
-  const bool split_pairs = kernels.bf16_pairs_split && w.dtype() == DType::BF16;
+  const DType w_dtype = w.quantized() ? DType::F32 : w.values().dtype();
+  const bool split_pairs = kernels.bf16_pairs_split && w_dtype == DType::BF16;
   ThreadPool& pool = ThreadPool::global();
   pool.parallel_for(rows, std::max<int64_t>(1, kPackFloatsPerBlock / k_padded), [&](int64_t begin, int64_t end) {
     pack_rows(x.data<float>(), begin, end, k, k_padded, kernels.block_k, split_pairs, packed);
@@ -106,7 +130,12 @@ void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, cons
     bias_f32 = scratch.bias.data();
   }
 
-  const MatmulOperands operands{packed, rows, k, k_padded, w.raw(), w.dtype(), bias_f32, out.data<float>(), n};
+  const MatmulOperands operands{packed, rows, k, k_padded, w.values().raw(), w_dtype, bias_f32, out.data<float>(), n};
+  if (w.quantized()) {
+    pool.parallel_for(n, std::max(kernels.column_grain, kDecodedRowsPerBlock),
+                      [&](int64_t begin, int64_t end) { quantized_columns(kernels, operands, w, begin, end); });
+    return;
+  }
   pool.parallel_for(n, kernels.column_grain,
                     [&](int64_t begin, int64_t end) { kernels.columns(operands, begin, end); });
 }

@@ -19,7 +19,7 @@ struct MatmulScratch {
   std::vector<float> bias;
 };
 
-void matmul(const MatmulKernels& kernels, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out,
+void matmul(const MatmulKernels& kernels, const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out,
             MatmulScratch& scratch);
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out);
@@ -31,7 +31,7 @@ void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim);
 
-void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
+void embedding(const Weight& table, const Tensor& ids, Tensor& out);
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 
 BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids);

@@ -96,9 +96,9 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   Tensor alloc_pinned(const Shape& shape, DType dtype) override;
 
   // --- the ops every family uses (cuda_dense_ops.cpp) ---
-  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void embedding(const Weight& table, const Tensor& ids, Tensor& out) override;
 
-  void matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) override;
+  void matmul(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) override;
 
   void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override;
 
@@ -193,7 +193,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
 
   // Checks one product (the contract, then the BF16 path's own limits) and describes it for the
   // kernels (both matmul paths).
-  cuda::MatmulArgs matmul_args(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& out) const;
+  cuda::MatmulArgs matmul_args(const Tensor& x, const Weight& w, const Tensor* bias, const Tensor& out) const;
 
   // Describes a norm whose contract check gave `dims`, after checking its tensors' placement.
   cuda::NormArgs norm_args(const NormDims& dims, const Tensor& x, const Tensor& weight, float eps, NormStyle style,

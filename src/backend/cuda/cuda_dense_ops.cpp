@@ -10,15 +10,16 @@
 
 namespace kiln {
 
-void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
   const EmbeddingDims dims = check_embedding(contract(), table, ids, out);
+  if (table.quantized()) fail("CUDA embedding: {} tables are not implemented yet", table.describe());
   activate();
-  launched(cuda::launch_embedding(table.raw(), table.dtype(), dims.vocab, dims.hidden, ids.data<int32_t>(),
+  launched(cuda::launch_embedding(table.values().raw(), table.values().dtype(), dims.vocab, dims.hidden, ids.data<int32_t>(),
                                   dims.tokens, out.raw(), out.dtype(), errors_, stream_),
            "embedding");
 }
 
-void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+void CudaBackend::matmul(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
   cuda::MatmulArgs args = matmul_args(x, w, bias, out);
   activate();
   if (activations_ == DType::F32) {
@@ -215,34 +216,35 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
 }
 
 // Validates one product and describes it for the kernels (both matmul paths).
-cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& x, const Tensor& w, const Tensor* bias,
+cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& x, const Weight& w, const Tensor* bias,
                                           const Tensor& out) const {
   const MatmulDims dims = check_matmul(contract(), x, w, bias, out);
+  if (w.quantized()) fail("CUDA matmul: {} weights are not implemented yet", w.describe());
   const int64_t m = dims.rows, n = dims.n, k = dims.k;
   cuda::MatmulArgs args;
   args.x = x.raw();
-  args.w = w.raw();
+  args.w = w.values().raw();
   args.bias = bias ? bias->raw() : nullptr;
   args.out = out.raw();
   args.m = m;
   args.n = n;
   args.k = k;
   args.x_dtype = x.dtype();
-  args.w_dtype = w.dtype();
+  args.w_dtype = w.values().dtype();
   args.bias_dtype = bias ? bias->dtype() : DType::F32;
   args.out_dtype = out.dtype();
   args.multiprocessors = multiprocessors_;
   if (activations_ == DType::F32) return args;
-  if (w.dtype() != DType::BF16)
+  if (args.w_dtype != DType::BF16)
     fail("CUDA matmul: BF16 activations need BF16 weights, got {} w {} (construct the backend with F32 "
-         "activations for {} checkpoints)", dtype_name(w.dtype()), shape_string(w.shape()), dtype_name(w.dtype()));
+         "activations for {} checkpoints)", dtype_name(args.w_dtype), shape_string(w.shape()), dtype_name(args.w_dtype));
   if (k % 8 != 0)
     fail("CUDA matmul: the BF16 tensor-core path needs K to be a multiple of 8 (16-byte rows), got w {}",
          shape_string(w.shape()));
   if (k > cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments)
     fail("CUDA matmul: the BF16 path takes K up to {}, got w {}", cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments,
          shape_string(w.shape()));
-  if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(w.raw()) % 16)
+  if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(args.w) % 16)
     fail("CUDA matmul: x and w must be 16-byte aligned for the BF16 path (x {}, w {})", shape_string(x.shape()),
          shape_string(w.shape()));
   return args;
