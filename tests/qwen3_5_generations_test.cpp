@@ -1,7 +1,12 @@
 // Both Qwen3.5 checkpoint generations load onto one graph: the fixture rewritten into the other
-// generations' layouts gives bit-identical logits.
+// generations' layouts gives bit-identical logits; and an mlx-community 4-bit conversion (the
+// mlx-lm layout with every Linear and the embedding quantized) gives the logits of its decoded
+// weights.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -68,6 +73,92 @@ void rewrite(const std::filesystem::path& source, const std::filesystem::path& t
   write_safetensors(target / "model.safetensors", entries);
 }
 
+// MLX affine round to nearest of one row group: scale = (max − min) / 15 and bias = min, both
+// rounded to bf16 (as mlx.core.quantize keeps them in the model dtype), codes clamped to 0..15.
+struct QuantizedRow {
+  std::vector<uint32_t> words;
+  std::vector<uint16_t> scales, biases;
+  std::vector<float> decoded;
+};
+QuantizedRow quantize_row_4bit(const float* row, int64_t columns, int64_t group) {
+  QuantizedRow out;
+  out.words.assign(static_cast<size_t>(columns / 8), 0);
+  for (int64_t first = 0; first < columns; first += group) {
+    const auto [low, high] = std::minmax_element(row + first, row + first + group);
+    const float scale = round_to_bf16((*high - *low) / 15.0f), bias = round_to_bf16(*low);
+    out.scales.push_back(f32_to_bf16(scale));
+    out.biases.push_back(f32_to_bf16(bias));
+    for (int64_t k = first; k < first + group; ++k) {
+      const float code = scale == 0.0f ? 0.0f : std::clamp(std::nearbyint((row[k] - bias) / scale), 0.0f, 15.0f);
+      out.words[k / 8] |= static_cast<uint32_t>(code) << (4 * (k % 8));
+      out.decoded.push_back(affine_value(scale, static_cast<uint32_t>(code), bias));
+    }
+  }
+  return out;
+}
+
+template <typename T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& values) {
+  const auto* first = reinterpret_cast<const uint8_t*>(values.data());
+  return {first, first + values.size() * sizeof(T)};
+}
+
+// Quantizes every 2-D weight of `mlx_dir` (written by rewrite: Linear weights, the embedding and
+// the head) in place to MLX 4-bit group 32, and writes to `decoded_dir` the canonical checkpoint of
+// `canonical_dir` with those matrices replaced by their decoded f32 values.
+void quantize_mlx_4bit(const std::filesystem::path& mlx_dir, const std::filesystem::path& canonical_dir,
+                       const std::filesystem::path& decoded_dir) {
+  constexpr int64_t kGroup = 32;
+  const Checkpoint mlx = Checkpoint::open(mlx_dir);
+  std::vector<SafetensorsEntry> quantized;
+  std::map<std::string, std::vector<float>> decoded;  // by the matrix's canonical name
+  for (const auto& [name, info] : mlx.tensors()) {
+    const Tensor tensor = mlx.view(name);
+    const auto* bytes = static_cast<const uint8_t*>(tensor.raw());
+    if (info.shape.size() != 2 || !name.ends_with(".weight")) {
+      quantized.push_back({name, info.dtype, info.shape, {bytes, bytes + tensor.nbytes()}, {}});
+      continue;
+    }
+    const int64_t rows = info.shape[0], columns = info.shape[1];
+    std::vector<float> widened(static_cast<size_t>(rows * columns));
+    for (size_t i = 0; i < widened.size(); ++i) widened[i] = bf16_to_f32(tensor.data<uint16_t>()[i]);
+    std::vector<uint32_t> words;
+    std::vector<uint16_t> scales, biases;
+    std::vector<float>& values = decoded[name.starts_with("language_model.model.") ? name.substr(15) : "lm_head.weight"];
+    for (int64_t row = 0; row < rows; ++row) {
+      const QuantizedRow q = quantize_row_4bit(widened.data() + row * columns, columns, kGroup);
+      words.insert(words.end(), q.words.begin(), q.words.end());
+      scales.insert(scales.end(), q.scales.begin(), q.scales.end());
+      biases.insert(biases.end(), q.biases.begin(), q.biases.end());
+      values.insert(values.end(), q.decoded.begin(), q.decoded.end());
+    }
+    const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+    quantized.push_back({name, DType::U32, {rows, columns / 8}, bytes_of(words), {}});
+    quantized.push_back({module + ".scales", DType::BF16, {rows, columns / kGroup}, bytes_of(scales), {}});
+    quantized.push_back({module + ".biases", DType::BF16, {rows, columns / kGroup}, bytes_of(biases), {}});
+  }
+  write_safetensors(mlx_dir / "model.safetensors", quantized, {{"format", "mlx"}});
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(mlx_dir / "config.json"));
+  config["quantization"] = {{"group_size", kGroup}, {"bits", 4}};
+  config["quantization_config"] = config["quantization"];
+  std::ofstream(mlx_dir / "config.json") << config.dump();
+
+  std::filesystem::create_directories(decoded_dir);
+  std::filesystem::copy_file(canonical_dir / "config.json", decoded_dir / "config.json");
+  const Checkpoint canonical = Checkpoint::open(canonical_dir);
+  std::vector<SafetensorsEntry> dense;
+  for (const auto& [name, info] : canonical.tensors()) {
+    const Tensor tensor = canonical.view(name);
+    const auto* bytes = static_cast<const uint8_t*>(tensor.raw());
+    const auto found = decoded.find(name);
+    if (found == decoded.end())
+      dense.push_back({name, info.dtype, info.shape, {bytes, bytes + tensor.nbytes()}, {}});
+    else
+      dense.push_back({name, DType::F32, info.shape, bytes_of(found->second), {}});
+  }
+  write_safetensors(decoded_dir / "model.safetensors", dense);
+}
+
 Tensor fixture_logits(const std::filesystem::path& dir, const std::vector<int32_t>& prompt) {
   TestModel loaded = open_cpu_model(dir);
   return prompt_logits(*loaded.model, prompt, 0);
@@ -88,6 +179,20 @@ TEST(Qwen35Generations, RewrittenCheckpointsGiveIdenticalLogits) {
     EXPECT_EQ(std::memcmp(rewritten.raw(), canonical.raw(), canonical.nbytes()), 0)
         << (generation == Generation::MlxConverted ? "mlx-converted" : "HF multimodal") << " layout";
   }
+}
+
+TEST(Qwen35Generations, MlxFourBitConversionGivesTheLogitsOfItsDecodedWeights) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto fixture = shared / "fixtures/tiny/qwen3_5-text-tiny";
+  std::vector<int32_t> prompt = fixture_prompt(fixture);
+  prompt.resize(100);
+  TempDir temp;
+  rewrite(fixture / "bf16", temp.path() / "mlx-4bit", Generation::MlxConverted);
+  quantize_mlx_4bit(temp.path() / "mlx-4bit", fixture / "bf16", temp.path() / "decoded");
+  const Tensor quantized = fixture_logits(temp.path() / "mlx-4bit", prompt);
+  const Tensor decoded = fixture_logits(temp.path() / "decoded", prompt);
+  ASSERT_EQ(quantized.shape(), decoded.shape());
+  EXPECT_EQ(std::memcmp(quantized.raw(), decoded.raw(), decoded.nbytes()), 0);
 }
 
 }  // namespace

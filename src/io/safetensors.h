@@ -58,6 +58,14 @@ class Checkpoint {
   static Checkpoint open_files(const std::vector<std::filesystem::path>& files);
 
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  // The same files under another table of tensors: a view for planning only (e.g. a quantized
+  // checkpoint as its family's sanitizer sees it, model/quantized_checkpoint.h); never read bytes
+  // through it for a tensor the table changed.
+  Checkpoint with_table(std::map<std::string, TensorInfo> tensors) const {
+    Checkpoint view = *this;
+    view.tensors_ = std::move(tensors);
+    return view;
+  }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   const TensorInfo& info(const std::string& name) const;  // error names the checkpoint and tensor
   // A zero-copy view of the stored bytes (the mapping stays alive while the view does). The

@@ -39,7 +39,7 @@ ModelPlan plan_model(const std::filesystem::path& model_dir, Device device, bool
   const Sanitizer& sanitize = options.sanitizers->for_profile(resolved.profile);
   Checkpoint checkpoint = Checkpoint::open(model_dir);
   LoadPlan load_plan =
-      plan_quantized_weights(sanitize(checkpoint, config), checkpoint, config.quantization, config.source);
+      plan_checkpoint(checkpoint, config, [&](const Checkpoint& seen) { return sanitize(seen, config); });
   return ModelPlan{model_dir,
                    std::move(config),
                    std::move(resolved),

@@ -116,37 +116,69 @@ std::string canonical_part(const std::string& values_canonical, const std::strin
   return canonical_module + part_source.substr(source_module.size());
 }
 
-}  // namespace
-
-LoadPlan plan_quantized_weights(LoadPlan sanitized, const Checkpoint& checkpoint,
-                                const QuantizationConfig& quantization, const std::filesystem::path& config_source) {
+// Every quantized matrix of the checkpoint, by its values tensor's name; fails on any integer or
+// FP8 tensor that is no matrix's part.
+std::map<std::string, SourceMatrix> find_matrices(const Checkpoint& checkpoint, const ModelConfig& config) {
+  const QuantizationConfig& quantization = config.quantization;
   std::map<std::string, SourceMatrix> matrices;
   switch (quantization.method) {
     case QuantMethod::None: break;
-    case QuantMethod::MlxAffine: matrices = find_mlx(checkpoint, quantization, config_source); break;
+    case QuantMethod::MlxAffine: matrices = find_mlx(checkpoint, quantization, config.source); break;
     case QuantMethod::Fp8: matrices = find_fp8(checkpoint, quantization); break;
     case QuantMethod::Awq:
     case QuantMethod::Gptq:
-      fail("{}: field 'quantization_config.quant_method' is '{}': not implemented yet", config_source.string(),
+      fail("{}: field 'quantization_config.quant_method' is '{}': not implemented yet", config.source.string(),
            quant_method_name(quantization.method));
   }
-  std::set<std::string> part_sources;
-  for (const auto& [values, matrix] : matrices) {
-    part_sources.insert(matrix.layout.scales);
-    if (!matrix.layout.biases.empty()) part_sources.insert(matrix.layout.biases);
-  }
-  // Any other non-float tensor has nothing to decode it.
   for (const auto& [name, info] : checkpoint.tensors())
     if (!is_float_dtype(info.dtype) && !matrices.count(name))
       fail("{}: dtype {} is not a floating-point weight, and config.json's quantization ({}) makes it no quantized "
            "matrix's part",
            where(info), dtype_name(info.dtype), quant_method_name(quantization.method));
+  return matrices;
+}
+
+std::set<std::string> part_sources(const std::map<std::string, SourceMatrix>& matrices) {
+  std::set<std::string> parts;
+  for (const auto& [values, matrix] : matrices) {
+    parts.insert(matrix.layout.scales);
+    if (!matrix.layout.biases.empty()) parts.insert(matrix.layout.biases);
+  }
+  return parts;
+}
+
+// The checkpoint as a dense one: each matrix's values as a float matrix of its logical shape (in
+// its scales' dtype), its other parts absent.
+Checkpoint dense_view(const Checkpoint& checkpoint, const std::map<std::string, SourceMatrix>& matrices,
+                      const std::set<std::string>& parts) {
+  std::map<std::string, TensorInfo> table;
+  for (const auto& [name, info] : checkpoint.tensors()) {
+    if (parts.count(name)) continue;
+    TensorInfo seen = info;
+    const auto matrix = matrices.find(name);
+    if (matrix != matrices.end()) {
+      seen.shape = matrix->second.logical;
+      seen.dtype = checkpoint.info(matrix->second.layout.scales).dtype;
+      seen.nbytes = static_cast<uint64_t>(shape_numel(seen.shape)) * dtype_size(seen.dtype);
+    }
+    table.emplace(name, std::move(seen));
+  }
+  return checkpoint.with_table(std::move(table));
+}
+
+}  // namespace
+
+LoadPlan plan_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config,
+                         const std::function<LoadPlan(const Checkpoint&)>& sanitize) {
+  const std::map<std::string, SourceMatrix> matrices = find_matrices(checkpoint, config);
+  if (matrices.empty()) return sanitize(checkpoint);
+  const std::set<std::string> parts = part_sources(matrices);
+  LoadPlan sanitized = sanitize(dense_view(checkpoint, matrices, parts));
 
   LoadPlan plan;
   plan.dropped = std::move(sanitized.dropped);
   plan.notes = std::move(sanitized.notes);
   for (PlannedTensor& planned : sanitized.tensors) {
-    if (part_sources.count(planned.source)) continue;  // re-planned beside its values below
     const auto matrix = matrices.find(planned.source);
     if (matrix == matrices.end()) {
       plan.tensors.push_back(std::move(planned));
@@ -158,27 +190,37 @@ LoadPlan plan_quantized_weights(LoadPlan sanitized, const Checkpoint& checkpoint
         fail("{}: the load plan applies the fix-up {} to this quantized matrix, which kiln cannot apply to its parts",
              where(values), fixup_name(fixup));
     QuantizedParts layout = matrix->second.layout;
-    std::vector<std::string> part_names{layout.scales};
-    if (!layout.biases.empty()) part_names.push_back(layout.biases);
-    for (const std::string& part_source : part_names) {
-      const TensorInfo& part = checkpoint.info(part_source);
+    for (std::string* part : {&layout.scales, &layout.biases}) {
+      if (part->empty()) continue;
+      const TensorInfo& info = checkpoint.info(*part);
       PlannedTensor planned_part = planned;
-      planned_part.canonical = canonical_part(planned.canonical, planned.source, part_source);
-      planned_part.source = part_source;
-      planned_part.canonical_shape = {planned.canonical_shape.at(0), part.shape.at(1)};
-      if (planned.fixups.empty()) planned_part.canonical_shape[0] = part.shape.at(0);
-      (part_source == layout.scales ? layout.scales : layout.biases) = planned_part.canonical;
+      planned_part.canonical = canonical_part(planned.canonical, planned.source, *part);
+      planned_part.source = *part;
+      // Row gathers (Affine only) pick the parts' rows as they pick the values'.
+      planned_part.canonical_shape = planned.fixups.empty() ? info.shape
+                                                            : Shape{planned.canonical_shape.at(0), info.shape.at(1)};
+      *part = planned_part.canonical;
       plan.tensors.push_back(std::move(planned_part));
     }
-    // A sanitizer that regroups rows states the logical width; the values keep their packed one.
     planned.canonical_shape = {planned.canonical_shape.at(0), values.shape.at(1)};
     planned.quantized = layout;
     plan.tensors.push_back(std::move(planned));
   }
-  if (!matrices.empty())
-    plan.notes.push_back(fmt::format("{} quantized matrices ({}): their scales{} planned beside their values",
-                                     matrices.size(), quant_method_name(quantization.method),
-                                     quantization.method == QuantMethod::MlxAffine ? " and biases" : ""));
+  // A dropped matrix (a vision tower's) drops its parts too.
+  const std::set<std::string> planned_sources = [&] {
+    std::set<std::string> sources;
+    for (const PlannedTensor& planned : plan.tensors) sources.insert(planned.source);
+    return sources;
+  }();
+  for (const auto& [values, matrix] : matrices) {
+    if (planned_sources.count(values)) continue;
+    for (const std::string& part : {matrix.layout.scales, matrix.layout.biases})
+      if (!part.empty()) plan.dropped.push_back({part, "part of the dropped quantized matrix '" + values + "'"});
+  }
+  plan.notes.push_back(fmt::format("{} quantized matrices ({}): their {} planned beside their values", matrices.size(),
+                                   quant_method_name(config.quantization.method),
+                                   config.quantization.method == QuantMethod::MlxAffine ? "scales and biases"
+                                                                                         : "scales"));
   return plan;
 }
 

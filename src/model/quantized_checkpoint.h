@@ -1,20 +1,27 @@
-// A quantized checkpoint's parts, found and checked from tensor names, shapes and dtypes alone
-// (no byte is read), and added to a family's load plan.
+// A quantized checkpoint's matrices, found and checked from tensor names, shapes and dtypes alone
+// (no byte is read), and planned beside the family's own plan.
 //
-// The family's sanitizer maps every tensor by name as usual; this step then marks each planned
-// tensor that holds a quantized matrix's values (MLX: `M.weight` beside `M.scales` and `M.biases`;
-// FP8: an F8_E4M3 `M.weight` beside `M.weight_scale_inv`), and re-plans the matrix's other parts
-// beside it with the same row fix-ups, so a family's row regrouping (Qwen3-Next's in_proj_qkvz)
-// carries its scales along. Every error names the file, the tensor or the config field.
+// MLX: `M.weight` (U32 codes) beside `M.scales` and `M.biases`; FP8: an F8_E4M3 `M.weight`
+// beside `M.weight_scale_inv`. The family's sanitizer sees the checkpoint as if it were dense (each
+// quantized matrix as a float tensor of its logical shape, its other parts hidden), so it plans
+// names and shapes as it always does; each planned matrix is then marked quantized and its other
+// parts are planned beside it with the same row fix-ups (a family's row regrouping, Qwen3-Next's
+// in_proj_qkvz, carries its scales along). Every error names the file, the tensor or the field.
 #pragma once
 
-#include "io/quantization_config.h"
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+
+#include "io/config.h"
 #include "io/safetensors.h"
 #include "model/load_plan.h"
 
 namespace kiln {
 
-LoadPlan plan_quantized_weights(LoadPlan sanitized, const Checkpoint& checkpoint,
-                                const QuantizationConfig& quantization, const std::filesystem::path& config_source);
+// The load plan of `checkpoint` for a model of `config`, from the family's `sanitize`.
+LoadPlan plan_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config,
+                         const std::function<LoadPlan(const Checkpoint&)>& sanitize);
 
 }  // namespace kiln
