@@ -1,7 +1,7 @@
-// The invariance contract on the CPU backend: a token's logits are bit-identical however its
-// sequence is prefilled (one shot, chunked — at any split for attention-only models, at multiples
-// of 64 for the hybrid Gated DeltaNet models —, token by token or in small appends), whatever else
-// shares the batch, and whatever the thread count.
+// The invariance contract on the CPU backend, quantized weights included: a token's logits are
+// bit-identical however its sequence is prefilled (one shot, chunked — at any split for
+// attention-only models, at multiples of 64 for the hybrid Gated DeltaNet models —, token by token
+// or in small appends), whatever else shares the batch, and whatever the thread count.
 #include <cstring>
 #include <random>
 
@@ -21,6 +21,7 @@ struct InvarianceCase {
   std::string fixture;
   std::string dtype_dir;
   bool hybrid = false;  // GDN chunks fall on absolute multiples of 64: splits must too
+  bool in_project = false;  // under tests/data/fixtures (the quantized ones) rather than ../shared
 };
 
 std::string case_name(const ::testing::TestParamInfo<InvarianceCase>& info) {
@@ -41,9 +42,13 @@ void expect_bit_identical(const Tensor& a, const Tensor& b, const std::string& w
 class Invariance : public ::testing::TestWithParam<InvarianceCase> {
  protected:
   void SetUp() override {
-    auto shared = shared_dir();
-    if (!shared) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
-    fixture_ = *shared / "fixtures/tiny" / GetParam().fixture;
+    if (GetParam().in_project) {
+      fixture_ = source_dir() / "tests/data/fixtures" / GetParam().fixture;
+    } else {
+      auto shared = shared_dir();
+      if (!shared) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
+      fixture_ = *shared / "fixtures/tiny" / GetParam().fixture;
+    }
     loaded_ = open_cpu_model(fixture_ / GetParam().dtype_dir);
     prompt_ = fixture_prompt(fixture_);
     prompt_.resize(150);
@@ -104,7 +109,9 @@ INSTANTIATE_TEST_SUITE_P(Models, Invariance,
                                            InvarianceCase{"qwen3-tiny", "f32"}, InvarianceCase{"qwen3-tiny", "bf16"},
                                            InvarianceCase{"qwen3_5-text-tiny", "f32", true},
                                            InvarianceCase{"qwen3_5-text-tiny", "bf16", true},
-                                           InvarianceCase{"qwen3_5-vl-tiny", "bf16", true}),
+                                           InvarianceCase{"qwen3_5-vl-tiny", "bf16", true},
+                                           InvarianceCase{"qwen3-mlx-tiny", "q", false, true},
+                                           InvarianceCase{"llama3-fp8-tiny", "q", false, true}),
                          case_name);
 
 }  // namespace
