@@ -294,6 +294,9 @@ TEST(TensorParallelChecks, UnsplittableModelsFailBeforeLoading) {
                                           std::nullopt, 1);
             }),
             "tensor parallelism over 4 ranks: linear_num_key_heads = 2 is not divisible by 4");
+  const ModelPlan quantized = plan_model(source_dir() / "tests/data/fixtures/qwen3-mlx-tiny/q", Device::CPU, true);
+  expect_error_mentions([&] { build_tensor_parallel_model(quantized, {backend_a.get(), backend_b.get()}, std::nullopt, 1); },
+                        {"tensor parallelism over quantized weights (mlx) is not supported"});
 }
 
 TEST(TensorParallelCli, LogitsSplitOverTwoRanksMatchOneRank) {

@@ -261,8 +261,6 @@ void WeightMap::shard(const ShardRule& shard_of) {
     const TensorShard shard = shard_of(canonical, tensor.shape());
     const std::string file = source_files_.at(canonical).string();
     const std::string& source = sources_.at(canonical);
-    if (shard.axis != TensorShard::Axis::Whole && quantized_parts_.count(canonical))
-      fail("{}: tensor '{}': tensor parallelism over quantized weights is not supported", file, source);
     switch (shard.axis) {
       case TensorShard::Axis::Whole:
         break;

@@ -218,6 +218,10 @@ std::unique_ptr<Model> build_tensor_parallel_model(const ModelPlan& plan, const 
     fail("model profile {}: implementation {} (graph {}) cannot be split over tensor-parallel ranks", profile,
          implementation.id, graph_name(implementation.graph));
   implementation.tensor_parallel.check(plan.config, ranks);
+  // A rank's column block of a packed matrix would split its groups' codes and scales apart.
+  if (ranks > 1 && plan.config.quantization.method != QuantMethod::None)
+    fail("model profile {}: tensor parallelism over quantized weights ({}) is not supported", profile,
+         quant_method_name(plan.config.quantization.method));
   for (int rank = 0; rank < ranks; ++rank)
     if (backends[rank]->device() != plan.device)
       fail("model profile {}: tensor-parallel rank {} runs on {}, but the model was planned for {}", profile, rank,
