@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/safetensors_writer.h"
+#include "model/quantized_checkpoint.h"
 #include "model/qwen3_5_checkpoint.h"
 #include "model/synth.h"
 #include "test_support.h"
@@ -359,6 +361,73 @@ TEST(Qwen35Checkpoint, QwenNextGroupedProjectionsAreRegroupedBySpecPermutation) 
     }
     EXPECT_NE(notes_of(plan).find("in_proj_qkvz / in_proj_ba regrouped"), std::string::npos) << notes_of(plan);
   }
+}
+
+// A quantized Qwen3-Next checkpoint (MLX 4-bit where the input width allows): the regrouping row
+// gathers of in_proj_qkvz / in_proj_ba carry the scales and biases along, and the codes keep their
+// packed width.
+TEST(Qwen35Checkpoint, QwenNextRegroupingGathersTheScalesOfQuantizedProjections) {
+  ModelConfig config = tiny_config();
+  config.model_type = "qwen3_next";
+  config.linear_num_value_heads = 4;
+  config.linear_key_head_dim = 3;
+  config.linear_value_head_dim = 5;
+  config.quantization.method = QuantMethod::MlxAffine;
+  config.quantization.affine = {4, 32};
+  const int64_t Hk = 2, Hv = 4, dk = 3, dv = 5, H = config.hidden_size;
+  TensorMap dense;
+  for (const auto& [name, info] : hf_text_tensors(config))
+    if (name.find("in_proj_") == std::string::npos) dense[name] = info;
+  for (int i = 0; i < 3; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".linear_attn.";
+    add(dense, p + "in_proj_qkvz.weight", {2 * Hk * dk + 2 * Hv * dv, H});
+    add(dense, p + "in_proj_ba.weight", {2 * Hv, H});
+  }
+  std::vector<SafetensorsEntry> entries;
+  auto zeros = [](DType dtype, const Shape& shape) {
+    return SafetensorsEntry{"", dtype, shape, std::vector<uint8_t>(shape_numel(shape) * dtype_size(dtype)), {}};
+  };
+  for (const auto& [name, info] : dense) {
+    if (info.shape.size() == 2 && info.shape[1] % 32 == 0 && name.ends_with(".weight")) {
+      const std::string module = name.substr(0, name.size() - 7);
+      entries.push_back(zeros(DType::U32, {info.shape[0], info.shape[1] / 8}));
+      entries.back().name = name;
+      for (const char* part : {".scales", ".biases"}) {
+        entries.push_back(zeros(DType::BF16, {info.shape[0], info.shape[1] / 32}));
+        entries.back().name = module + part;
+      }
+      continue;
+    }
+    entries.push_back(zeros(info.dtype, info.shape));
+    entries.back().name = name;
+  }
+  kiln::testing::TempDir temp;
+  write_safetensors(temp.path() / "model.safetensors", entries);
+  const Checkpoint checkpoint = Checkpoint::open(temp.path());
+  const LoadPlan plan = plan_checkpoint(checkpoint, config, [&](const Checkpoint& seen) {
+    return plan_qwen3_5_checkpoint(seen.tensors(), config);
+  });
+  const std::string p = "model.layers.1.linear_attn.";
+  const PlannedTensor& codes = planned(plan, p + "in_proj_qkv.weight");
+  ASSERT_TRUE(codes.quantized.has_value());
+  EXPECT_EQ(codes.canonical_shape, (Shape{2 * Hk * dk + Hv * dv, H / 8}));
+  EXPECT_EQ(codes.quantized->scales, p + "in_proj_qkv.scales");
+  for (const char* part : {"in_proj_qkv.scales", "in_proj_qkv.biases"}) {
+    const PlannedTensor& gathered = planned(plan, p + part);
+    EXPECT_EQ(gathered.source, p + "in_proj_qkvz." + std::string(part).substr(12));
+    EXPECT_EQ(gathered.fixups, std::vector<FixUp>{FixUp::GatherRows});
+    EXPECT_EQ(gathered.canonical_shape, (Shape{2 * Hk * dk + Hv * dv, H / 32}));
+    ASSERT_EQ(gathered.row_blocks.size(), codes.row_blocks.size());
+    for (size_t i = 0; i < codes.row_blocks.size(); ++i) {
+      EXPECT_EQ(gathered.row_blocks[i].first_row, codes.row_blocks[i].first_row);
+      EXPECT_EQ(gathered.row_blocks[i].rows, codes.row_blocks[i].rows);
+    }
+  }
+  EXPECT_EQ(planned(plan, p + "in_proj_b.biases").canonical_shape, (Shape{Hv, H / 32}));
+  EXPECT_FALSE(canonical_names(plan).count(p + "in_proj_qkvz.scales"));
+  // The whole plan materialises: every planned part and value has its planned shape.
+  WeightMap weights(checkpoint, plan);
+  EXPECT_EQ(weights.take_weight(p + "in_proj_z.weight", {Hv * dv, H}).describe(), "affine 4-bit group 32 (scales BF16)");
 }
 
 TEST(Qwen35Checkpoint, MalformedCheckpointsNameTheTensor) {
