@@ -23,11 +23,11 @@ else
 fi
 rm -rf "$package_prefix"
 
-# Malformed-checkpoint and construction-failure tests under ASan + LSan. The build uses clang so
+# Malformed-checkpoint, quantized-checkpoint and construction-failure tests under ASan + LSan. The build uses clang so
 # that the same objects, instrumented for libFuzzer too, also make the fuzz targets (fuzz/).
 CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON -DKILN_CUDA=OFF > /dev/null
-cmake --build build-asan --target kiln_tests kiln_fuzz
-ASAN_OPTIONS=detect_leaks=1 ./build-asan/kiln_tests --gtest_filter='Loader*:Construction*:Safetensors*:Config*' --gtest_brief=1
+cmake --build build-asan --target kiln_loader_tests kiln_fuzz
+ASAN_OPTIONS=detect_leaks=1 ./build-asan/kiln_loader_tests --gtest_brief=1
 
 # Every fuzz target on a copy of its seed corpus, all at once for FUZZ_SECONDS (about 20 s of CPU
 # each on two cores): a crash, leak, hang or allocation bomb fails the run and its input is kept
