@@ -371,6 +371,11 @@ std::vector<BadConfig> bad_configs() {
          c["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 3}, {"group_size", 128}};
        }),
        {"field 'quantization_config.bits'", "is 3"}},
+      {"awq_bits_8",
+       llama_with([](json& c) {
+         c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 8}, {"group_size", 128}};
+       }),
+       {"field 'quantization_config.bits'", "is 8", "AWQ's GEMM packing at 4 bits"}},
       {"awq_gemv",
        llama_with([](json& c) {
          c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}, {"version", "gemv"}};

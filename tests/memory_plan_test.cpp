@@ -243,17 +243,32 @@ TEST(MeasuringBackend, ItsTensorsTakeNoMemory) {
 }
 
 // A checkpoint of `shape`'s tensors in BF16 whose data is one hole of a sparse file: its headers
-// are real, and none of its bytes takes disk or memory.
-void write_sparse_checkpoint(const std::string& shape, const std::filesystem::path& dir) {
+// are real, and none of its bytes takes disk or memory. With `affine_bits`, every matrix the family
+// marks as a Linear or embedding one is MLX affine in groups of 64 (U32 codes, BF16 scales and
+// biases) and config.json says so. Returns the bytes of the tensors.
+uint64_t write_sparse_checkpoint(const std::string& shape, const std::filesystem::path& dir,
+                                 std::optional<int> affine_bits = std::nullopt) {
   const SynthShape& synth = find_synth_shape(shape);
   std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << synth.config.dump();
+  nlohmann::json config = synth.config;
+  if (affine_bits) config["quantization"] = {{"group_size", 64}, {"bits", *affine_bits}};
+  std::ofstream(dir / "config.json") << config.dump();
   nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};
   uint64_t offset = 0;
-  for (const SynthTensor& tensor : synth_tensor_layout(parse_model_config(synth.config, dir / "config.json"))) {
-    const uint64_t bytes = static_cast<uint64_t>(shape_numel(tensor.shape)) * 2;
-    header[tensor.name] = {{"dtype", "BF16"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+  auto add = [&](const std::string& name, const char* dtype, const Shape& tensor_shape, uint64_t element_bytes) {
+    const uint64_t bytes = static_cast<uint64_t>(shape_numel(tensor_shape)) * element_bytes;
+    header[name] = {{"dtype", dtype}, {"shape", tensor_shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+  };
+  for (const SynthTensor& tensor : synth_tensor_layout(parse_model_config(synth.config, dir / "config.json"))) {
+    if (!affine_bits || tensor.role == TensorRole::Other) {
+      add(tensor.name, "BF16", tensor.shape, 2);
+      continue;
+    }
+    const std::string module = tensor.name.substr(0, tensor.name.size() - std::string(".weight").size());
+    add(tensor.name, "U32", {tensor.shape[0], tensor.shape[1] * *affine_bits / 32}, 4);
+    add(module + ".scales", "BF16", {tensor.shape[0], tensor.shape[1] / 64}, 2);
+    add(module + ".biases", "BF16", {tensor.shape[0], tensor.shape[1] / 64}, 2);
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -266,6 +281,7 @@ void write_sparse_checkpoint(const std::string& shape, const std::filesystem::pa
     file << text;
   }
   std::filesystem::resize_file(dir / "model.safetensors", 8 + length + offset);
+  return offset;
 }
 
 // The address space this process has mapped (VmSize), in bytes.
@@ -299,6 +315,24 @@ TEST(MemoryPlan, An80GigabytePlanIsMadeInUnderASecondWithoutItsMemory) {
   EXPECT_EQ(plan.cache, uint64_t{64} << 30);  // 32 layers x K and V x 32 x 8,192 x 8 heads x 128 x f32
   EXPECT_EQ(plan.step_tokens, 32 * 256);
   EXPECT_GT(plan.step_scratch, 0u);
+}
+
+TEST(MemoryPlan, FourBitWeightsCountTheirPackedBytes) {
+  TempDir temp;
+  const uint64_t bf16_bytes = write_sparse_checkpoint("llama-3.1-8b", temp.path() / "bf16");
+  const uint64_t packed_bytes = write_sparse_checkpoint("llama-3.1-8b", temp.path() / "q4", 4);
+  // 4 bits per weight plus a BF16 scale and bias per 64: 0.5625 of 2 bytes, norms aside.
+  EXPECT_NEAR(static_cast<double>(packed_bytes) / static_cast<double>(bf16_bytes), 0.5625 / 2, 0.005);
+  // A 12 GiB device: the 8B fits in 4 bits and not in BF16.
+  CountingCpuBackend backend(/*as_caching_allocator=*/false, DeviceMemory{uint64_t{12} << 30, uint64_t{12} << 30});
+  const MemoryRequest request{1, 4096, 256};
+  const MemoryPlan bf16 = plan_memory(plan_model(temp.path() / "bf16", Device::CPU, true), backend, std::nullopt, request);
+  const MemoryPlan q4 = plan_memory(plan_model(temp.path() / "q4", Device::CPU, true), backend, std::nullopt, request);
+  // What construction holds beside the checkpoint's tensors (rotary tables) is the same for both.
+  EXPECT_GE(bf16.weights, bf16_bytes);
+  EXPECT_EQ(q4.weights - packed_bytes, bf16.weights - bf16_bytes);
+  EXPECT_FALSE(bf16.fits()) << describe_memory_plan(bf16, "cpu");
+  EXPECT_TRUE(q4.fits()) << describe_memory_plan(q4, "cpu");
 }
 
 TEST(MemoryPlan, TheVerdictAndTheLongestContextFollowFromTheParts) {

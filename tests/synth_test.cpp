@@ -3,14 +3,18 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <utility>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/family.h"
 #include "model/load_plan.h"
+#include "model/quantize.h"
 #include "model/qwen3_5_checkpoint.h"
 #include "model/synth.h"
 #include "profile_support.h"
@@ -182,4 +186,60 @@ TEST(Synth, Qwen35ShapesAreHybridAndTheSanitizerPlansEveryTensor) {
     EXPECT_TRUE(plan.dropped.empty());
     EXPECT_EQ(plan.tensors.size(), tensors.size());
   }
+}
+
+namespace {
+
+// Every tensor of two checkpoints, byte for byte, and their config.json quantization.
+void expect_same_checkpoints(const fs::path& first_dir, const fs::path& second_dir) {
+  const Checkpoint first = Checkpoint::open(first_dir), second = Checkpoint::open(second_dir);
+  ASSERT_EQ(first.tensors().size(), second.tensors().size());
+  for (const auto& [name, info] : first.tensors()) {
+    ASSERT_TRUE(second.contains(name)) << name;
+    const Tensor a = first.view(name), b = second.view(name);
+    ASSERT_EQ(a.dtype(), b.dtype()) << name;
+    ASSERT_EQ(a.shape(), b.shape()) << name;
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << name;
+  }
+  const auto config = [](const fs::path& dir) { return nlohmann::json::parse(std::ifstream(dir / "config.json")); };
+  EXPECT_EQ(config(first_dir)["quantization_config"], config(second_dir)["quantization_config"]);
+}
+
+}  // namespace
+
+// synth --quantize writes, row by row, what kiln quantize makes of the BF16 checkpoint of the same
+// seed: bit for bit, MLX affine and FP8.
+TEST(Synth, QuantizedCheckpointsEqualTheQuantizedBf16One) {
+  kiln::testing::TempDir dir;
+  SynthOptions options;
+  options.shape = "qwen3-0.6b";
+  options.layers = 1;
+  options.seed = 3;
+  options.out = dir.path() / "bf16";
+  write_synthetic_checkpoint(options);
+  const std::vector<std::pair<std::string, SynthQuantization>> cases{
+      {"q4", {QuantizeFormat::MlxAffine, {4, 64}}}, {"q8", {QuantizeFormat::MlxAffine, {8, 128}}},
+      {"fp8", {QuantizeFormat::Fp8, {}}}};
+  for (const auto& [name, quantization] : cases) {
+    SCOPED_TRACE(name);
+    SynthOptions quantized = options;
+    quantized.quantize = quantization;
+    quantized.out = dir.path() / ("synth-" + name);
+    quantized.max_shard_bytes = 64ull << 20;  // shards cut through the streamed rows
+    const SynthResult written = write_synthetic_checkpoint(quantized);
+    EXPECT_EQ(written.config.quantization.method,
+              quantization.format == QuantizeFormat::Fp8 ? QuantMethod::Fp8 : QuantMethod::MlxAffine);
+    quantize_checkpoint({options.out, dir.path() / ("quantized-" + name), quantization.format, quantization.scheme, {}});
+    expect_same_checkpoints(quantized.out, dir.path() / ("quantized-" + name));
+  }
+}
+
+TEST(Synth, LayoutsMarkTheQuantizableMatrices) {
+  const ModelConfig config = parse_model_config(find_synth_shape("llama-3.2-1b").config, "config.json");
+  std::map<TensorRole, int64_t> counts;
+  for (const SynthTensor& tensor : synth_tensor_layout(config)) ++counts[tensor.role];
+  EXPECT_EQ(counts[TensorRole::LayerLinear], 7 * config.num_hidden_layers);
+  EXPECT_EQ(counts[TensorRole::Embedding], 1);
+  EXPECT_EQ(counts[TensorRole::HeadLinear], config.tie_word_embeddings ? 0 : 1);
+  EXPECT_EQ(counts[TensorRole::Other], 2 * config.num_hidden_layers + 1);  // two norms a layer, the final norm
 }

@@ -14,6 +14,8 @@ struct SynthArguments {
   SynthOptions options;
   std::string dtype = "bf16";
   int64_t layers = 0;
+  std::string quantize;  // "", "4", "8" or "fp8"
+  int group_size = 64;
 };
 
 const RegisterCommand kSynthCommand([](CLI::App& app) {
@@ -29,13 +31,23 @@ const RegisterCommand kSynthCommand([](CLI::App& app) {
   command->add_option("--seed", arguments->options.seed, "Random seed")->capture_default_str();
   auto* layers = command->add_option("--layers", arguments->layers, "Override num_hidden_layers")
                      ->check(CLI::PositiveNumber);
+  command->add_option("--quantize", arguments->quantize,
+                      "Write the weights quantized: MLX affine 4 or 8 bits, or fp8 (e4m3, 128x128 blocks)")
+      ->check(CLI::IsMember({"4", "8", "fp8"}));
+  command->add_option("--group-size", arguments->group_size, "MLX affine: inputs per scale and bias")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
   command->callback([arguments, layers] {
     SynthOptions options = arguments->options;
     options.dtype = arguments->dtype == "f32" ? DType::F32 : DType::BF16;
     if (layers->count() > 0) options.layers = arguments->layers;
+    if (arguments->quantize == "fp8") options.quantize = SynthQuantization{QuantizeFormat::Fp8, {}};
+    else if (!arguments->quantize.empty())
+      options.quantize = SynthQuantization{QuantizeFormat::MlxAffine, {std::stoi(arguments->quantize), arguments->group_size}};
     const SynthResult result = write_synthetic_checkpoint(options);
-    fmt::print("kiln synth: {} (num_hidden_layers {}, {}): {} tensors, {:.2f} GiB in {} files under {}\n", options.shape,
-               result.config.num_hidden_layers, dtype_name(options.dtype), result.tensor_count,
+    fmt::print("kiln synth: {} (num_hidden_layers {}, {}{}): {} tensors, {:.2f} GiB in {} files under {}\n",
+               options.shape, result.config.num_hidden_layers, dtype_name(options.dtype),
+               options.quantize ? ", quantized " + arguments->quantize : std::string(), result.tensor_count,
                static_cast<double>(result.tensor_bytes) / (1ull << 30), result.files.size(), options.out.string());
   });
 });

@@ -24,7 +24,9 @@ int group_size(const ConfigFields& fields, const std::string& key) {
 }
 
 bool mlx_bits(int bits) { return is_affine_bits(bits); }
-bool awq_gptq_bits(int bits) { return bits == 4 || bits == 8; }
+bool gptq_bits(int bits) { return bits == 4 || bits == 8; }
+// AutoAWQ's GEMM packing (awq/modules/linear/gemm.py) has an interleave order for 4 bits only.
+bool awq_bits(int bits) { return bits == 4; }
 
 // The keys of an MLX quantization object that are settings, not module paths.
 const std::set<std::string> kMlxSettings = {"group_size", "bits", "mode", "quant_method"};
@@ -57,7 +59,7 @@ QuantizationConfig parse_method(const ConfigFields& fields, const std::string& m
     config.method = QuantMethod::Awq;
     const std::string bits_key = fields.has("w_bit") ? "w_bit" : "bits";
     const std::string group_key = fields.has("q_group_size") ? "q_group_size" : "group_size";
-    config.affine = {affine_bits(fields, bits_key, awq_gptq_bits, "4 or 8 bits"), group_size(fields, group_key)};
+    config.affine = {affine_bits(fields, bits_key, awq_bits, "AWQ's GEMM packing at 4 bits"), group_size(fields, group_key)};
     const std::string version = fields.string("version", "gemm");
     if (version != "gemm" && version != "GEMM")
       fields.fail_field("version", "is '{}'; kiln reads AWQ's GEMM packing ('gemm')", version);
@@ -66,7 +68,7 @@ QuantizationConfig parse_method(const ConfigFields& fields, const std::string& m
   }
   if (method == "gptq") {
     config.method = QuantMethod::Gptq;
-    config.affine = {affine_bits(fields, "bits", awq_gptq_bits, "4 or 8 bits"), group_size(fields, "group_size")};
+    config.affine = {affine_bits(fields, "bits", gptq_bits, "4 or 8 bits"), group_size(fields, "group_size")};
     config.gptq_desc_act = fields.boolean("desc_act", false);
     config.gptq_symmetric = fields.boolean("sym", true);
     const std::string format = fields.string("checkpoint_format", "gptq");

@@ -29,9 +29,6 @@ void check_entries(const std::filesystem::path& file, const EntryList& entries) 
     if (entry.name.empty() || entry.name == "__metadata__")
       fail("{}: cannot write a tensor named '{}'", file.string(), entry.name);
     if (!names.insert(entry.name).second) fail("{}: tensor '{}' is given twice", file.string(), entry.name);
-    if (entry.dtype == DType::I32)
-      fail("{}: tensor '{}': kiln writes F32, F16 and BF16 checkpoints, not {}", file.string(), entry.name,
-           dtype_name(entry.dtype));
     for (int64_t extent : entry.shape)
       if (extent < 0) fail("{}: tensor '{}': shape {} is negative", file.string(), entry.name, shape_string(entry.shape));
     if (!entry.fill && entry.bytes.size() != entry.nbytes())

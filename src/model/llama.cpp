@@ -266,14 +266,14 @@ std::vector<SynthTensor> dense_decoder_synth_layout(const ModelConfig& config) {
   const int64_t intermediate = config.intermediate_size;
 
   std::vector<SynthTensor> tensors;
-  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
+  tensors.push_back(embedding("model.embed_tokens.weight", {config.vocab_size, hidden}));
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const std::string prefix = fmt::format("model.layers.{}.", layer);
     tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Ones});
-    tensors.push_back({prefix + "self_attn.q_proj.weight", {q_width, hidden}});
-    tensors.push_back({prefix + "self_attn.k_proj.weight", {kv_width, hidden}});
-    tensors.push_back({prefix + "self_attn.v_proj.weight", {kv_width, hidden}});
-    tensors.push_back({prefix + "self_attn.o_proj.weight", {hidden, q_width}});
+    tensors.push_back(layer_linear(prefix + "self_attn.q_proj.weight", {q_width, hidden}));
+    tensors.push_back(layer_linear(prefix + "self_attn.k_proj.weight", {kv_width, hidden}));
+    tensors.push_back(layer_linear(prefix + "self_attn.v_proj.weight", {kv_width, hidden}));
+    tensors.push_back(layer_linear(prefix + "self_attn.o_proj.weight", {hidden, q_width}));
     if (config.attention_bias) {
       tensors.push_back({prefix + "self_attn.q_proj.bias", {q_width}});
       tensors.push_back({prefix + "self_attn.k_proj.bias", {kv_width}});
@@ -285,9 +285,9 @@ std::vector<SynthTensor> dense_decoder_synth_layout(const ModelConfig& config) {
       tensors.push_back({prefix + "self_attn.k_norm.weight", {config.head_dim}, SynthInit::Ones});
     }
     tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Ones});
-    tensors.push_back({prefix + "mlp.gate_proj.weight", {intermediate, hidden}});
-    tensors.push_back({prefix + "mlp.up_proj.weight", {intermediate, hidden}});
-    tensors.push_back({prefix + "mlp.down_proj.weight", {hidden, intermediate}});
+    tensors.push_back(layer_linear(prefix + "mlp.gate_proj.weight", {intermediate, hidden}));
+    tensors.push_back(layer_linear(prefix + "mlp.up_proj.weight", {intermediate, hidden}));
+    tensors.push_back(layer_linear(prefix + "mlp.down_proj.weight", {hidden, intermediate}));
     if (config.mlp_bias) {
       tensors.push_back({prefix + "mlp.gate_proj.bias", {intermediate}});
       tensors.push_back({prefix + "mlp.up_proj.bias", {intermediate}});
@@ -295,7 +295,7 @@ std::vector<SynthTensor> dense_decoder_synth_layout(const ModelConfig& config) {
     }
   }
   tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Ones});
-  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  if (!config.tie_word_embeddings) tensors.push_back(head_linear("lm_head.weight", {config.vocab_size, hidden}));
   return tensors;
 }
 

@@ -112,7 +112,106 @@ Tensor read_fixed_up(const Checkpoint& checkpoint, const PlannedTensor& planned,
   return tensor;
 }
 
+// AutoAWQ's AWQ_REVERSE_ORDER (awq/utils/packing_utils.py): output m of a group of eight sits in
+// slot kAwqSlot[m] of its word (the inverse of the packing order [0, 2, 4, 6, 1, 3, 5, 7]).
+constexpr int kAwqSlot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+// The `bits`-bit field `slot` of a stored I32 word.
+uint32_t field(int32_t word, int slot, int bits) {
+  return (static_cast<uint32_t>(word) >> (slot * bits)) & ((1u << bits) - 1u);
+}
+
+// The zero point of output n in group g (its real value: GPTQ stores it minus one; auto_gptq's
+// dequantization masks the stored field, then adds one).
+uint32_t zero_point(const AffineRepack& repack, const Tensor& qzeros, int64_t group, int64_t n) {
+  const int per_word = 32 / repack.bits;
+  const int32_t word = qzeros.data<const int32_t>()[group * qzeros.dim(1) + n / per_word];
+  if (repack.packing == AffineRepack::Packing::Awq) return field(word, kAwqSlot[n % per_word], repack.bits);
+  return field(word, static_cast<int>(n % per_word), repack.bits) + 1;
+}
+
+// An AWQ or GPTQ matrix's part in the Affine layout (AffineRepack in load_plan.h). The plan
+// (model/quantized_checkpoint.cpp) has checked every stored shape and dtype.
+Tensor repack_affine(const Checkpoint& checkpoint, const PlannedTensor& planned) {
+  const AffineRepack& repack = *planned.repack;
+  const bool awq = repack.packing == AffineRepack::Packing::Awq;
+  const int per_word = 32 / repack.bits;
+  const Tensor scales = checkpoint.view(repack.scales);
+  const int64_t groups = scales.dim(0), outputs = scales.dim(1);
+  const int64_t inputs = groups * repack.group_size;
+  auto scale_at = [&](int64_t group, int64_t n) {
+    const uint16_t stored = scales.data<const uint16_t>()[group * outputs + n];
+    return scales.dtype() == DType::F16 ? f16_to_f32(stored) : bf16_to_f32(stored);
+  };
+  Tensor out;
+  switch (repack.part) {
+    case AffineRepack::Part::Codes: {
+      const Tensor qweight = checkpoint.view(repack.qweight);
+      const int32_t* words = qweight.data<const int32_t>();
+      const int64_t row_words = inputs / per_word;
+      out = Tensor::zeros({outputs, row_words}, DType::U32);
+      uint32_t* codes = out.data<uint32_t>();
+      ThreadPool::global().parallel_for(outputs, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t n = begin; n < end; ++n) {
+          uint32_t* row = codes + n * row_words;
+          for (int64_t k = 0; k < inputs; ++k) {
+            const uint32_t code =
+                awq ? field(words[k * qweight.dim(1) + n / per_word], kAwqSlot[n % per_word], repack.bits)
+                    : field(words[(k / per_word) * outputs + n], static_cast<int>(k % per_word), repack.bits);
+            row[k / per_word] |= code << ((k % per_word) * repack.bits);
+          }
+        }
+      });
+      break;
+    }
+    case AffineRepack::Part::Scales:
+    case AffineRepack::Part::Biases: {
+      const bool biases = repack.part == AffineRepack::Part::Biases;
+      const Tensor qzeros = biases ? checkpoint.view(repack.qzeros) : Tensor();
+      out = Tensor::empty({outputs, groups}, DType::F32);
+      float* values = out.data<float>();
+      for (int64_t n = 0; n < outputs; ++n)
+        for (int64_t group = 0; group < groups; ++group) {
+          const float scale = scale_at(group, n);
+          values[n * groups + group] = biases ? -scale * static_cast<float>(zero_point(repack, qzeros, group, n)) : scale;
+        }
+      break;
+    }
+  }
+  if (out.shape() != planned.canonical_shape)
+    fail("tensor '{}': the load plan expects shape {} for '{}' but repacked it is {}", planned.source,
+         shape_string(planned.canonical_shape), planned.canonical, shape_string(out.shape()));
+  return out;
+}
+
 }  // namespace
+
+std::string repack_name(const AffineRepack& repack) {
+  const char* packing = repack.packing == AffineRepack::Packing::Awq ? "awq" : "gptq";
+  switch (repack.part) {
+    case AffineRepack::Part::Codes: return fmt::format("{} codes", packing);
+    case AffineRepack::Part::Scales: return fmt::format("{} scales", packing);
+    case AffineRepack::Part::Biases: return fmt::format("{} zeros as biases", packing);
+  }
+  return "?";
+}
+
+std::vector<std::string> PlannedTensor::sources() const {
+  if (!repack) return {source};
+  switch (repack->part) {
+    case AffineRepack::Part::Codes: return {repack->qweight};
+    case AffineRepack::Part::Scales: return {repack->scales};
+    case AffineRepack::Part::Biases: return {repack->qzeros, repack->scales};
+  }
+  return {source};
+}
+
+DType PlannedTensor::materialised_dtype(DType stored) const {
+  if (repack) return repack->part == AffineRepack::Part::Codes ? DType::U32 : DType::F32;
+  for (FixUp fixup : fixups)
+    if (fixup == FixUp::SubtractOne) return DType::F32;
+  return stored;
+}
 
 const char* fixup_name(FixUp fixup) {
   switch (fixup) {
@@ -138,6 +237,10 @@ nlohmann::json LoadPlan::to_json() const {
       for (const RowBlock& block : tensor.row_blocks) blocks.push_back({block.first_row, block.rows});
       planned.back()["row_blocks"] = blocks;
     }
+    if (tensor.repack) {
+      planned.back()["repack"] = repack_name(*tensor.repack);
+      planned.back()["sources"] = tensor.sources();
+    }
   }
   nlohmann::json dropped_json = nlohmann::json::array();
   for (const DroppedTensor& tensor : dropped)
@@ -147,7 +250,7 @@ nlohmann::json LoadPlan::to_json() const {
 
 WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan)
     : WeightMap(checkpoint, plan, [&checkpoint](const PlannedTensor& planned, const TensorInfo& info) {
-        return read_fixed_up(checkpoint, planned, info);
+        return planned.repack ? repack_affine(checkpoint, planned) : read_fixed_up(checkpoint, planned, info);
       }) {}
 
 WeightMap WeightMap::shapes_only(const Checkpoint& checkpoint, const LoadPlan& plan, std::optional<DType> dtype) {
@@ -158,9 +261,7 @@ WeightMap WeightMap::shapes_only(const Checkpoint& checkpoint, const LoadPlan& p
     if (planned.quantized)
       quantized_parts.insert({planned.canonical, planned.quantized->scales, planned.quantized->biases});
   return WeightMap(checkpoint, plan, [&](const PlannedTensor& planned, const TensorInfo& info) {
-    DType fixed_up = info.dtype;
-    for (FixUp fixup : planned.fixups)
-      if (fixup == FixUp::SubtractOne) fixed_up = DType::F32;
+    const DType fixed_up = planned.materialised_dtype(info.dtype);
     // A quantized matrix's parts keep their dtypes (convert_to leaves them as stored).
     if (quantized_parts.count(planned.canonical)) return Tensor::unbacked(planned.canonical_shape, fixed_up);
     if (dtype && !is_float_dtype(fixed_up))
@@ -182,9 +283,11 @@ WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan, const M
   for (const PlannedTensor& planned : plan.tensors) {
     if (tensors_.count(planned.canonical))
       fail("{}: the load plan maps tensor '{}' twice", checkpoint_name_, planned.canonical);
-    if (!checkpoint.contains(planned.source))
-      fail("{}: tensor '{}' (for '{}') is missing from the checkpoint", checkpoint_name_, planned.source,
-           planned.canonical);
+    for (const std::string& source : planned.sources()) {
+      if (!checkpoint.contains(source))
+        fail("{}: tensor '{}' (for '{}') is missing from the checkpoint", checkpoint_name_, source, planned.canonical);
+      covered.insert(source);
+    }
     const TensorInfo& info = checkpoint.info(planned.source);
     tensors_.emplace(planned.canonical, materialise(planned, info));
     if (planned.quantized) {
@@ -194,7 +297,6 @@ WeightMap::WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan, const M
     }
     sources_.emplace(planned.canonical, planned.source);
     source_files_.emplace(planned.canonical, info.file);
-    covered.insert(planned.source);
   }
   for (const auto& [name, info] : checkpoint.tensors())
     if (!covered.count(name)) unplanned_.push_back(fmt::format("'{}' in {}", name, info.file.string()));

@@ -44,13 +44,48 @@ struct QuantizedParts {
   std::string biases;                     // Affine: canonical name of the biases
 };
 
+// A part of an AWQ or GPTQ matrix computed at materialisation from the matrix's stored tensors
+// (several of them), in the Affine layout of core/weight.h, so every backend runs it through the
+// MLX kernels. The stored tensors (K inputs, N outputs, G the group size):
+//   AWQ (GEMM)  qweight I32 [K, N·bits/32]  codes packed along N, each word's codes in the order
+//                                           [0, 2, 4, 6, 1, 3, 5, 7] (AutoAWQ's AWQ_ORDER)
+//               qzeros  I32 [K/G, N·bits/32] zeros, packed as qweight
+//   GPTQ        qweight I32 [K·bits/32, N]  codes packed along K, in order
+//               qzeros  I32 [K/G, N·bits/32] zeros − 1 (the v1 convention), packed along N in order
+//   both        scales  F16/BF16 [K/G, N]
+// and w[n, k] = scale · (q − zero). The parts (each [N, …], row n the output n):
+//   Codes   U32 [N, K·bits/32]  each row's codes as one bit stream
+//   Scales  F32 [N, K/G]        the stored scales, widened (exact)
+//   Biases  F32 [N, K/G]        −scale · zero, exact: an 11-bit significand times a zero below 2^9
+//                               fits f32's 24 bits, so fma(scale, q, bias) is exactly scale·(q − zero)
+// (F32 rather than the stored F16: −scale · zero does not fit F16 in general.)
+struct AffineRepack {
+  enum class Packing { Awq, Gptq };
+  enum class Part { Codes, Scales, Biases };
+  Packing packing = Packing::Awq;
+  Part part = Part::Codes;
+  int bits = 0, group_size = 0;
+  std::string qweight, qzeros, scales;  // the checkpoint names of the matrix's stored tensors
+};
+
+// "awq codes", "gptq biases", … (LoadPlan::to_json, errors).
+std::string repack_name(const AffineRepack& repack);
+
 struct PlannedTensor {
   std::string canonical;  // the name the graph asks for
-  std::string source;     // the name in the checkpoint
+  std::string source;     // the name in the checkpoint (a repacked part: the stored tensor it mainly reads)
   std::vector<FixUp> fixups;
   std::vector<int64_t> canonical_shape;
   std::vector<RowBlock> row_blocks = {};  // for FixUp::GatherRows only (defaulted: older initialisers stay valid)
-  std::optional<QuantizedParts> quantized = std::nullopt;  // set by plan_quantized_weights (model/quantized_checkpoint.h)
+  std::optional<QuantizedParts> quantized = std::nullopt;  // set by plan_checkpoint (model/quantized_checkpoint.h)
+  // Set for an AWQ or GPTQ matrix's part: computed from its stored tensors, not read from `source`.
+  std::optional<AffineRepack> repack = std::nullopt;
+
+  // Every checkpoint tensor this planned tensor reads.
+  std::vector<std::string> sources() const;
+  // Its dtype once materialised, before any conversion: a repacked part's own, F32 after a
+  // SubtractOne fix-up, else the stored one.
+  DType materialised_dtype(DType stored) const;
 };
 
 struct DroppedTensor {

@@ -1,5 +1,7 @@
 #include "model/loader.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "io/fingerprint.h"
 #include "model/family.h"
@@ -81,10 +83,36 @@ nlohmann::json ModelPlan::to_json() const {
   // ones (which the load plan lists).
   int64_t parameters = 0;
   std::map<std::string, uint64_t> bytes_by_dtype;
+  std::map<std::string, uint64_t> planned_bytes;  // by canonical name
   for (const auto& planned : load_plan.tensors) {
     const TensorInfo& info = checkpoint.info(planned.source);
-    parameters += shape_numel(info.shape);
-    bytes_by_dtype[std::string(dtype_name(info.dtype))] += info.nbytes;
+    // A repacked part (AWQ, GPTQ) is held in its own shape and dtype, not its main source's.
+    const Shape shape = planned.repack ? planned.canonical_shape : info.shape;
+    const DType dtype = planned.materialised_dtype(info.dtype);
+    const uint64_t bytes = planned.repack ? static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype) : info.nbytes;
+    parameters += shape_numel(shape);
+    bytes_by_dtype[std::string(dtype_name(planned.repack ? dtype : info.dtype))] += bytes;
+    planned_bytes[planned.canonical] = bytes;
+  }
+  nlohmann::json quantization = config.quantization.to_json();
+  if (config.quantization.method != QuantMethod::None) {
+    // What the quantized matrices hold once loaded: packed values with their scales and biases.
+    uint64_t packed_bytes = 0;
+    int64_t matrices = 0;
+    std::map<std::string, int64_t> matrices_by_layout;
+    for (const auto& planned : load_plan.tensors) {
+      if (!planned.quantized) continue;
+      const QuantizedParts& parts = *planned.quantized;
+      ++matrices;
+      packed_bytes += planned_bytes.at(planned.canonical) + planned_bytes.at(parts.scales);
+      if (!parts.biases.empty()) packed_bytes += planned_bytes.at(parts.biases);
+      ++matrices_by_layout[parts.format == WeightFormat::Affine
+                               ? fmt::format("affine {}-bit group {}", parts.bits, parts.group_size)
+                               : fmt::format("fp8 blocks {}x{}", parts.block_rows, parts.block_columns)];
+    }
+    quantization["quantized_matrices"] = matrices;
+    quantization["matrices_by_layout"] = matrices_by_layout;
+    quantization["packed_bytes"] = packed_bytes;
   }
   std::set<Capability> required_set = resolved.profile.capabilities();
   required_set.insert(backend_capability(device));
@@ -108,6 +136,7 @@ nlohmann::json ModelPlan::to_json() const {
       {"capabilities", {{"required", required}, {"engine", engine}}},
       {"parameters", parameters},
       {"bytes_by_dtype", bytes_by_dtype},
+      {"quantization", quantization},
       {"checkpoint", {{"files", files}, {"tensors", checkpoint.tensors().size()}, {"bytes", checkpoint.total_bytes()}}},
       {"load_plan", load_plan.to_json()},
   };

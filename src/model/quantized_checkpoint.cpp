@@ -105,6 +105,140 @@ std::map<std::string, SourceMatrix> find_fp8(const Checkpoint& checkpoint, const
   return found;
 }
 
+// An AWQ or GPTQ matrix: its stored tensors, checked, as the repack of its parts names them.
+struct StoredMatrix {
+  AffineRepack repack;     // part unset: the three parts differ only in it
+  int64_t outputs = 0;     // N
+  int64_t inputs = 0;      // K
+  std::string group_index;  // GPTQ: g_idx's name
+};
+
+const TensorInfo& stored_part(const Checkpoint& checkpoint, const TensorInfo& qweight, const std::string& module,
+                              const char* suffix, const char* what) {
+  const std::string name = module + suffix;
+  if (!checkpoint.contains(name)) fail("{}: its {} '{}' are missing", where(qweight), what, name);
+  return checkpoint.info(name);
+}
+
+void require_int32(const TensorInfo& info, const Shape& shape, const std::string& layout) {
+  if (info.dtype != DType::I32 || info.shape != shape)
+    fail("{}: is {} {}, expected I32 {} ({})", where(info), dtype_name(info.dtype), shape_string(info.shape),
+         shape_string(shape), layout);
+}
+
+// AWQ (GEMM) and GPTQ matrices, by the source name of their qweight: every stored tensor's shape
+// and dtype checked, and GPTQ's g_idx read (K int32s: an index, not weight data) and required to
+// be k / group_size, before any weight is read.
+std::map<std::string, StoredMatrix> find_awq_gptq(const Checkpoint& checkpoint, const QuantizationConfig& quantization,
+                                                  const std::filesystem::path& config_source) {
+  const bool awq = quantization.method == QuantMethod::Awq;
+  const int bits = quantization.affine.bits, group = quantization.affine.group_size;
+  const int64_t per_word = 32 / bits;
+  std::map<std::string, StoredMatrix> found;
+  for (const auto& [name, qweight] : checkpoint.tensors()) {
+    const std::string module = module_of(name, ".qweight");
+    if (module.empty()) continue;
+    if (qweight.dtype != DType::I32 || qweight.shape.size() != 2)
+      fail("{}: is {} {}, expected I32 packed {}-bit codes", where(qweight), dtype_name(qweight.dtype),
+           shape_string(qweight.shape), bits);
+    StoredMatrix matrix;
+    matrix.inputs = awq ? qweight.shape[0] : qweight.shape[0] * per_word;
+    matrix.outputs = awq ? qweight.shape[1] * per_word : qweight.shape[1];
+    if (matrix.inputs % group != 0)
+      fail("{}: group size {} does not divide the input dimension {}", where(qweight), group, matrix.inputs);
+    if (matrix.outputs % per_word != 0)
+      fail("{}: {} outputs do not fill whole words of {}-bit zeros", where(qweight), matrix.outputs, bits);
+    const int64_t groups = matrix.inputs / group;
+    const TensorInfo& qzeros = stored_part(checkpoint, qweight, module, ".qzeros", "zeros");
+    const TensorInfo& scales = stored_part(checkpoint, qweight, module, ".scales", "scales");
+    require_int32(qzeros, {groups, matrix.outputs / per_word},
+                  fmt::format("{}-bit zeros of {} outputs in {} groups of {}", bits, matrix.outputs, groups, group));
+    if (scales.shape != Shape{groups, matrix.outputs})
+      fail("{}: wrong shape {}, expected {} ({} outputs in {} groups of {})", where(scales), shape_string(scales.shape),
+           shape_string(Shape{groups, matrix.outputs}), matrix.outputs, groups, group);
+    // −scale · zero is exact in f32 only for a significand of at most 11 bits (AffineRepack).
+    if (scales.dtype != DType::F16 && scales.dtype != DType::BF16)
+      fail("{}: dtype {}, expected F16 or BF16", where(scales), dtype_name(scales.dtype));
+    if (!awq) {
+      const TensorInfo& group_index = stored_part(checkpoint, qweight, module, ".g_idx", "group indices");
+      require_int32(group_index, {matrix.inputs}, "the group of each input");
+      if (quantization.gptq_desc_act)
+        fail("{}: field 'quantization_config.desc_act' is true: the inputs of '{}' are grouped in the order of '{}', "
+             "and kiln does not permute activations to follow it",
+             config_source.string(), name, group_index.name);
+      const Tensor indices = checkpoint.view(group_index.name);
+      for (int64_t k = 0; k < matrix.inputs; ++k)
+        if (indices.data<const int32_t>()[k] != k / group)
+          fail("{}: g_idx[{}] is {}, not k / group_size = {} (desc_act is false)", where(group_index), k,
+               indices.data<const int32_t>()[k], k / group);
+      matrix.group_index = group_index.name;
+    }
+    matrix.repack = {awq ? AffineRepack::Packing::Awq : AffineRepack::Packing::Gptq, AffineRepack::Part::Codes, bits,
+                     group, name, qzeros.name, scales.name};
+    found.emplace(name, matrix);
+  }
+  return found;
+}
+
+// The three Affine parts of a stored AWQ or GPTQ matrix planned as `planned` (its qweight).
+std::vector<PlannedTensor> repacked_parts(const PlannedTensor& planned, const StoredMatrix& matrix) {
+  const std::string module = module_of(planned.canonical, ".qweight");
+  if (module.empty())
+    fail("quantized tensor '{}' is planned as '{}', which keeps no module name for its parts", planned.source,
+         planned.canonical);
+  if (!planned.fixups.empty())
+    fail("tensor '{}': the load plan applies the fix-up {} to this quantized matrix, which kiln cannot apply to its "
+         "parts",
+         planned.source, fixup_name(planned.fixups.front()));
+  const Shape groups{matrix.outputs, matrix.inputs / matrix.repack.group_size};
+  auto part = [&](AffineRepack::Part which, const std::string& suffix, const std::string& source, Shape shape) {
+    AffineRepack repack = matrix.repack;
+    repack.part = which;
+    return PlannedTensor{module + suffix, source, {}, std::move(shape), {}, std::nullopt, repack};
+  };
+  PlannedTensor codes = part(AffineRepack::Part::Codes, ".weight", matrix.repack.qweight,
+                             {matrix.outputs, matrix.inputs * matrix.repack.bits / 32});
+  codes.quantized = QuantizedParts{WeightFormat::Affine, matrix.repack.bits, matrix.repack.group_size, 0, 0,
+                                   module + ".scales", module + ".biases"};
+  return {part(AffineRepack::Part::Scales, ".scales", matrix.repack.scales, groups),
+          part(AffineRepack::Part::Biases, ".biases", matrix.repack.qzeros, groups), std::move(codes)};
+}
+
+// The sanitized plan with each AWQ or GPTQ matrix's stored tensors replaced by its Affine parts.
+LoadPlan plan_repacked(LoadPlan sanitized, const Checkpoint& checkpoint, const QuantizationConfig& quantization,
+                       const std::filesystem::path& config_source) {
+  const std::map<std::string, StoredMatrix> matrices = find_awq_gptq(checkpoint, quantization, config_source);
+  std::set<std::string> stored;  // every stored tensor of a matrix
+  for (const auto& [qweight, matrix] : matrices) {
+    stored.insert({qweight, matrix.repack.qzeros, matrix.repack.scales});
+    if (!matrix.group_index.empty()) stored.insert(matrix.group_index);
+  }
+  for (const auto& [name, info] : checkpoint.tensors())
+    if (!is_float_dtype(info.dtype) && !stored.count(name))
+      fail("{}: dtype {} is not a floating-point weight, and config.json's quantization ({}) makes it no quantized "
+           "matrix's part",
+           where(info), dtype_name(info.dtype), quant_method_name(quantization.method));
+  LoadPlan plan;
+  plan.dropped = std::move(sanitized.dropped);
+  plan.notes = std::move(sanitized.notes);
+  for (PlannedTensor& planned : sanitized.tensors) {
+    const auto matrix = matrices.find(planned.source);
+    if (matrix != matrices.end()) {
+      for (PlannedTensor& part : repacked_parts(planned, matrix->second)) plan.tensors.push_back(std::move(part));
+      if (!matrix->second.group_index.empty())
+        plan.dropped.push_back({matrix->second.group_index, "GPTQ g_idx: checked to be k / group_size"});
+    } else if (!stored.count(planned.source)) {
+      plan.tensors.push_back(std::move(planned));
+    }
+  }
+  if (!matrices.empty())
+    plan.notes.push_back(fmt::format("{} quantized matrices ({}, {}-bit, group {}): repacked at load into MLX affine "
+                                     "codes with F32 scales and biases (-scale * zero)",
+                                     matrices.size(), quant_method_name(quantization.method), quantization.affine.bits,
+                                     quantization.affine.group_size));
+  return plan;
+}
+
 // The canonical name of a part: the values' canonical module with the part's own suffix.
 std::string canonical_part(const std::string& values_canonical, const std::string& values_source,
                            const std::string& part_source) {
@@ -126,9 +260,7 @@ std::map<std::string, SourceMatrix> find_matrices(const Checkpoint& checkpoint, 
     case QuantMethod::MlxAffine: matrices = find_mlx(checkpoint, quantization, config.source); break;
     case QuantMethod::Fp8: matrices = find_fp8(checkpoint, quantization); break;
     case QuantMethod::Awq:
-    case QuantMethod::Gptq:
-      fail("{}: field 'quantization_config.quant_method' is '{}': not implemented yet", config.source.string(),
-           quant_method_name(quantization.method));
+    case QuantMethod::Gptq: break;  // repacked instead (plan_repacked)
   }
   for (const auto& [name, info] : checkpoint.tensors())
     if (!is_float_dtype(info.dtype) && !matrices.count(name))
@@ -170,6 +302,8 @@ Checkpoint dense_view(const Checkpoint& checkpoint, const std::map<std::string, 
 
 LoadPlan plan_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config,
                          const std::function<LoadPlan(const Checkpoint&)>& sanitize) {
+  if (config.quantization.method == QuantMethod::Awq || config.quantization.method == QuantMethod::Gptq)
+    return plan_repacked(sanitize(checkpoint), checkpoint, config.quantization, config.source);
   const std::map<std::string, SourceMatrix> matrices = find_matrices(checkpoint, config);
   if (matrices.empty()) return sanitize(checkpoint);
   const std::set<std::string> parts = part_sources(matrices);

@@ -6,7 +6,11 @@
 // quantized matrix as a float tensor of its logical shape, its other parts hidden), so it plans
 // names and shapes as it always does; each planned matrix is then marked quantized and its other
 // parts are planned beside it with the same row fix-ups (a family's row regrouping, Qwen3-Next's
-// in_proj_qkvz, carries its scales along). Every error names the file, the tensor or the field.
+// in_proj_qkvz, carries its scales along). AWQ and GPTQ matrices (`M.qweight` beside `M.qzeros`,
+// `M.scales` and, for GPTQ, `M.g_idx`), mapped by the sanitizer as stored, are planned instead as
+// the three Affine parts `M.weight`, `M.scales` and `M.biases`, each computed at materialisation
+// from the stored tensors (AffineRepack in model/load_plan.h); g_idx, once checked to be
+// k / group_size, is dropped. Every error names the file, the tensor or the config field.
 #pragma once
 
 #include <functional>

@@ -513,37 +513,37 @@ std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
   const int64_t intermediate = config.intermediate_size;
 
   std::vector<SynthTensor> tensors;
-  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
+  tensors.push_back(embedding("model.embed_tokens.weight", {config.vocab_size, hidden}));
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const std::string prefix = fmt::format("model.layers.{}.", layer);
     tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Zeros});
     if (config.layer_types.at(static_cast<size_t>(layer)) == LayerKind::FullAttention) {
       const std::string attention = prefix + "self_attn.";
-      tensors.push_back({attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}});
-      tensors.push_back({attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}});
-      tensors.push_back({attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}});
-      tensors.push_back({attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}});
+      tensors.push_back(layer_linear(attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}));
+      tensors.push_back(layer_linear(attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
+      tensors.push_back(layer_linear(attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
+      tensors.push_back(layer_linear(attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}));
       tensors.push_back({attention + "q_norm.weight", {head_dim}, SynthInit::Zeros});
       tensors.push_back({attention + "k_norm.weight", {head_dim}, SynthInit::Zeros});
     } else {
       const std::string linear = prefix + "linear_attn.";
-      tensors.push_back({linear + "in_proj_qkv.weight", {conv_channels, hidden}});
-      tensors.push_back({linear + "in_proj_z.weight", {value_width, hidden}});
-      tensors.push_back({linear + "in_proj_b.weight", {value_heads, hidden}});
-      tensors.push_back({linear + "in_proj_a.weight", {value_heads, hidden}});
+      tensors.push_back(layer_linear(linear + "in_proj_qkv.weight", {conv_channels, hidden}));
+      tensors.push_back(layer_linear(linear + "in_proj_z.weight", {value_width, hidden}));
+      tensors.push_back(layer_linear(linear + "in_proj_b.weight", {value_heads, hidden}));
+      tensors.push_back(layer_linear(linear + "in_proj_a.weight", {value_heads, hidden}));
       tensors.push_back({linear + "conv1d.weight", {conv_channels, 1, config.linear_conv_kernel_dim}});
       tensors.push_back({linear + "dt_bias", {value_heads}, SynthInit::Ones});
       tensors.push_back({linear + "A_log", {value_heads}});
       tensors.push_back({linear + "norm.weight", {config.linear_value_head_dim}, SynthInit::Ones});
-      tensors.push_back({linear + "out_proj.weight", {hidden, value_width}});
+      tensors.push_back(layer_linear(linear + "out_proj.weight", {hidden, value_width}));
     }
     tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
-    tensors.push_back({prefix + "mlp.gate_proj.weight", {intermediate, hidden}});
-    tensors.push_back({prefix + "mlp.up_proj.weight", {intermediate, hidden}});
-    tensors.push_back({prefix + "mlp.down_proj.weight", {hidden, intermediate}});
+    tensors.push_back(layer_linear(prefix + "mlp.gate_proj.weight", {intermediate, hidden}));
+    tensors.push_back(layer_linear(prefix + "mlp.up_proj.weight", {intermediate, hidden}));
+    tensors.push_back(layer_linear(prefix + "mlp.down_proj.weight", {hidden, intermediate}));
   }
   tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Zeros});
-  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  if (!config.tie_word_embeddings) tensors.push_back(head_linear("lm_head.weight", {config.vocab_size, hidden}));
   return tensors;
 }
 

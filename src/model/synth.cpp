@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "io/safetensors_writer.h"
 #include "model/family.h"
+#include "model/quantize.h"
 
 namespace kiln {
 namespace {
@@ -46,30 +50,124 @@ float normal_like(uint64_t bits) {
   return static_cast<float>((sum - kMean) / kStd);
 }
 
+// The value of each element of a tensor, by index (before rounding to the checkpoint's dtype).
+struct SynthValues {
+  uint64_t stream = 0;
+  SynthInit init = SynthInit::Normal;
+
+  SynthValues(const SynthTensor& tensor, uint64_t seed)
+      : stream(mix64(seed ^ mix64(name_hash(tensor.name)))), init(tensor.init) {}
+  float at(uint64_t index) const {
+    if (init == SynthInit::Ones) return 1.0f;
+    if (init == SynthInit::Zeros) return 0.0f;
+    return kInitStd * normal_like(mix64(stream + index));
+  }
+};
+
+float round_to(DType dtype, float value) {
+  if (dtype == DType::BF16) return bf16_to_f32(f32_to_bf16(value));
+  if (dtype == DType::F16) return f16_to_f32(f32_to_f16(value));
+  return value;
+}
+
 TensorByteFill make_fill(const SynthTensor& tensor, DType dtype, uint64_t seed) {
-  const uint64_t stream = mix64(seed ^ mix64(name_hash(tensor.name)));
-  const SynthInit init = tensor.init;
-  return [stream, init, dtype](uint64_t offset, std::span<uint8_t> out) {
+  const SynthValues synth(tensor, seed);
+  return [synth, dtype](uint64_t offset, std::span<uint8_t> out) {
     const size_t element_size = dtype_size(dtype);
     const uint64_t first = offset / element_size;
     const auto count = static_cast<int64_t>(out.size() / element_size);
-    auto value_at = [&](uint64_t index) {
-      if (init == SynthInit::Ones) return 1.0f;
-      if (init == SynthInit::Zeros) return 0.0f;
-      return kInitStd * normal_like(mix64(stream + index));
-    };
     // Each element depends only on its index, so any split over threads gives the same bytes.
     ThreadPool::global().parallel_for(count, 1 << 14, [&](int64_t begin, int64_t end) {
       if (dtype == DType::F32) {
         auto* values = reinterpret_cast<float*>(out.data());
-        for (int64_t i = begin; i < end; ++i) values[i] = value_at(first + i);
+        for (int64_t i = begin; i < end; ++i) values[i] = synth.at(first + i);
       } else {
         auto* values = reinterpret_cast<uint16_t*>(out.data());
         for (int64_t i = begin; i < end; ++i)
-          values[i] = dtype == DType::BF16 ? f32_to_bf16(value_at(first + i)) : f32_to_f16(value_at(first + i));
+          values[i] = dtype == DType::BF16 ? f32_to_bf16(synth.at(first + i)) : f32_to_f16(synth.at(first + i));
       }
     });
   };
+}
+
+// A fill that produces its tensor `unit_bytes` at a time (a row, or a row of FP8 blocks):
+// `produce(first, count)` gives the bytes of units [first, first + count).
+using UnitProducer = std::function<std::vector<uint8_t>(int64_t first, int64_t count)>;
+TensorByteFill units_fill(uint64_t unit_bytes, UnitProducer produce) {
+  return [unit_bytes, produce = std::move(produce)](uint64_t offset, std::span<uint8_t> out) {
+    const auto first = static_cast<int64_t>(offset / unit_bytes);
+    const auto last = static_cast<int64_t>((offset + out.size() + unit_bytes - 1) / unit_bytes);
+    const std::vector<uint8_t> bytes = produce(first, last - first);
+    std::memcpy(out.data(), bytes.data() + (offset - first * unit_bytes), out.size());
+  };
+}
+
+template <typename T>
+std::vector<uint8_t> as_bytes(const std::vector<T>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(T));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+std::vector<uint8_t> in_dtype(const std::vector<float>& values, DType dtype) {
+  if (dtype == DType::F32) return as_bytes(values);
+  std::vector<uint16_t> narrowed(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    narrowed[i] = dtype == DType::BF16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+  return as_bytes(narrowed);
+}
+
+// Rows [first, first + count) of a matrix's values as the `dtype` checkpoint holds them, in f32.
+std::vector<float> synth_rows(const SynthValues& synth, int64_t columns, int64_t first, int64_t count, DType dtype) {
+  std::vector<float> values(static_cast<size_t>(count * columns));
+  ThreadPool::global().parallel_for(count * columns, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) values[i] = round_to(dtype, synth.at(first * columns + i));
+  });
+  return values;
+}
+
+// The entries of a quantized matrix: what quantize_checkpoint writes for the `dtype` checkpoint of
+// the same seed, produced row by row.
+std::vector<SafetensorsEntry> quantized_entries(const SynthTensor& tensor, const SynthQuantization& quantization,
+                                                DType dtype, uint64_t seed) {
+  const SynthValues synth(tensor, seed);
+  const int64_t rows = tensor.shape[0], columns = tensor.shape[1];
+  const auto capped = [rows](int64_t first, int64_t count) { return std::min(count, rows - first); };
+  if (quantization.format == QuantizeFormat::Fp8) {
+    const int64_t block_rows = (rows + kFp8Block - 1) / kFp8Block, block_columns = (columns + kFp8Block - 1) / kFp8Block;
+    auto blocks = [=](int64_t first_block, int64_t count) {
+      const int64_t first = first_block * kFp8Block;
+      const int64_t row_count = capped(first, count * kFp8Block);
+      const std::vector<float> values = synth_rows(synth, columns, first, row_count, dtype);
+      return quantize_fp8_blocks(values.data(), row_count, columns, kFp8Block, kFp8Block);
+    };
+    SafetensorsEntry values{tensor.name, DType::F8E4M3, tensor.shape, {}, {}};
+    values.fill = units_fill(static_cast<uint64_t>(kFp8Block * columns),
+                             [=](int64_t first, int64_t count) { return blocks(first, count).values; });
+    SafetensorsEntry scales{tensor.name + "_scale_inv", DType::F32, {block_rows, block_columns}, {}, {}};
+    scales.fill = units_fill(static_cast<uint64_t>(block_columns) * 4,
+                             [=](int64_t first, int64_t count) { return as_bytes(blocks(first, count).scale_inv); });
+    return {std::move(values), std::move(scales)};
+  }
+  const AffineScheme scheme = quantization.scheme;
+  auto quantized = [=](int64_t first, int64_t count) {
+    const std::vector<float> values = synth_rows(synth, columns, first, capped(first, count), dtype);
+    return quantize_affine_rows(values.data(), capped(first, count), columns, scheme, dtype);
+  };
+  const std::string module = tensor.name.substr(0, tensor.name.size() - std::string(".weight").size());
+  const int64_t groups = columns / scheme.group_size, row_words = columns * scheme.bits / 32;
+  SafetensorsEntry codes{tensor.name, DType::U32, {rows, row_words}, {}, {}};
+  codes.fill = units_fill(static_cast<uint64_t>(row_words) * 4,
+                          [=](int64_t first, int64_t count) { return as_bytes(quantized(first, count).codes); });
+  SafetensorsEntry scales{module + ".scales", dtype, {rows, groups}, {}, {}};
+  scales.fill = units_fill(static_cast<uint64_t>(groups) * dtype_size(dtype), [=](int64_t first, int64_t count) {
+    return in_dtype(quantized(first, count).scales, dtype);
+  });
+  SafetensorsEntry biases{module + ".biases", dtype, {rows, groups}, {}, {}};
+  biases.fill = units_fill(static_cast<uint64_t>(groups) * dtype_size(dtype), [=](int64_t first, int64_t count) {
+    return in_dtype(quantized(first, count).biases, dtype);
+  });
+  return {std::move(codes), std::move(scales), std::move(biases)};
 }
 
 std::string torch_dtype_name(DType dtype) {
@@ -77,7 +175,7 @@ std::string torch_dtype_name(DType dtype) {
     case DType::F32: return "float32";
     case DType::BF16: return "bfloat16";
     case DType::F16: return "float16";
-    case DType::I32: break;
+    default: break;
   }
   fail("synth writes F32, F16 or BF16 weights, not {}", dtype_name(dtype));
 }
@@ -146,7 +244,20 @@ SynthResult write_synthetic_checkpoint(const SynthOptions& options) {
   SynthResult result;
   result.config = parse_model_config(config_json, config_path);
   std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::optional<AffineScheme>> unquantized;  // MLX: `false` in the config
   for (const SynthTensor& tensor : synth_tensor_layout(result.config)) {
+    if (options.quantize && quantizes(options.quantize->format, tensor.role)) {
+      if (options.quantize->format == QuantizeFormat::MlxAffine &&
+          tensor.shape[1] % options.quantize->scheme.group_size != 0) {
+        unquantized.emplace(tensor.name.substr(0, tensor.name.size() - std::string(".weight").size()), std::nullopt);
+      } else {
+        for (SafetensorsEntry& entry : quantized_entries(tensor, *options.quantize, options.dtype, options.seed)) {
+          result.tensor_bytes += entry.nbytes();
+          entries.push_back(std::move(entry));
+        }
+        continue;
+      }
+    }
     SafetensorsEntry entry;
     entry.name = tensor.name;
     entry.dtype = options.dtype;
@@ -157,6 +268,13 @@ SynthResult write_synthetic_checkpoint(const SynthOptions& options) {
   }
   result.tensor_count = entries.size();
 
+  if (options.quantize && options.quantize->format == QuantizeFormat::Fp8) {
+    config_json["quantization_config"] = fp8_quantization_json();
+  } else if (options.quantize) {
+    config_json["quantization"] = mlx_quantization_json(options.quantize->scheme, unquantized);
+    config_json["quantization_config"] = config_json["quantization"];
+  }
+  result.config = parse_model_config(config_json, config_path);
   std::filesystem::create_directories(options.out);
   {
     std::ofstream out(config_path);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "io/config.h"
+#include "model/quantize.h"
 
 namespace kiln {
 
@@ -40,20 +42,51 @@ const SynthShape& find_synth_shape(const std::string& name);
 
 enum class SynthInit { Normal, Ones, Zeros };
 
+// What a tensor is to the graph, for quantizers (model/quantize.h): the matrices of the decoder
+// layers' Linear layers, the output head's, the token embedding, or anything else (norm gains,
+// biases, convolutions, per-head parameters), which stays as it is.
+enum class TensorRole { Other, LayerLinear, HeadLinear, Embedding };
+
 struct SynthTensor {
   std::string name;
   Shape shape;
   SynthInit init = SynthInit::Normal;
+  TensorRole role = TensorRole::Other;
 };
+
+// Whether `format` quantizes a tensor of `role`: MLX every Linear matrix and the embedding (as
+// mlx_lm does), FP8 the decoder layers' Linear matrices only.
+inline bool quantizes(QuantizeFormat format, TensorRole role) {
+  return format == QuantizeFormat::Fp8 ? role == TensorRole::LayerLinear : role != TensorRole::Other;
+}
+
+// Random-normal matrices of each quantizable role.
+inline SynthTensor layer_linear(std::string name, Shape shape) {
+  return {std::move(name), std::move(shape), SynthInit::Normal, TensorRole::LayerLinear};
+}
+inline SynthTensor head_linear(std::string name, Shape shape) {
+  return {std::move(name), std::move(shape), SynthInit::Normal, TensorRole::HeadLinear};
+}
+inline SynthTensor embedding(std::string name, Shape shape) {
+  return {std::move(name), std::move(shape), SynthInit::Normal, TensorRole::Embedding};
+}
 
 // The tensors a Hugging Face checkpoint of `config` holds, with their shapes: the synth layout of
 // the family that writes its model_type. Fails for a model_type no family writes (qwen3_next).
 std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config,
                                              const FamilyList& families = builtin_families());
 
+// `kiln synth --quantize`: the checkpoint written already quantized, as quantize_checkpoint
+// (model/quantize.h) would write the `dtype` one of the same seed, without writing that one first.
+struct SynthQuantization {
+  QuantizeFormat format = QuantizeFormat::MlxAffine;
+  AffineScheme scheme{4, 64};  // MLX
+};
+
 struct SynthOptions {
   std::string shape;
-  DType dtype = DType::BF16;
+  DType dtype = DType::BF16;  // of the weights, or of the scales and unquantized tensors when quantized
+  std::optional<SynthQuantization> quantize;
   std::filesystem::path out;
   uint64_t seed = 0;
   std::optional<int64_t> layers;  // overrides num_hidden_layers (quick tests of big shapes)
