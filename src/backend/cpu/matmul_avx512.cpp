@@ -49,6 +49,32 @@ struct Avx512Matmul : Avx512Lanes {
       return widen(_mm512_maskz_loadu_epi16(__mmask32((uint64_t{1} << valid) - 1), w), h);
     }
   };
+
+  // 16 affine codes from `bytes` (code i at bits [i·Bits, (i+1)·Bits) of the little-endian stream)
+  // as floats, exactly. 4 bits: the two words, word i / 8 in lane i, shifted right by 4·(i % 8).
+  template <int Bits>
+  static __m512 codes(const uint8_t* bytes) {
+    if constexpr (Bits == 8)
+      return _mm512_maskz_cvtepi32_ps(kAllLanes, _mm512_maskz_cvtepu8_epi32(kAllLanes, _mm_loadu_si128(
+                                                                                   reinterpret_cast<const __m128i*>(bytes))));
+    const __m512i words = _mm512_maskz_permutexvar_epi32(
+        kAllLanes, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+        _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes))));
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    const __m512i nibbles = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAllLanes, words, shifts), _mm512_set1_epi32(0xf));
+    return _mm512_maskz_cvtepi32_ps(kAllLanes, nibbles);
+  }
+
+  // 16 e4m3 bytes as their f32 values, through fp8_e4m3_table.
+  static __m512 fp8_of(__m128i bytes) {
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAllLanes, _mm512_maskz_cvtepu8_epi32(kAllLanes, bytes),
+                                    fp8_e4m3_table(), 4);
+  }
+  static __m512 fp8(const uint8_t* bytes) { return fp8_of(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))); }
+  static __m512 partial_fp8(const uint8_t* bytes, int64_t valid) {
+    return fp8_of(_mm_maskz_loadu_epi8(lane_mask(valid), bytes));
+  }
+  static __m512 zero_from(__m512 v, int64_t valid) { return _mm512_maskz_mov_ps(lane_mask(valid), v); }
 };
 
 }  // namespace
