@@ -51,18 +51,27 @@ struct Avx2Matmul : Avx2Lanes {
     }
   };
 
-  // 8 affine codes from `bytes` (code i at bits [i·Bits, (i+1)·Bits) of the little-endian stream)
-  // as floats, exactly. 4 bits: one word in every lane, lane i shifted right by 4·i.
+  // A group's scale and bias; half(p) decodes the 8 codes from byte p (code i at bits
+  // [i·Bits, (i+1)·Bits) of the little-endian stream) to fma(scale, q, bias), exactly. 4 bits: the
+  // word in every lane, lane i shifted right by 4·i.
   template <int Bits>
-  static __m256 codes(const uint8_t* bytes) {
-    if constexpr (Bits == 8)
-      return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes))));
-    uint32_t word;
-    std::memcpy(&word, bytes, sizeof word);
-    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-    return _mm256_cvtepi32_ps(
-        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int32_t>(word)), shifts), _mm256_set1_epi32(0xf)));
-  }
+  struct AffineGroup {
+    AffineGroup(float scale, float bias) : scale(_mm256_set1_ps(scale)), bias(_mm256_set1_ps(bias)) {}
+    __m256 half(const uint8_t* bytes) const {
+      __m256i codes;
+      if constexpr (Bits == 8) {
+        codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+      } else {
+        uint32_t word;
+        std::memcpy(&word, bytes, sizeof word);
+        const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        codes = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int32_t>(word)), shifts),
+                                 _mm256_set1_epi32(0xf));
+      }
+      return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(codes), bias);
+    }
+    __m256 scale, bias;
+  };
 
   // 8 e4m3 bytes as their f32 values, through fp8_e4m3_table.
   static __m256 fp8(const uint8_t* bytes) {

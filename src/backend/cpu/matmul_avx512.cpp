@@ -1,6 +1,8 @@
 // AVX-512 matmul: 16-lane f32 accumulators; weights widened to f32 in registers, never in memory.
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "backend/cpu/matmul_kernels.h"
 #include "backend/cpu/matmul_tiles.h"
 #include "backend/cpu/simd_avx512.h"
@@ -50,20 +52,38 @@ struct Avx512Matmul : Avx512Lanes {
     }
   };
 
-  // 16 affine codes from `bytes` (code i at bits [i·Bits, (i+1)·Bits) of the little-endian stream)
-  // as floats, exactly. 4 bits: the two words, word i / 8 in lane i, shifted right by 4·(i % 8).
+  // A group's 16 4-bit weights w[q] = fma(scale, q, bias), one per lane: a half's weights are then
+  // one permute of them by its codes (the permute reads the low 4 bits of each lane, so the codes
+  // need no mask), exactly the values of the per-element fma.
+  struct NibbleGroup {
+    NibbleGroup(float scale, float bias)
+        : weights(_mm512_fmadd_ps(_mm512_set1_ps(scale),
+                                  _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  _mm512_set1_ps(bias))) {}
+    // The 16 codes from `bytes` (code i at bits [4i, 4i + 4) of the little-endian stream): word
+    // i / 8 in lane i, shifted right by 4·(i % 8).
+    __m512 half(const uint8_t* bytes) const {
+      const __m512i words = _mm512_maskz_permutexvar_epi32(
+          kAllLanes, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+          _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes))));
+      const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+      return _mm512_maskz_permutexvar_ps(kAllLanes, _mm512_maskz_srlv_epi32(kAllLanes, words, shifts), weights);
+    }
+    __m512 weights;
+  };
+
+  // 8 bits: the 16 bytes widened and converted, then fma(scale, q, bias).
+  struct ByteGroup {
+    ByteGroup(float scale, float bias) : scale(_mm512_set1_ps(scale)), bias(_mm512_set1_ps(bias)) {}
+    __m512 half(const uint8_t* bytes) const {
+      const __m512i codes = _mm512_maskz_cvtepu8_epi32(kAllLanes, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+      return _mm512_fmadd_ps(scale, _mm512_maskz_cvtepi32_ps(kAllLanes, codes), bias);
+    }
+    __m512 scale, bias;
+  };
+
   template <int Bits>
-  static __m512 codes(const uint8_t* bytes) {
-    if constexpr (Bits == 8)
-      return _mm512_maskz_cvtepi32_ps(kAllLanes, _mm512_maskz_cvtepu8_epi32(kAllLanes, _mm_loadu_si128(
-                                                                                   reinterpret_cast<const __m128i*>(bytes))));
-    const __m512i words = _mm512_maskz_permutexvar_epi32(
-        kAllLanes, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-        _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes))));
-    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    const __m512i nibbles = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAllLanes, words, shifts), _mm512_set1_epi32(0xf));
-    return _mm512_maskz_cvtepi32_ps(kAllLanes, nibbles);
-  }
+  using AffineGroup = std::conditional_t<Bits == 4, NibbleGroup, ByteGroup>;
 
   // 16 e4m3 bytes as their f32 values, through fp8_e4m3_table.
   static __m512 fp8_of(__m128i bytes) {

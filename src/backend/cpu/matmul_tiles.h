@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstdint>
 #include <utility>
 
@@ -44,34 +45,43 @@ struct TileTable {
 // kLanes) and its largest tile (kTileRows × kTileCols). Weights says where a column's weights are
 // and how half h of a block loads as kLanes f32 weights:
 //   Source (built from the operands), row_bytes(op) (bytes a column's row reads),
-//   Cursor at(source, column, k0) (block k0 of a column), prefetch(cursor),
-//   half(cursor, h), and partial_half(cursor, h, valid) for a final block of `valid` (< kBlockK)
-//   elements that reads no byte past the row and yields 0 past `valid`; kMayEndInPartialBlock says
-//   whether K can leave such a block.
+//   segment(source): the span of K (a multiple of kBlockK) one cursor covers, e.g. a quantization
+//   group, so what a group shares (its scale) is read once per group, not once per block,
+//   Cursor at(source, column, s0) (the segment starting at s0 of a column),
+//   prefetch(cursor, offset), half(cursor, offset, h) for the block at `offset` in the segment,
+//   and partial_half(cursor, offset, h, valid) for a final block of `valid` (< kBlockK) elements
+//   that reads no byte past the row and yields 0 past `valid`; kMayEndInPartialBlock says whether
+//   K can leave such a block.
+// Segments change only where weights are read from, never the order of the blocks.
 template <class Matmul, class Weights>
 struct SimdTiles {
   using Source = typename Weights::Source;
   using Floats = typename Matmul::Floats;
   using TileFn = void (*)(const float* x, int64_t x_stride, const Source& w, int64_t column, int64_t k,
                           const float* bias, float* out, int64_t out_stride);
+  template <int Cols>
+  using Cursors = std::array<typename Weights::Cursor, Cols>;
+
+  template <int... Column>
+  static Cursors<sizeof...(Column)> cursors_at(const Source& w, int64_t column, int64_t s0,
+                                               std::integer_sequence<int, Column...>) {
+    return {Weights::at(w, column + Column, s0)...};
+  }
 
   template <int Rows, int Cols>
   struct Tile {
     template <bool Partial>
-    static void block(Floats (&acc)[Rows][Cols], const float* x, int64_t x_stride, const Source& w,
-                      int64_t column, int64_t k0, int64_t valid) {
-      typename Weights::Cursor cursors[Cols];
-      for (int c = 0; c < Cols; ++c) {
-        cursors[c] = Weights::at(w, column + c, k0);
-        if (!Partial) Weights::prefetch(cursors[c]);
-      }
+    static void block(Floats (&acc)[Rows][Cols], const float* x, int64_t x_stride, const Cursors<Cols>& cursors,
+                      int64_t k0, int64_t offset, int64_t valid) {
+      if (!Partial)
+        for (int c = 0; c < Cols; ++c) Weights::prefetch(cursors[c], offset);
       for (int h = 0; h < 2; ++h) {
         Floats weights[Cols];
         for (int c = 0; c < Cols; ++c) {
           if constexpr (Partial)
-            weights[c] = Weights::partial_half(cursors[c], h, valid);
+            weights[c] = Weights::partial_half(cursors[c], offset, h, valid);
           else
-            weights[c] = Weights::half(cursors[c], h);
+            weights[c] = Weights::half(cursors[c], offset, h);
         }
         for (int r = 0; r < Rows; ++r) {
           const Floats xv = Matmul::load(x + r * x_stride + k0 + Matmul::kLanes * h);
@@ -82,14 +92,23 @@ struct SimdTiles {
 
     static void run(const float* x, int64_t x_stride, const Source& w, int64_t column, int64_t k,
                     const float* bias, float* out, int64_t out_stride) {
+      constexpr auto kColumns = std::make_integer_sequence<int, Cols>{};
       Floats acc[Rows][Cols];
       for (int r = 0; r < Rows; ++r)
         for (int c = 0; c < Cols; ++c) acc[r][c] = Matmul::zero();
       const int64_t full_end = k / Matmul::kBlockK * Matmul::kBlockK;
-      for (int64_t k0 = 0; k0 < full_end; k0 += Matmul::kBlockK)
-        block<false>(acc, x, x_stride, w, column, k0, Matmul::kBlockK);
+      const int64_t segment = Weights::segment(w);
+      for (int64_t s0 = 0; s0 < full_end; s0 += segment) {
+        const Cursors<Cols> cursors = cursors_at(w, column, s0, kColumns);
+        const int64_t s_end = s0 + segment < full_end ? s0 + segment : full_end;
+        for (int64_t k0 = s0; k0 < s_end; k0 += Matmul::kBlockK)
+          block<false>(acc, x, x_stride, cursors, k0, k0 - s0, Matmul::kBlockK);
+      }
       if constexpr (Weights::kMayEndInPartialBlock)
-        if (full_end < k) block<true>(acc, x, x_stride, w, column, full_end, k - full_end);
+        if (full_end < k) {
+          const int64_t s0 = full_end / segment * segment;
+          block<true>(acc, x, x_stride, cursors_at(w, column, s0, kColumns), full_end, full_end - s0, k - full_end);
+        }
       for (int r = 0; r < Rows; ++r)
         for (int c = 0; c < Cols; ++c) {
           const float sum = Matmul::sum(acc[r][c]);
@@ -133,15 +152,16 @@ struct DenseWeights {
     const Element* w;
     int64_t k;
   };
-  using Cursor = const Element*;
+  using Cursor = const Element*;  // a column's row
   static int64_t row_bytes(const MatmulOperands& op) { return op.k * int64_t(sizeof(Element)); }
-  static Cursor at(const Source& source, int64_t column, int64_t k0) { return source.w + column * source.k + k0; }
-  static void prefetch(Cursor w) {
+  static int64_t segment(const Source& source) { return (source.k + Matmul::kBlockK - 1) / Matmul::kBlockK * Matmul::kBlockK; }
+  static Cursor at(const Source& source, int64_t column, int64_t s0) { return source.w + column * source.k + s0; }
+  static void prefetch(Cursor w, int64_t offset) {
     for (int64_t line = 0; line < Matmul::kBlockK * int64_t(sizeof(Element)); line += kCacheLine)
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes + line, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + offset) + kPrefetchBytes + line, _MM_HINT_T0);
   }
-  static auto half(Cursor w, int h) { return Loads::half(w, h); }
-  static auto partial_half(Cursor w, int h, int64_t valid) { return Loads::partial_half(w, h, valid); }
+  static auto half(Cursor w, int64_t offset, int h) { return Loads::half(w + offset, h); }
+  static auto partial_half(Cursor w, int64_t offset, int h, int64_t valid) { return Loads::partial_half(w + offset, h, valid); }
 };
 
 // A scale or bias of dtype Scale at `index`, widened to f32 as decode_rows does.
@@ -158,13 +178,16 @@ inline void prefetch_packed(const uint8_t* block_start, int64_t byte_offset) {
   if (byte_offset % kCacheLine == 0) _mm_prefetch(reinterpret_cast<const char*>(block_start) + kPrefetchBytes, _MM_HINT_T0);
 }
 
-// An affine weight of Bits (4 or 8) with scales and biases of dtype Scale. Matmul::codes<Bits>(p)
-// widens the kLanes codes starting at byte p to floats. K is a multiple of the group size (≥ 32,
-// a multiple of every kBlockK), so a block lies inside one group and never ends partial.
+// An affine weight of Bits (4 or 8) with scales and biases of dtype Scale; a segment is one group.
+// The instruction set decodes: Matmul::AffineGroup<Bits> is made once per group from its scale and
+// bias, and its half(p) yields the kLanes weights whose codes start at byte p, each
+// fma(scale, q, bias) exactly. K is a multiple of the group size (≥ 32, a multiple of every
+// kBlockK), so a block never ends partial.
 template <int Bits, DType Scale, class Matmul>
 struct AffineWeights {
   static constexpr bool kMayEndInPartialBlock = false;
   using Floats = typename Matmul::Floats;
+  using Group = typename Matmul::template AffineGroup<Bits>;
   struct Source {
     explicit Source(const MatmulOperands& op)
         : codes(static_cast<const uint8_t*>(op.quantized->values().raw())),
@@ -179,28 +202,31 @@ struct AffineWeights {
     int64_t row_code_bytes, groups, group_size;
   };
   struct Cursor {
-    const uint8_t* codes;  // the block's first code
+    const uint8_t* codes;  // the group's first code
     int64_t byte_offset;   // of that code in its row
-    Floats scale, bias;
+    Group group;
   };
   static int64_t row_bytes(const MatmulOperands& op) { return static_cast<int64_t>(op.quantized->row_nbytes()); }
-  static Cursor at(const Source& s, int64_t column, int64_t k0) {
-    const int64_t group = column * s.groups + k0 / s.group_size;
-    const int64_t offset = k0 * Bits / 8;
-    return {s.codes + column * s.row_code_bytes + offset, offset, Matmul::broadcast(widen_scale<Scale>(s.scales, group)),
-            Matmul::broadcast(widen_scale<Scale>(s.biases, group))};
+  static int64_t segment(const Source& s) { return s.group_size; }
+  static Cursor at(const Source& s, int64_t column, int64_t s0) {
+    const int64_t group = column * s.groups + s0 / s.group_size;
+    const int64_t offset = s0 * Bits / 8;
+    return {s.codes + column * s.row_code_bytes + offset, offset,
+            Group(widen_scale<Scale>(s.scales, group), widen_scale<Scale>(s.biases, group))};
   }
-  static void prefetch(const Cursor& cursor) { prefetch_packed(cursor.codes, cursor.byte_offset); }
-  static Floats half(const Cursor& cursor, int h) {
-    return Matmul::fmadd(cursor.scale, Matmul::template codes<Bits>(cursor.codes + Matmul::kLanes * Bits / 8 * h),
-                        cursor.bias);
+  static void prefetch(const Cursor& cursor, int64_t offset) {
+    prefetch_packed(cursor.codes + offset * Bits / 8, cursor.byte_offset + offset * Bits / 8);
+  }
+  static Floats half(const Cursor& cursor, int64_t offset, int h) {
+    return cursor.group.half(cursor.codes + (offset + Matmul::kLanes * h) * Bits / 8);
   }
 };
 
-// An fp8 block weight with scale_inv of dtype Scale, its block columns a multiple of 32 (see
-// has_quantized_kernel) so a block has one scale. Matmul::fp8(p) and Matmul::partial_fp8(p, valid)
-// widen kLanes e4m3 bytes to their exact f32 values; Matmul::zero_from(v, valid) zeroes lanes from
-// `valid` on (so a scale of inf or NaN cannot turn the padding into NaN).
+// An fp8 block weight with scale_inv of dtype Scale; a segment is one scale block's columns, a
+// multiple of 32 (has_quantized_kernel), so every block has one scale. Matmul::fp8(p) and
+// Matmul::partial_fp8(p, valid) widen kLanes e4m3 bytes to their exact f32 values;
+// Matmul::zero_from(v, valid) zeroes lanes from `valid` on (so a scale of inf or NaN cannot turn
+// the padding into NaN).
 template <DType Scale, class Matmul>
 struct Fp8BlockWeights {
   static constexpr bool kMayEndInPartialBlock = true;
@@ -218,25 +244,28 @@ struct Fp8BlockWeights {
     int64_t k, scale_columns, block_rows, block_columns;
   };
   struct Cursor {
-    const uint8_t* values;
-    int64_t byte_offset;
+    const uint8_t* values;  // the scale block's first value in the row
+    int64_t byte_offset;    // of that value in its row
     Floats scale;
   };
   static int64_t row_bytes(const MatmulOperands& op) { return static_cast<int64_t>(op.quantized->row_nbytes()); }
-  static Cursor at(const Source& s, int64_t column, int64_t k0) {
-    const float scale = widen_scale<Scale>(s.scales, column / s.block_rows * s.scale_columns + k0 / s.block_columns);
-    return {s.values + column * s.k + k0, k0, Matmul::broadcast(scale)};
+  static int64_t segment(const Source& s) { return s.block_columns; }
+  static Cursor at(const Source& s, int64_t column, int64_t s0) {
+    const float scale = widen_scale<Scale>(s.scales, column / s.block_rows * s.scale_columns + s0 / s.block_columns);
+    return {s.values + column * s.k + s0, s0, Matmul::broadcast(scale)};
   }
-  static void prefetch(const Cursor& cursor) { prefetch_packed(cursor.values, cursor.byte_offset); }
-  static Floats half(const Cursor& cursor, int h) {
-    return Matmul::mul(Matmul::fp8(cursor.values + Matmul::kLanes * h), cursor.scale);
+  static void prefetch(const Cursor& cursor, int64_t offset) {
+    prefetch_packed(cursor.values + offset, cursor.byte_offset + offset);
   }
-  static Floats partial_half(const Cursor& cursor, int h, int64_t valid) {
+  static Floats half(const Cursor& cursor, int64_t offset, int h) {
+    return Matmul::mul(Matmul::fp8(cursor.values + offset + Matmul::kLanes * h), cursor.scale);
+  }
+  static Floats partial_half(const Cursor& cursor, int64_t offset, int h, int64_t valid) {
     const int64_t past_half = valid - Matmul::kLanes * h;
     if (past_half <= 0) return Matmul::zero();
     const int64_t in_half = past_half < Matmul::kLanes ? past_half : Matmul::kLanes;
-    return Matmul::zero_from(Matmul::mul(Matmul::partial_fp8(cursor.values + Matmul::kLanes * h, in_half), cursor.scale),
-                            in_half);
+    return Matmul::zero_from(
+        Matmul::mul(Matmul::partial_fp8(cursor.values + offset + Matmul::kLanes * h, in_half), cursor.scale), in_half);
   }
 };
 
