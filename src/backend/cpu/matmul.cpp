@@ -130,12 +130,12 @@ void scalar_columns(const MatmulOperands& op, int64_t n_begin, int64_t n_end) {
 // Weight rows a quantized matmul decodes at a time (per thread): the f32 block stays in L2.
 constexpr int64_t kDecodedRowsPerBlock = 64;
 
-// out[:, n_begin:n_end] for a quantized w no kernel multiplies directly (has_quantized_kernel): each
-// block of rows is decoded to f32 (core/weight.h)
-// and multiplied by the f32 kernel, whose per-element order depends on K alone, so the result is
-// the dense f32 matmul of the decoded weights.
+// out[:, n_begin:n_end] for a quantized w no kernel multiplies directly (has_quantized_kernel):
+// each block of rows is decoded to f32 (core/weight.h) and multiplied by the f32 kernel, whose
+// per-element order depends on K alone, so the result is the dense f32 matmul of the decoded
+// weights.
 void decoded_columns(const MatmulKernels& kernels, const MatmulOperands& dense, const Weight& w, int64_t n_begin,
-                       int64_t n_end) {
+                     int64_t n_end) {
   thread_local std::vector<float> decoded;
   for (int64_t begin = n_begin; begin < n_end; begin += kDecodedRowsPerBlock) {
     const int64_t end = std::min(n_end, begin + kDecodedRowsPerBlock);
