@@ -12,25 +12,37 @@
 namespace kiln::cpu {
 namespace {
 
-// x rows → blocks of block_k floats, zeros past k; for bf16-pair kernels each block is reordered
-// to its even-k elements followed by its odd-k elements.
-void pack_rows(const float* x, int64_t row_begin, int64_t row_end, int64_t k, int64_t k_padded,
-               int64_t block_k, bool split_pairs, float* packed) {
+// How a packed x block orders its elements (see MatmulKernels).
+enum class BlockOrder { Natural, Bf16PairsSplit, NibblesInterleaved };
+
+// x rows → blocks of block_k floats, zeros past k, in `order`.
+void pack_rows(const float* x, int64_t row_begin, int64_t row_end, int64_t k, int64_t k_padded, int64_t block_k,
+               BlockOrder order, float* packed) {
   const int64_t half = block_k / 2;
+  auto at = [k](const float* source, int64_t index) { return index < k ? source[index] : 0.0f; };
   for (int64_t row = row_begin; row < row_end; ++row) {
     const float* source = x + row * k;
     float* target = packed + row * k_padded;
-    if (!split_pairs) {
-      std::memcpy(target, source, static_cast<size_t>(k) * sizeof(float));
-      std::fill(target + k, target + k_padded, 0.0f);
-      continue;
+    switch (order) {
+      case BlockOrder::Natural:
+        std::memcpy(target, source, static_cast<size_t>(k) * sizeof(float));
+        std::fill(target + k, target + k_padded, 0.0f);
+        break;
+      case BlockOrder::Bf16PairsSplit:
+        for (int64_t block = 0; block < k_padded; block += block_k)
+          for (int64_t i = 0; i < half; ++i) {
+            target[block + i] = at(source, block + 2 * i);
+            target[block + half + i] = at(source, block + 2 * i + 1);
+          }
+        break;
+      case BlockOrder::NibblesInterleaved:
+        for (int64_t start = 0; start < k_padded; start += half)
+          for (int64_t i = 0; i < half / 2; ++i) {
+            target[start + 2 * i] = at(source, start + i);
+            target[start + 2 * i + 1] = at(source, start + half / 2 + i);
+          }
+        break;
     }
-    for (int64_t block = 0; block < k_padded; block += block_k)
-      for (int64_t i = 0; i < half; ++i) {
-        const int64_t even = block + 2 * i;
-        target[block + i] = even < k ? source[even] : 0.0f;
-        target[block + half + i] = even + 1 < k ? source[even + 1] : 0.0f;
-      }
   }
 }
 
@@ -171,7 +183,7 @@ const float* fp8_e4m3_table() {
 }
 
 const MatmulKernels& matmul_kernels_scalar() {
-  static const MatmulKernels kernels{kScalarBlockK, 1, false, &scalar_columns};
+  static const MatmulKernels kernels{kScalarBlockK, 1, false, false, &scalar_columns};
   return kernels;
 }
 
@@ -186,10 +198,13 @@ void matmul(const MatmulKernels& kernels, const Tensor& x, const Weight& w, cons
     scratch.packed_x = Tensor::empty({rows * k_padded}, DType::F32);
   float* packed = scratch.packed_x.data<float>();
   const DType w_dtype = w.quantized() ? DType::F32 : w.values().dtype();
-  const bool split_pairs = kernels.bf16_pairs_split && w_dtype == DType::BF16;
+  const bool nibbles = w.format() == WeightFormat::Affine && w.bits() == 4;
+  const BlockOrder order = kernels.bf16_pairs_split && w_dtype == DType::BF16 ? BlockOrder::Bf16PairsSplit
+                           : kernels.nibbles_interleaved && nibbles         ? BlockOrder::NibblesInterleaved
+                                                                              : BlockOrder::Natural;
   ThreadPool& pool = ThreadPool::global();
   pool.parallel_for(rows, std::max<int64_t>(1, kPackFloatsPerBlock / k_padded), [&](int64_t begin, int64_t end) {
-    pack_rows(x.data<float>(), begin, end, k, k_padded, kernels.block_k, split_pairs, packed);
+    pack_rows(x.data<float>(), begin, end, k, k_padded, kernels.block_k, order, packed);
   });
 
   const float* bias_f32 = nullptr;

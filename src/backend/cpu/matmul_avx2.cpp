@@ -70,6 +70,7 @@ struct Avx2Matmul : Avx2Lanes {
       }
       return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(codes), bias);
     }
+    static __m256 natural_lanes(__m256 acc) { return acc; }  // x is packed in natural order
     __m256 scale, bias;
   };
 
@@ -88,7 +89,7 @@ struct Avx2Matmul : Avx2Lanes {
 }  // namespace
 
 const MatmulKernels& matmul_kernels_avx2() {
-  static const MatmulKernels kernels{Avx2Matmul::kBlockK, Avx2Matmul::kTileCols, true,
+  static const MatmulKernels kernels{Avx2Matmul::kBlockK, Avx2Matmul::kTileCols, true, false,
                                      &simd_matmul_columns<Avx2Matmul>};
   return kernels;
 }

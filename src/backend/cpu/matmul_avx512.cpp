@@ -1,6 +1,7 @@
 // AVX-512 matmul: 16-lane f32 accumulators; weights widened to f32 in registers, never in memory.
 #include <immintrin.h>
 
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cpu/matmul_kernels.h"
@@ -60,14 +61,20 @@ struct Avx512Matmul : Avx512Lanes {
         : weights(_mm512_fmadd_ps(_mm512_set1_ps(scale),
                                   _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                   _mm512_set1_ps(bias))) {}
-    // The 16 codes from `bytes` (code i at bits [4i, 4i + 4) of the little-endian stream): word
-    // i / 8 in lane i, shifted right by 4·(i % 8).
+    // The 16 codes from `bytes` (code i at bits [4i, 4i + 4) of the little-endian stream) in the
+    // lane order 0, 8, 1, 9, …, 7, 15 (nibbles_interleaved): the 64-bit word broadcast puts codes
+    // 0-7 in every even lane and 8-15 in every odd one, and lanes 2m and 2m + 1 shift by 4m.
     __m512 half(const uint8_t* bytes) const {
-      const __m512i words = _mm512_maskz_permutexvar_epi32(
-          kAllLanes, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-          _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes))));
-      const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-      return _mm512_maskz_permutexvar_ps(kAllLanes, _mm512_maskz_srlv_epi32(kAllLanes, words, shifts), weights);
+      int64_t word;
+      std::memcpy(&word, bytes, sizeof word);
+      const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+      return _mm512_maskz_permutexvar_ps(kAllLanes, _mm512_maskz_srlv_epi32(kAllLanes, _mm512_set1_epi64(word), shifts),
+                                         weights);
+    }
+    // The accumulator's lanes in natural order (lane 2m holds natural lane m, 2m + 1 lane 8 + m).
+    static __m512 natural_lanes(__m512 acc) {
+      return _mm512_maskz_permutexvar_ps(
+          kAllLanes, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), acc);
     }
     __m512 weights;
   };
@@ -79,6 +86,7 @@ struct Avx512Matmul : Avx512Lanes {
       const __m512i codes = _mm512_maskz_cvtepu8_epi32(kAllLanes, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
       return _mm512_fmadd_ps(scale, _mm512_maskz_cvtepi32_ps(kAllLanes, codes), bias);
     }
+    static __m512 natural_lanes(__m512 acc) { return acc; }  // x is packed in natural order
     __m512 scale, bias;
   };
 
@@ -100,7 +108,7 @@ struct Avx512Matmul : Avx512Lanes {
 }  // namespace
 
 const MatmulKernels& matmul_kernels_avx512() {
-  static const MatmulKernels kernels{Avx512Matmul::kBlockK, Avx512Matmul::kTileCols, true,
+  static const MatmulKernels kernels{Avx512Matmul::kBlockK, Avx512Matmul::kTileCols, true, true,
                                      &simd_matmul_columns<Avx512Matmul>};
   return kernels;
 }

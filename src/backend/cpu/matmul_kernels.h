@@ -41,6 +41,12 @@ struct MatmulKernels {
   // odd-k elements (half 1): the order in which widening 32-bit pairs of bf16 yields the weights.
   // Otherwise a block is x[k0, k0 + block_k) unchanged.
   bool bf16_pairs_split = false;
+  // For affine 4-bit weights, whether each half of a packed x block holds its elements in the
+  // order 0, 8, 1, 9, …, 7, 15 (the order in which one 64-bit word of codes, broadcast to every
+  // lane pair, yields its codes). Each lane then accumulates the products of one natural lane, in
+  // the same order, and the kernel moves the lanes back to their natural places before the lane
+  // tree: the result is the natural order's, bit for bit. Otherwise as for any weight.
+  bool nibbles_interleaved = false;
   // Computes out[:, n_begin:n_end]. Columns are independent, so any split over n is exact.
   void (*columns)(const MatmulOperands& operands, int64_t n_begin, int64_t n_end) = nullptr;
 };

@@ -51,7 +51,8 @@ struct TileTable {
 //   prefetch(cursor, offset), half(cursor, offset, h) for the block at `offset` in the segment,
 //   and partial_half(cursor, offset, h, valid) for a final block of `valid` (< kBlockK) elements
 //   that reads no byte past the row and yields 0 past `valid`; kMayEndInPartialBlock says whether
-//   K can leave such a block.
+//   K can leave such a block; natural_lanes(acc) puts an accumulator's lanes back in natural order
+//   where x was packed in another (MatmulKernels::nibbles_interleaved).
 // Segments change only where weights are read from, never the order of the blocks.
 template <class Matmul, class Weights>
 struct SimdTiles {
@@ -111,7 +112,7 @@ struct SimdTiles {
         }
       for (int r = 0; r < Rows; ++r)
         for (int c = 0; c < Cols; ++c) {
-          const float sum = Matmul::sum(acc[r][c]);
+          const float sum = Matmul::sum(Weights::natural_lanes(acc[r][c]));
           out[r * out_stride + c] = bias ? sum + bias[c] : sum;
         }
     }
@@ -162,6 +163,7 @@ struct DenseWeights {
   }
   static auto half(Cursor w, int64_t offset, int h) { return Loads::half(w + offset, h); }
   static auto partial_half(Cursor w, int64_t offset, int h, int64_t valid) { return Loads::partial_half(w + offset, h, valid); }
+  static auto natural_lanes(typename Matmul::Floats acc) { return acc; }
 };
 
 // A scale or bias of dtype Scale at `index`, widened to f32 as decode_rows does.
@@ -220,6 +222,7 @@ struct AffineWeights {
   static Floats half(const Cursor& cursor, int64_t offset, int h) {
     return cursor.group.half(cursor.codes + (offset + Matmul::kLanes * h) * Bits / 8);
   }
+  static Floats natural_lanes(Floats acc) { return Group::natural_lanes(acc); }
 };
 
 // An fp8 block weight with scale_inv of dtype Scale; a segment is one scale block's columns, a
@@ -267,6 +270,7 @@ struct Fp8BlockWeights {
     return Matmul::zero_from(
         Matmul::mul(Matmul::partial_fp8(cursor.values + offset + Matmul::kLanes * h, in_half), cursor.scale), in_half);
   }
+  static Floats natural_lanes(Floats acc) { return acc; }
 };
 
 template <class Matmul, DType Scale>
