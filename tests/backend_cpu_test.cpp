@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "core/weight.h"
 
 using namespace kiln;
 using kiln::cpu::CpuIsa;
@@ -156,6 +157,122 @@ TEST(CpuMatmul, GroupEqualsOneMatmulPerProductAndRejectsTooManyProducts) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("matmul_group: 5 products, it takes 1 to 4"), std::string::npos)
         << error.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// quantized matmul: bit-identical to the dense f32 matmul of decode_rows' weights (core/weight.h)
+
+// The quantized weight's rows decoded to a dense f32 [N, K] tensor.
+Tensor decoded(const Weight& w) {
+  Tensor dense = Tensor::empty({w.dim(0), w.dim(1)}, DType::F32);
+  decode_rows(w, 0, w.dim(0), dense.data<float>());
+  return dense;
+}
+
+Tensor random_affine_codes(int64_t n, int64_t k, int bits, uint32_t seed) {
+  Tensor words = Tensor::empty({n, k * bits / 32}, DType::U32);
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < words.numel(); ++i) words.data<uint32_t>()[i] = static_cast<uint32_t>(rng());
+  return words;
+}
+
+// Every e4m3 byte but the two NaNs, whose payloads no order of operations promises to keep.
+Tensor random_fp8(int64_t n, int64_t k, uint32_t seed) {
+  Tensor values = Tensor::empty({n, k}, DType::F8E4M3);
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    uint8_t byte = static_cast<uint8_t>(rng());
+    if ((byte & 0x7f) == 0x7f) byte ^= 1;
+    values.data<uint8_t>()[i] = byte;
+  }
+  return values;
+}
+
+// out of the quantized w on `isa` against the dense f32 matmul of its decoded rows, for 1, 3 and
+// 17 rows of x (tiles of every height), with and without a bias.
+void expect_decoded_bits(Backend& backend, const Weight& w, uint32_t seed) {
+  const Tensor dense = decoded(w);
+  const int64_t n = w.dim(0), k = w.dim(1);
+  const Tensor bias = random_f32({n}, seed + 1);
+  for (int64_t rows : {1, 3, 17}) {
+    const Tensor x = random_f32({rows, k}, seed + 2);
+    for (const Tensor* with_bias : {static_cast<const Tensor*>(nullptr), &bias}) {
+      Tensor quantized_out = Tensor::empty({rows, n}, DType::F32), dense_out = Tensor::empty({rows, n}, DType::F32);
+      backend.matmul(x, w, with_bias, quantized_out);
+      backend.matmul(x, dense, with_bias, dense_out);
+      EXPECT_TRUE(same_bits(quantized_out, dense_out)) << rows << " rows, bias " << (with_bias != nullptr);
+    }
+  }
+}
+
+TEST(CpuQuantizedMatmul, AffineEqualsDenseMatmulOfDecodedRowsBitForBit) {
+  const int64_t n = 37, k = 384;  // n fills no tile width; k holds 3 to 12 groups
+  uint32_t seed = 100;
+  for (CpuIsa isa : supported_isas()) {
+    auto backend = cpu::make_cpu_backend(isa);
+    for (int bits : {2, 3, 4, 5, 6, 8})
+      for (int group : {32, 64, 128})
+        for (DType scale_dtype : {DType::BF16, DType::F16, DType::F32}) {
+          SCOPED_TRACE(isa_label(isa) + " " + std::to_string(bits) + "-bit group " + std::to_string(group) +
+                       " scales " + std::string(dtype_name(scale_dtype)));
+          seed += 3;
+          const Weight w = Weight::affine(random_affine_codes(n, k, bits, seed),
+                                          random_weight({n, k / group}, scale_dtype, seed + 1, -0.05f, 0.05f),
+                                          random_weight({n, k / group}, scale_dtype, seed + 2, -0.5f, 0.5f), bits, group);
+          expect_decoded_bits(*backend, w, seed);
+        }
+  }
+}
+
+TEST(CpuQuantizedMatmul, Fp8BlocksEqualDenseMatmulOfDecodedRowsBitForBit) {
+  // k = 200 leaves partial scale blocks and a partial final block of every block_k; block columns
+  // of 48 are no multiple of 32 and take the decode-then-f32 path.
+  const int64_t n = 37, k = 200;
+  const int blocks[][2] = {{128, 128}, {16, 32}, {7, 64}, {5, 48}};
+  uint32_t seed = 300;
+  for (CpuIsa isa : supported_isas()) {
+    auto backend = cpu::make_cpu_backend(isa);
+    for (const auto& block : blocks)
+      for (DType scale_dtype : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(isa_label(isa) + " blocks " + std::to_string(block[0]) + "x" + std::to_string(block[1]) +
+                     " scales " + std::string(dtype_name(scale_dtype)));
+        seed += 3;
+        const Shape scale_shape{(n + block[0] - 1) / block[0], (k + block[1] - 1) / block[1]};
+        const Weight w = Weight::fp8_block(random_fp8(n, k, seed), random_weight(scale_shape, scale_dtype, seed + 1, -0.01f, 0.01f),
+                                           block[0], block[1]);
+        expect_decoded_bits(*backend, w, seed);
+      }
+  }
+}
+
+TEST(CpuQuantizedMatmul, SameBitsForAnyThreadCount) {
+  const int64_t rows = 5, n = 61, k = 256;
+  const Weight weights[] = {
+      Weight::affine(random_affine_codes(n, k, 4, 401), random_weight({n, 4}, DType::BF16, 402, -0.05f, 0.05f),
+                     random_weight({n, 4}, DType::BF16, 403, -0.5f, 0.5f), 4, 64),
+      Weight::affine(random_affine_codes(n, k, 8, 404), random_weight({n, 8}, DType::F16, 405, -0.05f, 0.05f),
+                     random_weight({n, 8}, DType::F16, 406, -0.5f, 0.5f), 8, 32),
+      Weight::affine(random_affine_codes(n, k, 3, 407), random_weight({n, 8}, DType::F32, 408, -0.05f, 0.05f),
+                     random_weight({n, 8}, DType::F32, 409, -0.5f, 0.5f), 3, 32),
+      Weight::fp8_block(random_fp8(n, k - 7, 410), random_weight({1, 2}, DType::F32, 411, -0.01f, 0.01f), 128, 128)};
+  for (CpuIsa isa : supported_isas()) {
+    auto backend = cpu::make_cpu_backend(isa);
+    for (const Weight& w : weights) {
+      SCOPED_TRACE(isa_label(isa) + " " + w.describe());
+      const Tensor x = random_f32({rows, w.dim(1)}, 412);
+      Tensor one_thread = Tensor::empty({rows, n}, DType::F32);
+      {
+        GlobalThreads one(1);
+        backend->matmul(x, w, nullptr, one_thread);
+      }
+      for (int threads : {2, 3}) {
+        GlobalThreads scope(threads);
+        Tensor out = Tensor::empty({rows, n}, DType::F32);
+        backend->matmul(x, w, nullptr, out);
+        EXPECT_TRUE(same_bits(out, one_thread)) << threads << " threads";
+      }
+    }
   }
 }
 

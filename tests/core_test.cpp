@@ -4,6 +4,9 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
+#include <vector>
+#include <cstring>
 
 #include <gtest/gtest.h>
 
@@ -12,6 +15,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "core/thread_stack.h"
+#include "core/weight.h"
 
 using namespace kiln;
 
@@ -61,6 +65,47 @@ TEST(DType, Fp8E4m3RoundTripsEveryCode) {
   EXPECT_EQ(f32_to_fp8_e4m3(1.0625f), 0x38);  // halfway between 1 (0x38) and 1.125 (0x39): the even code
   EXPECT_EQ(f32_to_fp8_e4m3(1.1f), 0x39);
   EXPECT_EQ(f32_to_fp8_e4m3(1000.0f), 0x7e);
+}
+
+// MLX packs 3- and 6-bit codes into bytes, not words (mlx/backend/cpu/quantized.cpp, quantize():
+// 8 three-bit codes into 3 bytes, 4 six-bit codes into 3 bytes, code j of a pack at bits
+// [j·bits, (j+1)·bits) of the pack's little-endian bytes, packs in order). Read as uint32 words
+// that is core/weight.h's one little-endian bit stream per row. The first pack of each row is
+// packed by hand (3 bits: codes 0..7 → 88 c6 fa; 6 bits: codes 1, 2, 3, 63 → 81 30 fc, as mlx's
+// extract_bits reads them back), the rest by mlx's rule from random codes.
+TEST(Weight, AffineCodesFollowMlxBytePackingOf3And6Bits) {
+  struct Case {
+    int bits;
+    std::vector<uint32_t> first_pack;  // codes
+    std::vector<uint8_t> first_bytes;  // packed by hand
+  };
+  const Case cases[] = {{3, {0, 1, 2, 3, 4, 5, 6, 7}, {0x88, 0xc6, 0xfa}}, {6, {1, 2, 3, 63}, {0x81, 0x30, 0xfc}}};
+  std::mt19937 rng(5);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.bits) + " bits");
+    const int64_t k = 64, pack_codes = static_cast<int64_t>(c.first_pack.size()), pack_bytes = 3;
+    std::vector<uint32_t> codes = c.first_pack;
+    while (static_cast<int64_t>(codes.size()) < k) codes.push_back(rng() % (1u << c.bits));
+    std::vector<uint8_t> bytes = c.first_bytes;
+    for (int64_t pack = 1; pack < k / pack_codes; ++pack) {
+      uint64_t packed = 0;
+      for (int64_t j = 0; j < pack_codes; ++j) packed |= uint64_t{codes[pack * pack_codes + j]} << (j * c.bits);
+      for (int64_t byte = 0; byte < pack_bytes; ++byte) bytes.push_back(static_cast<uint8_t>(packed >> (8 * byte)));
+    }
+    Tensor words = Tensor::empty({1, k * c.bits / 32}, DType::U32);
+    ASSERT_EQ(bytes.size(), words.nbytes());
+    std::memcpy(words.raw(), bytes.data(), bytes.size());
+    Tensor ones = Tensor::empty({1, 1}, DType::F32), zeros = Tensor::empty({1, 1}, DType::F32);
+    ones.data<float>()[0] = 1.0f;
+    zeros.data<float>()[0] = 0.0f;
+    const Weight w = Weight::affine(words, ones, zeros, c.bits, 64);
+    std::vector<float> decoded(k);
+    decode_rows(w, 0, 1, decoded.data());
+    for (int64_t i = 0; i < k; ++i) {
+      EXPECT_EQ(affine_code(words.data<uint32_t>(), c.bits, i), codes[i]) << "code " << i;
+      EXPECT_EQ(decoded[i], static_cast<float>(codes[i])) << "code " << i;
+    }
+  }
 }
 
 TEST(Tensor, ReshapeAndSliceShareStorage) {

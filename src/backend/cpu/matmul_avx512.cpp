@@ -1,6 +1,9 @@
 // AVX-512 matmul: 16-lane f32 accumulators; weights widened to f32 in registers, never in memory.
 #include <immintrin.h>
 
+#include <cstring>
+#include <type_traits>
+
 #include "backend/cpu/matmul_kernels.h"
 #include "backend/cpu/matmul_tiles.h"
 #include "backend/cpu/simd_avx512.h"
@@ -49,12 +52,63 @@ struct Avx512Matmul : Avx512Lanes {
       return widen(_mm512_maskz_loadu_epi16(__mmask32((uint64_t{1} << valid) - 1), w), h);
     }
   };
+
+  // A group's 16 4-bit weights w[q] = fma(scale, q, bias), one per lane: a half's weights are then
+  // one permute of them by its codes (the permute reads the low 4 bits of each lane, so the codes
+  // need no mask), exactly the values of the per-element fma.
+  struct NibbleGroup {
+    NibbleGroup(float scale, float bias)
+        : weights(_mm512_fmadd_ps(_mm512_set1_ps(scale),
+                                  _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  _mm512_set1_ps(bias))) {}
+    // The 16 codes from `bytes` (code i at bits [4i, 4i + 4) of the little-endian stream) in the
+    // lane order 0, 8, 1, 9, …, 7, 15 (nibbles_interleaved): the 64-bit word broadcast puts codes
+    // 0-7 in every even lane and 8-15 in every odd one, and lanes 2m and 2m + 1 shift by 4m.
+    __m512 half(const uint8_t* bytes) const {
+      int64_t word;
+      std::memcpy(&word, bytes, sizeof word);
+      const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+      return _mm512_maskz_permutexvar_ps(kAllLanes, _mm512_maskz_srlv_epi32(kAllLanes, _mm512_set1_epi64(word), shifts),
+                                         weights);
+    }
+    // The accumulator's lanes in natural order (lane 2m holds natural lane m, 2m + 1 lane 8 + m).
+    static __m512 natural_lanes(__m512 acc) {
+      return _mm512_maskz_permutexvar_ps(
+          kAllLanes, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), acc);
+    }
+    __m512 weights;
+  };
+
+  // 8 bits: the 16 bytes widened and converted, then fma(scale, q, bias).
+  struct ByteGroup {
+    ByteGroup(float scale, float bias) : scale(_mm512_set1_ps(scale)), bias(_mm512_set1_ps(bias)) {}
+    __m512 half(const uint8_t* bytes) const {
+      const __m512i codes = _mm512_maskz_cvtepu8_epi32(kAllLanes, _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+      return _mm512_fmadd_ps(scale, _mm512_maskz_cvtepi32_ps(kAllLanes, codes), bias);
+    }
+    static __m512 natural_lanes(__m512 acc) { return acc; }  // x is packed in natural order
+    __m512 scale, bias;
+  };
+
+  template <int Bits>
+  using AffineGroup = std::conditional_t<Bits == 4, NibbleGroup, ByteGroup>;
+
+  // 16 e4m3 bytes as their f32 values, through fp8_e4m3_table.
+  static __m512 fp8_of(__m128i bytes) {
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAllLanes, _mm512_maskz_cvtepu8_epi32(kAllLanes, bytes),
+                                    fp8_e4m3_table(), 4);
+  }
+  static __m512 fp8(const uint8_t* bytes) { return fp8_of(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))); }
+  static __m512 partial_fp8(const uint8_t* bytes, int64_t valid) {
+    return fp8_of(_mm_maskz_loadu_epi8(lane_mask(valid), bytes));
+  }
+  static __m512 zero_from(__m512 v, int64_t valid) { return _mm512_maskz_mov_ps(lane_mask(valid), v); }
 };
 
 }  // namespace
 
 const MatmulKernels& matmul_kernels_avx512() {
-  static const MatmulKernels kernels{Avx512Matmul::kBlockK, Avx512Matmul::kTileCols, true,
+  static const MatmulKernels kernels{Avx512Matmul::kBlockK, Avx512Matmul::kTileCols, true, true,
                                      &simd_matmul_columns<Avx512Matmul>};
   return kernels;
 }
