@@ -123,7 +123,7 @@ void bench_decode_matmul(DType act, double copy_gbps) {
     size_t group_bytes = 0;
     for (int64_t n : group.widths) group_bytes += static_cast<size_t>(n * k) * dtype_size(act);
     const int copies = static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / group_bytes + 1));
-    std::vector<std::vector<Tensor>> weights(copies);
+    std::vector<std::vector<Weight>> weights(copies);
     std::vector<Tensor> outs;
     for (int i = 0; i < copies; ++i)
       for (int64_t n : group.widths) weights[i].push_back(cuda->upload(random_host({n, k}, act, random, 0.02f)));

@@ -96,6 +96,18 @@ TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansForEachFamily) {
   }
 }
 
+TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansForQuantizedModels) {
+  KILN_REQUIRE_CUDA();
+  // The project's MLX affine and FP8 fixtures: prefill decodes their weights into matmul scratch,
+  // decode reads them packed (or decoded, where the fused kernel does not take the weight).
+  for (const char* fixture : {"qwen3-mlx-tiny", "llama3-fp8-tiny"}) {
+    SCOPED_TRACE(fixture);
+    const auto dir = source_dir() / "tests/data/fixtures" / fixture / "q";
+    expect_the_allocator_holds_the_plan(dir, DType::BF16, {3, 1000, 64});
+    expect_the_allocator_holds_the_plan(dir, DType::F32, {3, 1000, 64});
+  }
+}
+
 TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansAtARealModelsWidths) {
   KILN_REQUIRE_CUDA();
   // K of 8,192 splits the prefill GEMMs' K across blocks (their scratch), the vocabulary is real

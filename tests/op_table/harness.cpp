@@ -32,7 +32,8 @@ std::vector<Tensor> upload_inputs(Backend& backend, const std::vector<Input>& in
         uploaded.push_back(backend.upload(f32_as(input.values, weights)));
         break;
       case Role::Index:
-      case Role::Float32: {
+      case Role::Float32:
+      case Role::Stored: {
         // A copy: the CPU's upload shares the host tensor, and ops write into their inputs.
         Tensor copy = Tensor::empty(input.values.shape(), input.values.dtype());
         std::memcpy(copy.raw(), input.values.raw(), input.values.nbytes());
@@ -98,6 +99,7 @@ std::vector<OpCase> op_cases() {
   std::mt19937 random(20261202);
   std::vector<OpCase> cases = dense_op_cases(random);
   for (OpCase& op : attention_and_hybrid_op_cases(random)) cases.push_back(std::move(op));
+  for (OpCase& op : quantized_op_cases(random)) cases.push_back(std::move(op));
   return cases;
 }
 

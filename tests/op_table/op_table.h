@@ -44,10 +44,11 @@ enum class Role {
   Weight,      // in the weight dtype the case runs with
   Index,       // I32 as given
   Float32,     // F32 as given (inv_freq, recurrent state, the f32 residual stream)
+  Stored,      // a quantized weight's part (packed codes, fp8 values, scales) as given, in its own dtype
 };
 
 struct Input {
-  Tensor values;  // F32 host values (I32 for Role::Index)
+  Tensor values;  // F32 host values (I32 for Role::Index, any dtype for Role::Stored)
   Role role;
 };
 
@@ -72,9 +73,10 @@ struct OpCase {
 // Every case, in a fixed order, with inputs from fixed seeds.
 std::vector<OpCase> op_cases();
 // The groups op_cases() joins, drawing from one generator in turn (dense_cases.cpp,
-// attention_hybrid_cases.cpp).
+// attention_hybrid_cases.cpp, quantized_cases.cpp).
 std::vector<OpCase> dense_op_cases(std::mt19937& random);
 std::vector<OpCase> attention_and_hybrid_op_cases(std::mt19937& random);
+std::vector<OpCase> quantized_op_cases(std::mt19937& random);  // quantized_cases.cpp
 
 // Spans of (slot, first position, tokens), laid out one after another in the batch.
 inline std::vector<SequenceSpan> spans_of(const std::vector<std::array<int32_t, 3>>& slot_position_tokens) {

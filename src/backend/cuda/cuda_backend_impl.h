@@ -102,9 +102,22 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
 
   void matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) override;
 
-  // The scratch a split prefill GEMM adds its segments from (kernels.h), lent to the products;
-  // the caller keeps it until the launches are queued (the allocator orders its reuse on the stream).
-  Tensor split_scratch(cuda::MatmulArgs* products, int count);
+  // Where the products' matmul scratch goes (one block, matmul_scratch_bytes): the decoded
+  // matrices of the quantized weights the fused decode kernel does not take (each rounded up to
+  // 256 bytes), then the floats a split prefill GEMM adds its segments from (kernels.h), over the
+  // products that run on plain matrices.
+  struct MatmulScratch {
+    uint64_t decoded_bytes[kMaxMatmulGroup] = {};  // 0: dense, or decoded inside the fused kernel
+    bool fused[kMaxMatmulGroup] = {};
+    uint64_t decoded_total = 0;
+    int64_t partial_floats = 0;
+    uint64_t bytes() const { return decoded_total + static_cast<uint64_t>(partial_floats) * sizeof(float); }
+  };
+  MatmulScratch matmul_scratch(std::span<const MatmulTarget> targets, const cuda::MatmulArgs* products) const;
+  // Runs checked products (matmul_args) of one x: decodes the quantized weights that need it into
+  // the scratch, then launches the kernels; the scratch is held until the launches are queued (the
+  // allocator orders its reuse on the stream).
+  void run_matmuls(std::span<const MatmulTarget> targets, cuda::MatmulArgs* products);
 
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) override;
 

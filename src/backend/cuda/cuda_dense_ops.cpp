@@ -10,10 +10,39 @@
 
 namespace kiln {
 
+namespace {
+
+cuda::QuantizedWeightArgs quantized_weight_args(const Weight& w) {
+  cuda::QuantizedWeightArgs args;
+  args.format = w.format() == WeightFormat::Affine ? cuda::QuantizedFormat::Affine : cuda::QuantizedFormat::Fp8Block;
+  args.values = w.values().raw();
+  args.scales = w.scales().raw();
+  args.biases = w.format() == WeightFormat::Affine ? w.biases().raw() : nullptr;
+  args.scale_dtype = w.scales().dtype();
+  args.n = w.dim(0);
+  args.k = w.dim(1);
+  args.scale_columns = w.scales().dim(1);
+  args.bits = w.bits();
+  args.group_size = w.group_size();
+  args.block_rows = w.block_rows();
+  args.block_columns = w.block_columns();
+  return args;
+}
+
+// The scratch's parts start on 256-byte boundaries (the allocator's own alignment).
+constexpr uint64_t kScratchAlignment = 256;
+
+}  // namespace
+
 void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
   const EmbeddingDims dims = check_embedding(contract(), table, ids, out);
-  if (table.quantized()) fail("CUDA embedding: {} tables are not implemented yet", table.describe());
   activate();
+  if (table.quantized()) {
+    launched(cuda::launch_embedding_quantized(quantized_weight_args(table), ids.data<int32_t>(), dims.tokens, out.raw(),
+                                              out.dtype(), errors_, stream_),
+             "embedding (quantized)");
+    return;
+  }
   launched(cuda::launch_embedding(table.values().raw(), table.values().dtype(), dims.vocab, dims.hidden, ids.data<int32_t>(),
                                   dims.tokens, out.raw(), out.dtype(), errors_, stream_),
            "embedding");
@@ -21,13 +50,8 @@ void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out)
 
 void CudaBackend::matmul(const Tensor& x, const Weight& w, const Tensor* bias, Tensor& out) {
   cuda::MatmulArgs args = matmul_args(x, w, bias, out);
-  activate();
-  if (activations_ == DType::F32) {
-    launched(cuda::launch_matmul_f32(args, stream_), "matmul (f32)");
-    return;
-  }
-  const Tensor partials = split_scratch(&args, 1);
-  launched(cuda::launch_matmul_bf16(args, stream_), "matmul (bf16)");
+  const MatmulTarget target{&w, bias, &out};
+  run_matmuls({&target, 1}, &args);
 }
 
 void CudaBackend::matmul_group(const Tensor& x, std::span<const MatmulTarget> targets) {
@@ -36,20 +60,33 @@ void CudaBackend::matmul_group(const Tensor& x, std::span<const MatmulTarget> ta
   cuda::MatmulArgs products[kMaxMatmulGroup];
   for (size_t t = 0; t < targets.size(); ++t)
     products[t] = matmul_args(x, *targets[t].w, targets[t].bias, *targets[t].out);
-  activate();
-  if (activations_ == DType::F32) {
-    for (size_t t = 0; t < targets.size(); ++t) launched(cuda::launch_matmul_f32(products[t], stream_), "matmul (f32)");
-    return;
+  run_matmuls(targets, products);
+}
+
+CudaBackend::MatmulScratch CudaBackend::matmul_scratch(std::span<const MatmulTarget> targets,
+                                                       const cuda::MatmulArgs* products) const {
+  MatmulScratch scratch;
+  cuda::MatmulArgs plain[kMaxMatmulGroup];
+  int plain_count = 0;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const Weight& w = *targets[t].w;
+    if (w.quantized()) {
+      scratch.fused[t] = activations_ == DType::BF16 && products[t].m <= cuda::kMatmulDecodeMaxRows &&
+                         cuda::quantized_decode_fused(quantized_weight_args(w));
+      if (scratch.fused[t]) continue;
+      const uint64_t bytes = static_cast<uint64_t>(w.dim(0)) * static_cast<uint64_t>(w.dim(1)) * dtype_size(activations_);
+      scratch.decoded_bytes[t] = (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
+      scratch.decoded_total += scratch.decoded_bytes[t];
+    }
+    plain[plain_count++] = products[t];
   }
-  const Tensor partials = split_scratch(products, static_cast<int>(targets.size()));
-  launched(cuda::launch_matmul_bf16_group(products, static_cast<int>(targets.size()), stream_),
-           "matmul_group (bf16)");
+  if (activations_ == DType::BF16 && plain_count > 0)
+    scratch.partial_floats = cuda::matmul_bf16_partials_floats(plain, plain_count);
+  return scratch;
 }
 
 uint64_t CudaBackend::matmul_scratch_bytes(const Tensor& x, std::span<const MatmulTarget> targets) const {
-  // What split_scratch allocates for these products (only the BF16 path splits).
   check_matmul_group(contract(), x, targets);
-  if (activations_ == DType::F32) return 0;
   cuda::MatmulArgs products[kMaxMatmulGroup];
   for (size_t t = 0; t < targets.size(); ++t) {
     const MatmulDims dims = check_matmul(contract(), x, *targets[t].w, targets[t].bias, *targets[t].out);
@@ -58,18 +95,40 @@ uint64_t CudaBackend::matmul_scratch_bytes(const Tensor& x, std::span<const Matm
     products[t].k = dims.k;
     products[t].multiprocessors = multiprocessors_;
   }
-  return static_cast<uint64_t>(cuda::matmul_bf16_partials_floats(products, static_cast<int>(targets.size()))) *
-         sizeof(float);
+  return matmul_scratch(targets, products).bytes();
 }
 
-// The scratch a split prefill GEMM adds its segments from (kernels.h), lent to the products;
-// the caller keeps it until the launches are queued (the allocator orders its reuse on the stream).
-Tensor CudaBackend::split_scratch(cuda::MatmulArgs* products, int count) {
-  const int64_t floats = cuda::matmul_bf16_partials_floats(products, count);
-  if (floats == 0) return Tensor();
-  Tensor partials = alloc({floats}, DType::F32);
-  for (int t = 0; t < count; ++t) products[t].partials = partials.data<float>();
-  return partials;
+void CudaBackend::run_matmuls(std::span<const MatmulTarget> targets, cuda::MatmulArgs* products) {
+  const MatmulScratch layout = matmul_scratch(targets, products);
+  Tensor scratch;
+  if (layout.bytes() > 0) scratch = alloc({static_cast<int64_t>(layout.bytes() / sizeof(float))}, DType::F32);
+  uint8_t* decoded = static_cast<uint8_t*>(scratch.defined() ? scratch.raw() : nullptr);
+  float* partials = layout.partial_floats > 0 ? reinterpret_cast<float*>(decoded + layout.decoded_total) : nullptr;
+  activate();
+  cuda::MatmulArgs plain[kMaxMatmulGroup];
+  int plain_count = 0;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    if (layout.fused[t]) {
+      launched(cuda::launch_matmul_quantized_decode(products[t], quantized_weight_args(*targets[t].w), stream_),
+               "matmul (quantized decode)");
+      continue;
+    }
+    if (layout.decoded_bytes[t] > 0) {
+      launched(cuda::launch_dequantize(quantized_weight_args(*targets[t].w), decoded, activations_, stream_),
+               "dequantize");
+      products[t].w = decoded;
+      decoded += layout.decoded_bytes[t];
+    }
+    products[t].partials = partials;
+    plain[plain_count++] = products[t];
+  }
+  if (plain_count == 0) return;
+  if (activations_ == DType::F32) {
+    for (int t = 0; t < plain_count; ++t) launched(cuda::launch_matmul_f32(plain[t], stream_), "matmul (f32)");
+    return;
+  }
+  launched(cuda::launch_matmul_bf16_group(plain, plain_count, stream_),
+           plain_count == 1 ? "matmul (bf16)" : "matmul_group (bf16)");
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, NormStyle style, Tensor& out) {
@@ -219,18 +278,19 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
 cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& x, const Weight& w, const Tensor* bias,
                                           const Tensor& out) const {
   const MatmulDims dims = check_matmul(contract(), x, w, bias, out);
-  if (w.quantized()) fail("CUDA matmul: {} weights are not implemented yet", w.describe());
   const int64_t m = dims.rows, n = dims.n, k = dims.k;
   cuda::MatmulArgs args;
   args.x = x.raw();
-  args.w = w.values().raw();
+  // A quantized weight is decoded into the activation dtype: run_matmuls sets w where it decodes
+  // into scratch; the fused decode kernel reads the packed parts.
+  args.w = w.quantized() ? nullptr : w.values().raw();
   args.bias = bias ? bias->raw() : nullptr;
   args.out = out.raw();
   args.m = m;
   args.n = n;
   args.k = k;
   args.x_dtype = x.dtype();
-  args.w_dtype = w.values().dtype();
+  args.w_dtype = w.quantized() ? activations_ : w.values().dtype();
   args.bias_dtype = bias ? bias->dtype() : DType::F32;
   args.out_dtype = out.dtype();
   args.multiprocessors = multiprocessors_;
@@ -244,7 +304,7 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& x, const Weight& w, cons
   if (k > cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments)
     fail("CUDA matmul: the BF16 path takes K up to {}, got w {}", cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments,
          shape_string(w.shape()));
-  if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(args.w) % 16)
+  if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(w.values().raw()) % 16)
     fail("CUDA matmul: x and w must be 16-byte aligned for the BF16 path (x {}, w {})", shape_string(x.shape()),
          shape_string(w.shape()));
   return args;

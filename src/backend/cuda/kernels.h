@@ -138,6 +138,34 @@ struct DecodeLaunchShape {
 int decode_launch_shape_count();
 DecodeLaunchShape decode_launch_shape(int shape);
 cudaError_t launch_matmul_bf16_decode(const MatmulArgs* products, int count, int shape, cudaStream_t stream);
+// A quantized weight's parts on the device, in core/weight.h's layouts (that header's decode rule
+// is what every kernel below computes, element for element).
+enum class QuantizedFormat : uint8_t { Affine, Fp8Block };
+struct QuantizedWeightArgs {
+  QuantizedFormat format = QuantizedFormat::Affine;
+  const void* values = nullptr;  // Affine: U32 [n, k·bits/32]; Fp8Block: F8E4M3 [n, k]
+  const void* scales = nullptr;  // Affine: [n, k/group_size]; Fp8Block: [⌈n/block_rows⌉, scale_columns]
+  const void* biases = nullptr;  // Affine only, as scales
+  DType scale_dtype = DType::F32;  // of scales and biases: F32, BF16 or F16
+  int64_t n = 0, k = 0;
+  int64_t scale_columns = 0;       // scales' second dimension
+  int bits = 0, group_size = 0;    // Affine
+  int block_rows = 0, block_columns = 0;  // Fp8Block
+};
+// out = the decoded weight [n, k] in out_dtype (F32 or BF16): each element decoded in f32, then
+// rounded once.
+cudaError_t launch_dequantize(const QuantizedWeightArgs& weight, void* out, DType out_dtype, cudaStream_t stream);
+// out[t, :] = the decoded row ids[t] of a quantized table, rounded to out_dtype.
+cudaError_t launch_embedding_quantized(const QuantizedWeightArgs& table, const int32_t* ids, int64_t tokens, void* out,
+                                       DType out_dtype, DeviceErrorRecord* errors, cudaStream_t stream);
+// Whether the fused decode kernel takes this weight (4- and 8-bit affine with 128-bit aligned rows,
+// FP8 blocks whose columns hold whole 32-element chunks); the others are decoded into a scratch
+// matrix for the BF16 kernels. Both give the same bits.
+bool quantized_decode_fused(const QuantizedWeightArgs& weight);
+// The BF16 decode product (m ≤ kMatmulDecodeMaxRows) with the weight decoded inside the kernel:
+// args.w is unused; every element as launch_matmul_bf16 gives on the decoded BF16 weight.
+cudaError_t launch_matmul_quantized_decode(const MatmulArgs& args, const QuantizedWeightArgs& weight,
+                                           cudaStream_t stream);
 // The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the prefill GEMM.
 // Both give bit-identical elements (the same segments and 16-k steps per element; matmul.cu).
 // At m = 8 the GEMM's 64-row tiles stream the 8B's 14336×4096 product in 35.0 µs against this

@@ -1,0 +1,273 @@
+// Quantized weights on the CUDA backend (core/weight.h): every matmul element bit-identical to the
+// dense matmul of the decoded weights (rounded to bf16 for BF16 activations, kept in f32 for F32
+// activations) at decode and prefill row counts, alone and in mixed matmul groups; quantized
+// embedding rows equal to the decoded table's; and the project's quantized fixtures end to end
+// under the fixtures' bf16 rule.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "backend/cuda/kernels.h"
+#include "core/weight.h"
+#include "cuda_test_support.h"
+#include "engine/generation.h"
+#include "test_support.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+// Rows that take the decode kernel (1, 3, kMatmulDecodeMaxRows) and the prefill GEMM (64, 300).
+const std::vector<int64_t> kRowCounts = {1, 3, cuda::kMatmulDecodeMaxRows, 64, 300};
+
+// A random host affine weight [n, k]: uniform codes; scales and biases (in `scale_dtype`) as MLX
+// makes them, biases near −scale · 2^(bits−1).
+Weight random_affine(int64_t n, int64_t k, int bits, int group, DType scale_dtype, std::mt19937& random) {
+  Tensor values = Tensor::empty({n, k * bits / 32}, DType::U32);
+  for (int64_t i = 0; i < values.numel(); ++i) values.data<uint32_t>()[i] = static_cast<uint32_t>(random());
+  const Tensor scales = uniform_f32({n, k / group}, random, 0.5f / (1 << bits), 2.0f / (1 << bits));
+  Tensor biases = uniform_f32({n, k / group}, random, -0.1f, 0.1f);
+  for (int64_t i = 0; i < biases.numel(); ++i)
+    biases.data<float>()[i] -= scales.data<float>()[i] * static_cast<float>(1 << (bits - 1));
+  return Weight::affine(values, f32_as(scales, scale_dtype), f32_as(biases, scale_dtype), bits, group);
+}
+
+// A random host FP8 weight [n, k] in 128×128 blocks (edge blocks partial), no NaN codes.
+Weight random_fp8(int64_t n, int64_t k, DType scale_dtype, std::mt19937& random) {
+  Tensor values = Tensor::empty({n, k}, DType::F8E4M3);
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    uint8_t byte = static_cast<uint8_t>(random());
+    if ((byte & 0x7f) == 0x7f) byte ^= 1;
+    values.data<uint8_t>()[i] = byte;
+  }
+  const Tensor scales = uniform_f32({(n + 127) / 128, (k + 127) / 128}, random, 1e-4f, 1e-3f);
+  return Weight::fp8_block(values, f32_as(scales, scale_dtype), 128, 128);
+}
+
+// The decoded matrix of a host weight in `dtype` (F32, or BF16 rounded to nearest even).
+Tensor decoded(const Weight& weight, DType dtype) {
+  Tensor values = Tensor::empty(weight.shape(), DType::F32);
+  decode_rows(weight, 0, weight.dim(0), values.data<float>());
+  return f32_as(values, dtype);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// The quantized product and the dense product of the decoded weight (with a bias), for every row
+// count, give the same bytes.
+void expect_decoded_bits(Backend& backend, const Weight& host, std::mt19937& random) {
+  const DType activations = backend.activation_dtype();
+  const Weight quantized = backend.upload_weight(host);
+  const Tensor dense = backend.upload(decoded(host, activations));
+  const Tensor bias = backend.upload(f32_as(random_f32({host.dim(0)}, random), activations));
+  for (int64_t m : kRowCounts) {
+    SCOPED_TRACE(fmt::format("{} [{}, {}], m = {}", host.describe(), host.dim(0), host.dim(1), m));
+    const Tensor x = backend.upload(f32_as(random_f32({m, host.dim(1)}, random), activations));
+    Tensor ours = backend.alloc({m, host.dim(0)}, activations), reference = backend.alloc({m, host.dim(0)}, activations);
+    backend.matmul(x, quantized, &bias, ours);
+    backend.matmul(x, dense, &bias, reference);
+    EXPECT_TRUE(same_bytes(backend.download(ours), backend.download(reference)));
+  }
+}
+
+TEST(CudaQuantizedMatmul, AffineIsBitIdenticalToTheDecodedBf16Matmul) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(27);
+  // K of 2,304 ends in a partial 1,024-element segment; 200 rows end in a partial block of rows.
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int group : {32, 64, 128})
+      for (DType scale_dtype : {DType::BF16, DType::F16, DType::F32})
+        expect_decoded_bits(*backend, random_affine(200, 2304, bits, group, scale_dtype, random), random);
+}
+
+TEST(CudaQuantizedMatmul, Fp8BlocksAreBitIdenticalToTheDecodedBf16Matmul) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(28);
+  // Partial edge blocks both ways; K = 328 is no multiple of 16 (decoded into scratch at every m),
+  // K = 336 ends half-way into a 32-element chunk, K = 2,176 spans three segments.
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{200, 328}, {200, 336}, {520, 2176}})
+    for (DType scale_dtype : {DType::F32, DType::BF16})
+      expect_decoded_bits(*backend, random_fp8(n, k, scale_dtype, random), random);
+}
+
+TEST(CudaQuantizedMatmul, F32ActivationsAreBitIdenticalToTheDecodedF32Matmul) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::F32);
+  std::mt19937 random(29);
+  for (int bits : {3, 4, 8}) expect_decoded_bits(*backend, random_affine(200, 512, bits, 64, DType::BF16, random), random);
+  expect_decoded_bits(*backend, random_fp8(200, 328, DType::F32, random), random);
+}
+
+TEST(CudaQuantizedMatmul, MixedGroupsGiveEachProductsOwnBits) {
+  KILN_REQUIRE_CUDA();
+  std::mt19937 random(30);
+  for (DType activations : {DType::BF16, DType::F32}) {
+    auto backend = make_cuda_backend(0, activations);
+    const int64_t k = 1152;
+    const std::vector<Weight> hosts = {random_affine(192, k, 4, 64, DType::BF16, random),
+                                       Weight(f32_as(random_f32({96, k}, random, 0.03f), activations)),
+                                       random_fp8(136, k, DType::F32, random),
+                                       random_affine(64, k, 3, 32, DType::F16, random)};
+    std::vector<Weight> quantized, dense;
+    for (const Weight& host : hosts) {
+      quantized.push_back(backend->upload_weight(host));
+      dense.push_back(backend->upload(decoded(host, activations)));
+    }
+    const Tensor bias = backend->upload(f32_as(random_f32({136}, random), activations));
+    for (int64_t m : kRowCounts) {
+      SCOPED_TRACE(fmt::format("{} activations, m = {}", dtype_name(activations), m));
+      const Tensor x = backend->upload(f32_as(random_f32({m, k}, random), activations));
+      std::vector<Tensor> outs;
+      std::vector<MatmulTarget> targets;
+      for (size_t t = 0; t < hosts.size(); ++t) outs.push_back(backend->alloc({m, hosts[t].dim(0)}, activations));
+      for (size_t t = 0; t < hosts.size(); ++t) targets.push_back({&quantized[t], t == 2 ? &bias : nullptr, &outs[t]});
+      backend->matmul_group(x, targets);
+      for (size_t t = 0; t < hosts.size(); ++t) {
+        Tensor reference = backend->alloc({m, hosts[t].dim(0)}, activations);
+        backend->matmul(x, dense[t], t == 2 ? &bias : nullptr, reference);
+        EXPECT_TRUE(same_bytes(backend->download(outs[t]), backend->download(reference))) << "product " << t;
+      }
+    }
+  }
+}
+
+TEST(CudaQuantizedEmbedding, RowsAreTheDecodedRowsRoundedToTheOutput) {
+  KILN_REQUIRE_CUDA();
+  std::mt19937 random(31);
+  const std::vector<Weight> tables = {random_affine(50, 256, 4, 64, DType::BF16, random),
+                                      random_affine(50, 192, 6, 32, DType::F32, random),
+                                      random_fp8(50, 200, DType::F32, random)};
+  std::vector<int32_t> ids(40);
+  for (auto& id : ids) id = static_cast<int32_t>(random() % 50);
+  for (DType activations : {DType::BF16, DType::F32}) {
+    auto backend = make_cuda_backend(0, activations);
+    const Tensor tokens = backend->upload(indices(ids));
+    for (const Weight& table : tables) {
+      const Weight quantized = backend->upload_weight(table);
+      const Tensor dense = backend->upload(decoded(table, DType::F32));
+      for (DType out_dtype : {activations, DType::F32}) {
+        SCOPED_TRACE(fmt::format("{} into {}", table.describe(), dtype_name(out_dtype)));
+        Tensor ours = backend->alloc({40, table.dim(1)}, out_dtype), reference = backend->alloc({40, table.dim(1)}, out_dtype);
+        backend->embedding(quantized, tokens, ours);
+        backend->embedding(dense, tokens, reference);
+        EXPECT_TRUE(same_bytes(backend->download(ours), backend->download(reference)));
+      }
+    }
+  }
+}
+
+std::filesystem::path project_fixture(const std::string& name) { return source_dir() / "tests/data/fixtures" / name; }
+
+class CudaQuantizedFixture : public ::testing::TestWithParam<std::string> {};
+
+// The fixtures' bf16 rule (../shared/fixtures/README.md): against the float64 logits of the
+// dequantized weights, kiln's mean row error within 1.1 × transformers' bf16 mean and its worst
+// row within 1.5 × transformers' worst.
+TEST_P(CudaQuantizedFixture, Bf16ActivationsMeetTheFixturesBf16Rule) {
+  KILN_REQUIRE_CUDA();
+  const auto fixture = project_fixture(GetParam());
+  TestModel loaded = open_cuda_model(fixture / "q", DType::BF16);
+  const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), kWholePrompt);
+  const auto [ours, theirs] = bf16_row_errors(logits, fixture / "q");
+  ASSERT_EQ(ours.size(), theirs.size());
+  const auto mean = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / v.size(); };
+  const double our_worst = *std::max_element(ours.begin(), ours.end());
+  const double their_worst = *std::max_element(theirs.begin(), theirs.end());
+  std::printf("%s bf16 error: mean %.5f (transformers %.5f), worst row %.5f (transformers %.5f)\n",
+              GetParam().c_str(), mean(ours), mean(theirs), our_worst, their_worst);
+  EXPECT_LE(mean(ours), 1.1 * mean(theirs));
+  EXPECT_LE(our_worst, 1.5 * their_worst);
+}
+
+// Prompt logits the same bits in one prefill as in 64-token chunks (the prefill GEMM on the
+// decoded scratch and, for the last positions, one token at a time through the fused decode kernel).
+TEST_P(CudaQuantizedFixture, Bf16LogitsAreBitIdenticalOneShotChunkedAndDecoded) {
+  KILN_REQUIRE_CUDA();
+  const auto fixture = project_fixture(GetParam());
+  TestModel loaded = open_cuda_model(fixture / "q", DType::BF16);
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  const Tensor whole = prompt_logits(*loaded.model, prompt, kWholePrompt);
+  std::vector<size_t> chunks_of_64, token_by_token;
+  for (size_t position = 64; position < prompt.size(); position += 64) chunks_of_64.push_back(position);
+  for (size_t position = 1; position < prompt.size(); ++position) token_by_token.push_back(position);
+  EXPECT_TRUE(same_bytes(whole, logits_with_cuts(*loaded.model, prompt, chunks_of_64)));
+  EXPECT_TRUE(same_bytes(whole, logits_with_cuts(*loaded.model, prompt, token_by_token)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaQuantizedFixture, ::testing::Values("qwen3-mlx-tiny", "llama3-fp8-tiny"));
+
+// Not a test of speed (nothing is asserted on a time): with KILN_QUANTIZED_BENCH=1 this prints, on
+// the Llama-3.1-8B shapes for bf16, 4-bit and 8-bit group 64 and FP8, the decode matmul's
+// bandwidth (one row; bytes of every part of the weight over the median time) against the copy
+// bandwidth, and the 512-row prefill matmul's time (the quantized ones decode into scratch first)
+// against bf16's, rotating through enough copies of each weight to stay out of L2.
+TEST(CudaQuantizedMatmul, DecodeBandwidthAndPrefillTimeOnTheLlama8BShapes) {
+  KILN_REQUIRE_CUDA();
+  const char* flag = std::getenv("KILN_QUANTIZED_BENCH");
+  if (flag == nullptr || std::string(flag) != "1") GTEST_SKIP() << "set KILN_QUANTIZED_BENCH=1 to print the figures";
+  auto backend = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(32);
+  const double copy = backend->measure_copy_bandwidth_gbps();
+  std::printf("copy bandwidth %.0f GB/s\n", copy);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}};
+  for (const auto& [n, k] : shapes) {
+    double bf16_prefill_seconds = 0;
+    for (const char* format : {"bf16", "4-bit g64", "8-bit g64", "fp8"}) {
+      const std::string name = format;
+      // One host weight (random codes are all a bandwidth figure needs), uploaded several times.
+      Weight host;
+      if (name == "bf16")
+        host = Weight(f32_as(uniform_f32({n, k}, random, -0.02f, 0.02f), DType::BF16));
+      else if (name == "fp8")
+        host = random_fp8(n, k, DType::F32, random);
+      else
+        host = random_affine(n, k, name == "4-bit g64" ? 4 : 8, 64, DType::BF16, random);
+      const int copies = static_cast<int>(std::max<uint64_t>(1, (512ull << 20) / host.nbytes()));
+      std::vector<Weight> weights;
+      for (int c = 0; c < copies; ++c) weights.push_back(backend->upload_weight(host));
+      for (int64_t m : {int64_t{1}, int64_t{512}}) {
+        const Tensor x = backend->upload(f32_as(random_f32({m, k}, random), DType::BF16));
+        Tensor out = backend->alloc({m, n}, DType::BF16);
+        std::vector<double> times;
+        for (int run = 0; run < 7; ++run) {
+          const int calls = m == 1 ? 40 : 5;
+          backend->synchronize();
+          const auto start = std::chrono::steady_clock::now();
+          for (int call = 0; call < calls; ++call) backend->matmul(x, weights[call % copies], nullptr, out);
+          backend->synchronize();
+          const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+          if (run > 0) times.push_back(elapsed.count() / calls);
+        }
+        std::sort(times.begin(), times.end());
+        const double seconds = times[times.size() / 2];
+        if (m == 1) {
+          const double gbps = static_cast<double>(host.nbytes()) / seconds / 1e9;
+          std::printf("decode  m=1   %6lld x %5lld %-10s %9.1f us %7.0f GB/s  %5.1f %% of copy\n",
+                      static_cast<long long>(n), static_cast<long long>(k), format, seconds * 1e6, gbps,
+                      100.0 * gbps / copy);
+        } else {
+          if (name == "bf16") bf16_prefill_seconds = seconds;
+          std::printf("prefill m=512 %6lld x %5lld %-10s %9.1f us %7.1f TFLOP/s  bf16's time / this %.2f\n",
+                      static_cast<long long>(n), static_cast<long long>(k), format, seconds * 1e6,
+                      2.0 * m * n * k / seconds / 1e12, bf16_prefill_seconds / seconds);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
