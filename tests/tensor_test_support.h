@@ -83,6 +83,17 @@ inline Tensor uniform_f32(const Shape& shape, std::mt19937& random, float low, f
   return tensor;
 }
 
+// Random float8 e4m3fn codes [n, k], none of them NaN (0x7f / 0xff).
+inline Tensor random_fp8_codes(int64_t n, int64_t k, std::mt19937& random) {
+  Tensor values = Tensor::empty({n, k}, DType::F8E4M3);
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    uint8_t byte = static_cast<uint8_t>(random());
+    if ((byte & 0x7f) == 0x7f) byte ^= 1;
+    values.data<uint8_t>()[i] = byte;
+  }
+  return values;
+}
+
 // `values` with every row along the last axis scaled to unit L2 norm.
 inline Tensor unit_rows(Tensor values) {
   const int64_t width = values.dim(-1);

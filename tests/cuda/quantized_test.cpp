@@ -44,12 +44,7 @@ Weight random_affine(int64_t n, int64_t k, int bits, int group, DType scale_dtyp
 
 // A random host FP8 weight [n, k] in 128×128 blocks (edge blocks partial), no NaN codes.
 Weight random_fp8(int64_t n, int64_t k, DType scale_dtype, std::mt19937& random) {
-  Tensor values = Tensor::empty({n, k}, DType::F8E4M3);
-  for (int64_t i = 0; i < values.numel(); ++i) {
-    uint8_t byte = static_cast<uint8_t>(random());
-    if ((byte & 0x7f) == 0x7f) byte ^= 1;
-    values.data<uint8_t>()[i] = byte;
-  }
+  const Tensor values = random_fp8_codes(n, k, random);
   const Tensor scales = uniform_f32({(n + 127) / 128, (k + 127) / 128}, random, 1e-4f, 1e-3f);
   return Weight::fp8_block(values, f32_as(scales, scale_dtype), 128, 128);
 }

@@ -27,12 +27,7 @@ std::vector<Input> affine_parts(int64_t n, int64_t k, int bits, int group, DType
 // The stored parts of a random FP8 weight [n, k] in 128×128 blocks: e4m3 values (no NaN), then
 // its scale_inv in `scale_dtype`.
 std::vector<Input> fp8_parts(int64_t n, int64_t k, DType scale_dtype, std::mt19937& random) {
-  Tensor values = Tensor::empty({n, k}, DType::F8E4M3);
-  for (int64_t i = 0; i < values.numel(); ++i) {
-    uint8_t byte = static_cast<uint8_t>(random());
-    if ((byte & 0x7f) == 0x7f) byte ^= 1;
-    values.data<uint8_t>()[i] = byte;
-  }
+  const Tensor values = random_fp8_codes(n, k, random);
   const Tensor scales = uniform_f32({(n + 127) / 128, (k + 127) / 128}, random, 1e-4f, 1e-3f);
   return {{values, Role::Stored}, {f32_as(scales, scale_dtype), Role::Stored}};
 }
