@@ -27,6 +27,8 @@ export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 stamp() { echo "[$(date -u +%T)] $*" >&2; }
 
 mkdir -p "$work"
+# Absolute: llama-quantize reads an output name that starts with a digit as the type (stoi).
+work=$(cd "$work" && pwd)
 df -h "$work" >&2
 for shape in $shapes; do
   case "$shape" in
