@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <ranges>
 #include <set>
 
 #include <fmt/format.h>
@@ -194,8 +193,8 @@ QuantizeResult quantize_checkpoint(const QuantizeOptions& options) {
   }
 
   std::map<std::string, std::optional<AffineScheme>> recorded;  // the config's per-module entries
-  std::set<std::string> named(std::views::keys(options.module_schemes).begin(),
-                              std::views::keys(options.module_schemes).end());
+  std::set<std::string> named;  // the --mixed entries not yet matched to a tensor
+  for (const auto& [module, scheme] : options.module_schemes) named.insert(module);
   QuantizeResult result;
   std::vector<SafetensorsEntry> entries;
   for (const auto& [name, info] : checkpoint.tensors()) {
