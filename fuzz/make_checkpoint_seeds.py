@@ -11,19 +11,21 @@ import os
 import struct
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
-DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
+DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "U32": 4, "I32": 4, "F8_E4M3": 1}
 
 
 def safetensors(tensors, dtype="BF16", metadata=None):
-    """tensors: [(name, shape)] → the bytes of a safetensors file with zeroed data."""
+    """tensors: [(name, shape)] or [(name, shape, dtype)] → the bytes of a safetensors file with
+    zeroed data (a tensor without its own dtype takes `dtype`)."""
     header, offset = {}, 0
     if metadata is not None:
         header["__metadata__"] = metadata
-    for name, shape in tensors:
-        size = DTYPE_BYTES[dtype]
+    for name, shape, *own in tensors:
+        dtype_of = own[0] if own else dtype
+        size = DTYPE_BYTES[dtype_of]
         for extent in shape:
             size *= extent
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        header[name] = {"dtype": dtype_of, "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # writers pad the header to 8 bytes
@@ -117,6 +119,48 @@ def hybrid_model(config, prefix="model.", conv="hf", grouped=False):
     return tensors
 
 
+# Quantized miniatures: every input width 32 (one group of 32, one 128x128 FP8 block).
+LLAMA_32 = dict(LLAMA, hidden_size=32, intermediate_size=32, head_dim=8)
+GROUP = 32
+
+
+def quantized(tensors, method):
+    """The dense tensors with every 2-D Linear (and, for MLX, the embedding and head) quantized."""
+    out = []
+    for name, shape in tensors:
+        rows, columns = shape if len(shape) == 2 else (0, 0)
+        module = name[: -len(".weight")]
+        linear = ".layers." in name and len(shape) == 2
+        if method == "mlx" and len(shape) == 2:
+            bits = 8 if module == "model.embed_tokens" else 4  # the per-module entry of QUANTIZATION["mlx"]
+            out += [(name, [rows, columns * bits // 32], "U32"), (module + ".scales", [rows, columns // GROUP]),
+                    (module + ".biases", [rows, columns // GROUP])]
+        elif method == "fp8" and linear:
+            out += [(name, shape, "F8_E4M3"), (name + "_scale_inv", [1, 1], "F32")]
+        elif method == "awq" and linear:
+            out += [(module + ".qweight", [columns, rows // 8], "I32"),
+                    (module + ".qzeros", [columns // GROUP, rows // 8], "I32"),
+                    (module + ".scales", [columns // GROUP, rows], "F16")]
+        elif method == "gptq" and linear:
+            out += [(module + ".qweight", [columns // 8, rows], "I32"),
+                    (module + ".qzeros", [columns // GROUP, rows // 8], "I32"),
+                    (module + ".scales", [columns // GROUP, rows], "F16"), (module + ".g_idx", [columns], "I32")]
+        else:
+            out.append((name, shape))
+    return out
+
+
+QUANTIZATION = {
+    "mlx": {"quantization": {"group_size": GROUP, "bits": 4, "model.embed_tokens": {"group_size": GROUP, "bits": 8}}},
+    "fp8": {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                    "weight_block_size": [128, 128]}},
+    "awq": {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": GROUP, "version": "gemm",
+                                    "zero_point": True}},
+    "gptq": {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False,
+                                     "sym": True}},
+}
+
+
 def write(target, name, data):
     os.makedirs(os.path.join(CORPUS, target), exist_ok=True)
     with open(os.path.join(CORPUS, target, name), "wb") as out:
@@ -140,6 +184,9 @@ def main():
         "qwen3_next": (dict(QWEN3_5, model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"]),
                        safetensors(hybrid_model(QWEN3_5, grouped=True))),
     }
+    for method, fields in QUANTIZATION.items():
+        config = dict(LLAMA_32, **fields)
+        models["llama-" + method] = (config, safetensors(quantized(dense_model(LLAMA_32, False), method)))
     for name, (config, checkpoint) in models.items():
         write("load_plan", name, json.dumps(config).encode() + b"\0" + checkpoint)
         write("safetensors", name, checkpoint)
