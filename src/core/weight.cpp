@@ -1,5 +1,7 @@
 #include "core/weight.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -138,25 +140,31 @@ void decode_rows(const Weight& weight, int64_t row_begin, int64_t row_end, float
           *out++ = float_at(weight.values(), row * columns + k);
       return;
     case WeightFormat::Affine: {
+      // The scale and bias are read once per group, not per element.
       const int64_t words = weight.values().dim(1), groups = weight.scales().dim(1);
       for (int64_t row = row_begin; row < row_end; ++row) {
         const uint32_t* codes = weight.values().data<uint32_t>() + row * words;
-        for (int64_t k = 0; k < columns; ++k) {
-          const int64_t group = row * groups + k / weight.group_size();
-          *out++ = affine_value(float_at(weight.scales(), group), affine_code(codes, weight.bits(), k),
-                                float_at(weight.biases(), group));
+        for (int64_t group = 0; group < groups; ++group) {
+          const float scale = float_at(weight.scales(), row * groups + group);
+          const float bias = float_at(weight.biases(), row * groups + group);
+          const int64_t first = group * weight.group_size();
+          for (int64_t k = first; k < first + weight.group_size(); ++k)
+            *out++ = affine_value(scale, affine_code(codes, weight.bits(), k), bias);
         }
       }
       return;
     }
     case WeightFormat::Fp8Block: {
       const int64_t block_columns = weight.scales().dim(1);
-      for (int64_t row = row_begin; row < row_end; ++row)
-        for (int64_t k = 0; k < columns; ++k) {
-          const float scale =
-              float_at(weight.scales(), row / weight.block_rows() * block_columns + k / weight.block_columns());
-          *out++ = fp8_e4m3_to_f32(weight.values().data<uint8_t>()[row * columns + k]) * scale;
+      for (int64_t row = row_begin; row < row_end; ++row) {
+        const uint8_t* values = weight.values().data<uint8_t>() + row * columns;
+        for (int64_t block = 0; block < block_columns; ++block) {
+          const float scale = float_at(weight.scales(), row / weight.block_rows() * block_columns + block);
+          const int64_t first = block * weight.block_columns();
+          const int64_t last = std::min(columns, first + weight.block_columns());
+          for (int64_t k = first; k < last; ++k) *out++ = fp8_e4m3_to_f32(values[k]) * scale;
         }
+      }
       return;
     }
   }
