@@ -5,6 +5,8 @@
 //     timed inside a captured CUDA graph as decode steps run them. Each shape cycles through
 //     enough weight copies to exceed the 60 MB L2, so the figure is HBM bandwidth, not cache.
 //   prefill matmul (bf16, m = 512/4096): TFLOP/s.
+//   quantized matmul (4-bit and 8-bit group 64, FP8 blocks, against bf16; Llama-3.1-8B shapes):
+//     decode bytes per second over the copy bandwidth, and the 512-row prefill's time.
 //   attention: decode (1 token per sequence, split-KV) in KV bytes per second; prefill TFLOP/s.
 //   cuBLAS (loaded at run time when libcublas.so.13 is there): whether a row of x·wᵀ keeps its
 //     bits as the row count changes — the invariance contract kiln's own GEMMs keep — and its
@@ -448,6 +450,58 @@ void bench_launch() {
   std::printf("per-op floor: add of 1 element %.2f us, matmul 1x16x64 %.2f us\n", add * 1e6, matmul * 1e6);
 }
 
+// A random host weight [n, k] in `format` ("bf16", "4-bit g64", "8-bit g64", "fp8"): random codes
+// (all a bandwidth figure needs), bf16 scales and biases, FP8 with F32 scale_inv in 128x128 blocks.
+Weight random_weight(const std::string& format, int64_t n, int64_t k, std::mt19937& random) {
+  if (format == "bf16") return Weight(random_host({n, k}, DType::BF16, random, 0.02f));
+  if (format == "fp8") {
+    Tensor values = Tensor::empty({n, k}, DType::F8E4M3);
+    for (int64_t i = 0; i < values.numel(); ++i) values.data<uint8_t>()[i] = static_cast<uint8_t>(random() % 0x7f);
+    return Weight::fp8_block(values, random_host({(n + 127) / 128, (k + 127) / 128}, DType::F32, random, 1e-3f), 128, 128);
+  }
+  const int bits = format == "4-bit g64" ? 4 : 8;
+  Tensor codes = Tensor::empty({n, k * bits / 32}, DType::U32);
+  for (int64_t i = 0; i < codes.numel(); ++i) codes.data<uint32_t>()[i] = static_cast<uint32_t>(random());
+  return Weight::affine(codes, random_host({n, k / 64}, DType::BF16, random, 1e-3f),
+                        random_host({n, k / 64}, DType::BF16, random, 0.02f), bits, 64);
+}
+
+// Quantized matmuls on the Llama-3.1-8B shapes against bf16: the decode product (m = 1, in a
+// captured graph) in bytes of every part of the weight per second over the copy bandwidth, and
+// the 512-row prefill product (the quantized ones decode into scratch first) against bf16's time.
+void bench_quantized_matmul(double copy_gbps) {
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(4);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}};
+  for (const auto& [n, k] : shapes) {
+    double bf16_prefill_seconds = 0;
+    for (const std::string format : {"bf16", "4-bit g64", "8-bit g64", "fp8"}) {
+      const Weight host = random_weight(format, n, k, random);
+      const int copies = static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / host.nbytes() + 1));
+      std::vector<Weight> weights;
+      for (int i = 0; i < copies; ++i) weights.push_back(cuda->upload_weight(host));
+      for (int64_t m : {int64_t{1}, int64_t{512}}) {
+        Tensor x = cuda->upload(random_host({m, k}, DType::BF16, random, 1.0f));
+        Tensor out = cuda->alloc({m, n}, DType::BF16);
+        auto call = [&](int i) { cuda->matmul(x, weights[i % copies], nullptr, out); };
+        if (m == 1) {
+          const double seconds = seconds_per_captured_call(*cuda, 100, call);
+          const double gbps = static_cast<double>(host.nbytes()) / seconds / 1e9;
+          std::printf("quantized decode  m=1   %6lld x %5lld %-10s %9.1f us %7.0f GB/s  %5.1f %% of copy\n",
+                      static_cast<long long>(n), static_cast<long long>(k), format.c_str(), seconds * 1e6, gbps,
+                      100.0 * gbps / copy_gbps);
+        } else {
+          const double seconds = seconds_per_call(*cuda, 5, call);
+          if (format == "bf16") bf16_prefill_seconds = seconds;
+          std::printf("quantized prefill m=512 %6lld x %5lld %-10s %9.1f us %7.1f TFLOP/s  bf16's time / this %.2f\n",
+                      static_cast<long long>(n), static_cast<long long>(k), format.c_str(), seconds * 1e6,
+                      2.0 * m * n * k / seconds / 1e12, bf16_prefill_seconds / seconds);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln
 
@@ -474,6 +528,7 @@ int main(int argc, char** argv) {
       bench_decode_matmul(DType::F32, copy_gbps);
     }
     if (wanted("decode-shapes")) bench_decode_shapes(copy_gbps);
+    if (wanted("quantized")) bench_quantized_matmul(copy_gbps);
     if (wanted("decode-ops")) bench_decode_ops();
     if (wanted("prefill")) bench_prefill_matmul();
     if (wanted("cublas")) bench_cublas();

@@ -4,9 +4,7 @@
 // embedding rows equal to the decoded table's; and the project's quantized fixtures end to end
 // under the fixtures' bf16 rule.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -204,65 +202,5 @@ TEST_P(CudaQuantizedFixture, Bf16LogitsAreBitIdenticalOneShotChunkedAndDecoded) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaQuantizedFixture, ::testing::Values("qwen3-mlx-tiny", "llama3-fp8-tiny"));
-
-// Not a test of speed (nothing is asserted on a time): with KILN_QUANTIZED_BENCH=1 this prints, on
-// the Llama-3.1-8B shapes for bf16, 4-bit and 8-bit group 64 and FP8, the decode matmul's
-// bandwidth (one row; bytes of every part of the weight over the median time) against the copy
-// bandwidth, and the 512-row prefill matmul's time (the quantized ones decode into scratch first)
-// against bf16's, rotating through enough copies of each weight to stay out of L2.
-TEST(CudaQuantizedMatmul, DecodeBandwidthAndPrefillTimeOnTheLlama8BShapes) {
-  KILN_REQUIRE_CUDA();
-  const char* flag = std::getenv("KILN_QUANTIZED_BENCH");
-  if (flag == nullptr || std::string(flag) != "1") GTEST_SKIP() << "set KILN_QUANTIZED_BENCH=1 to print the figures";
-  auto backend = make_cuda_backend(0, DType::BF16);
-  std::mt19937 random(32);
-  const double copy = backend->measure_copy_bandwidth_gbps();
-  std::printf("copy bandwidth %.0f GB/s\n", copy);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}};
-  for (const auto& [n, k] : shapes) {
-    double bf16_prefill_seconds = 0;
-    for (const char* format : {"bf16", "4-bit g64", "8-bit g64", "fp8"}) {
-      const std::string name = format;
-      // One host weight (random codes are all a bandwidth figure needs), uploaded several times.
-      Weight host;
-      if (name == "bf16")
-        host = Weight(f32_as(uniform_f32({n, k}, random, -0.02f, 0.02f), DType::BF16));
-      else if (name == "fp8")
-        host = random_fp8(n, k, DType::F32, random);
-      else
-        host = random_affine(n, k, name == "4-bit g64" ? 4 : 8, 64, DType::BF16, random);
-      const int copies = static_cast<int>(std::max<uint64_t>(1, (512ull << 20) / host.nbytes()));
-      std::vector<Weight> weights;
-      for (int c = 0; c < copies; ++c) weights.push_back(backend->upload_weight(host));
-      for (int64_t m : {int64_t{1}, int64_t{512}}) {
-        const Tensor x = backend->upload(f32_as(random_f32({m, k}, random), DType::BF16));
-        Tensor out = backend->alloc({m, n}, DType::BF16);
-        std::vector<double> times;
-        for (int run = 0; run < 7; ++run) {
-          const int calls = m == 1 ? 40 : 5;
-          backend->synchronize();
-          const auto start = std::chrono::steady_clock::now();
-          for (int call = 0; call < calls; ++call) backend->matmul(x, weights[call % copies], nullptr, out);
-          backend->synchronize();
-          const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-          if (run > 0) times.push_back(elapsed.count() / calls);
-        }
-        std::sort(times.begin(), times.end());
-        const double seconds = times[times.size() / 2];
-        if (m == 1) {
-          const double gbps = static_cast<double>(host.nbytes()) / seconds / 1e9;
-          std::printf("decode  m=1   %6lld x %5lld %-10s %9.1f us %7.0f GB/s  %5.1f %% of copy\n",
-                      static_cast<long long>(n), static_cast<long long>(k), format, seconds * 1e6, gbps,
-                      100.0 * gbps / copy);
-        } else {
-          if (name == "bf16") bf16_prefill_seconds = seconds;
-          std::printf("prefill m=512 %6lld x %5lld %-10s %9.1f us %7.1f TFLOP/s  bf16's time / this %.2f\n",
-                      static_cast<long long>(n), static_cast<long long>(k), format, seconds * 1e6,
-                      2.0 * m * n * k / seconds / 1e12, bf16_prefill_seconds / seconds);
-        }
-      }
-    }
-  }
-}
 
 }  // namespace
