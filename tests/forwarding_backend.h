@@ -44,6 +44,9 @@ class ForwardingCpuBackend : public Backend, public HybridOps {
   }
   void add(Tensor& a, const Tensor& b) override { cpu_->add(a, b); }
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override { cpu_->gather_rows(x, rows, out); }
+  void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override {
+    cpu_->moe_combine(expert_rows, rows, weights, out);
+  }
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override {
     cpu_->rope(x, positions, inv_freq, rotary_dim);
   }

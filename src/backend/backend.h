@@ -116,6 +116,9 @@ class Backend {
   // Every part of a host weight uploaded (upload's rules for each).
   Weight upload_weight(const Weight& host);
   virtual Tensor download(const Tensor& tensor) = 0;  // a host copy
+  // False for a backend that only measures what work allocates (backend/measuring_backend.h, the
+  // dry run of `kiln fit`): it computes no values, and what it downloads must not be read.
+  virtual bool computes_values() const { return true; }
   virtual void zero(Tensor& tensor) = 0;
   virtual BatchLayout make_layout(const std::vector<SequenceSpan>& spans,
                                   const std::vector<int32_t>& token_ids) = 0;
@@ -142,6 +145,10 @@ class Backend {
   virtual void add(Tensor& a, const Tensor& b) = 0;
   // out[r, :] = x[rows[r], :] (rows is I32 on the device).
   virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
+  // The weighted sum of a mixture's expert outputs: out[t, :] = Σ_s weights[t, s] · expert_rows[rows[t, s], :]
+  // over s = 0, 1, …, S − 1 in order, as acc = fma(weights[t, s], row, acc) from acc = 0, all in f32.
+  // expert_rows F32 [R, H], rows I32 and weights F32 [T, S] (on the device), out F32 [T, H].
+  virtual void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) = 0;
   // Rotate-half RoPE in place on x [T, heads, head_dim], over the first rotary_dim dims of each
   // head, angle = positions[t] · inv_freq[j] (inv_freq is [rotary_dim / 2] f32 on the device).
   virtual void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) = 0;

@@ -168,6 +168,10 @@ void MeasuringBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const
 
 void MeasuringBackend::add(Tensor& a, const Tensor& b) { check_add(contract(), a, b); }
 
+void MeasuringBackend::moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) {
+  check_moe_combine(contract(), expert_rows, rows, weights, out);
+}
+
 void MeasuringBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   check_gather_rows(contract(), x, rows, out);
 }

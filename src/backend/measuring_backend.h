@@ -79,6 +79,7 @@ class MeasuringBackend final : public Backend, public HybridOps, public GraphOps
   Tensor upload(const Tensor& host) override;
   // An unbacked host tensor of the same shape and dtype.
   Tensor download(const Tensor& tensor) override;
+  bool computes_values() const override { return false; }
   void zero(Tensor& tensor) override;
   // The spans are checked as every backend checks them (positive tokens, covering the token ids
   // in order); the device tensors are views of one measured I32 block of 3·T + 4·S words, the
@@ -93,6 +94,7 @@ class MeasuringBackend final : public Backend, public HybridOps, public GraphOps
                     Tensor& out) override;
   void add(Tensor& a, const Tensor& b) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override;
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,

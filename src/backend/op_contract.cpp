@@ -207,6 +207,22 @@ GatherDims check_gather_rows(const OpContext& context, const Tensor& x, const Te
   return {rows.dim(0), available, row_elements};
 }
 
+CombineDims check_moe_combine(const OpContext& context, const Tensor& expert_rows, const Tensor& rows,
+                              const Tensor& weights, const Tensor& out) {
+  constexpr std::string_view op = "moe_combine";
+  require_dtype(context, op, expert_rows, DType::F32, "expert_rows");
+  require_dtype(context, op, rows, DType::I32, "rows");
+  require_dtype(context, op, weights, DType::F32, "weights");
+  require_dtype(context, op, out, DType::F32, "out");
+  if (expert_rows.ndim() != 2)
+    fail("{} {}: expert_rows has shape {}, expected [R, H]", context.backend, op, shape_string(expert_rows.shape()));
+  if (rows.ndim() != 2)
+    fail("{} {}: rows has shape {}, expected [T, S]", context.backend, op, shape_string(rows.shape()));
+  require_shape(context, op, weights, rows.shape(), "weights");
+  require_shape(context, op, out, {rows.dim(0), expert_rows.dim(1)}, "out");
+  return {rows.dim(0), rows.dim(1), expert_rows.dim(0), expert_rows.dim(1)};
+}
+
 RopeDims check_rope(const OpContext& context, std::string_view op, std::string_view name, const Tensor& x,
                     const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {
   require_activation(context, op, x, name);

@@ -72,6 +72,13 @@ struct GatherDims {
 // x [X, ...] activations; rows I32 [R]; out [R, ...] of R · (x's row) elements in x's dtype.
 GatherDims check_gather_rows(const OpContext& context, const Tensor& x, const Tensor& rows, const Tensor& out);
 
+struct CombineDims {
+  int64_t tokens, terms, available, width;
+};
+// expert_rows F32 [R, H]; rows I32 and weights F32 [T, S]; out F32 [T, H].
+CombineDims check_moe_combine(const OpContext& context, const Tensor& expert_rows, const Tensor& rows,
+                              const Tensor& weights, const Tensor& out);
+
 struct RopeDims {
   int64_t tokens, heads, head_dim;
 };

@@ -1,5 +1,5 @@
 // The op table's dense cases: matmul and matmul_group, the norms, add, swiglu, embedding,
-// gather_rows, rope and rope_kv_write (odd sizes, every weight dtype, both norm styles, partial
+// gather_rows, moe_combine, rope and rope_kv_write (odd sizes, every weight dtype, both norm styles, partial
 // rotary dims, in-place calls and the f32 residual stream), and the CPU's cases checked against
 // exact arithmetic.
 #include <algorithm>
@@ -203,6 +203,31 @@ std::vector<OpCase> elementwise_cases(std::mt19937& random) {
     return std::vector<Tensor>{out};
   };
   cases.push_back(std::move(gather));
+
+  // A mixture's combine: 4 tokens, 3 terms each (two routed rows and a shared one), rows repeated
+  // across tokens; checked on the CPU against the fma chain it promises.
+  OpCase combine;
+  combine.name = "moe_combine 4 tokens x 3 terms";
+  Tensor combine_weights = random_f32({4, 3}, random);
+  combine.inputs = {{random_f32({11, 72}, random), Role::Float32},
+                    {indices({0, 5, 8, 2, 5, 9, 7, 7, 10, 1, 3, 8}), Role::Index},
+                    {combine_weights, Role::Float32}};
+  combine.run = [](Backend& backend, std::vector<Tensor>& in) {
+    Tensor out = backend.alloc({4, 72}, DType::F32);
+    backend.moe_combine(in[0], in[1].reshape({4, 3}), in[2], out);
+    return std::vector<Tensor>{out};
+  };
+  combine.exact = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out) {
+    for (int64_t t = 0; t < 4; ++t)
+      for (int64_t h = 0; h < 72; ++h) {
+        float acc = 0.0f;
+        for (int64_t s = 0; s < 3; ++s)
+          acc = std::fma(in[2].data<float>()[t * 3 + s], in[0].data<float>()[in[1].data<int32_t>()[t * 3 + s] * 72 + h],
+                         acc);
+        ASSERT_EQ(out[0].data<float>()[t * 72 + h], acc) << "token " << t << " column " << h;
+      }
+  };
+  cases.push_back(std::move(combine));
 
   struct RopeShape {
     int64_t tokens, heads, head_dim, rotary_dim;

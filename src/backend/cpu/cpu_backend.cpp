@@ -106,6 +106,9 @@ void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const Tenso
 void CpuBackend::add(Tensor& a, const Tensor& b) { cpu::add(a, b); }
 
 void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) { cpu::gather_rows(x, rows, out); }
+void CpuBackend::moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) {
+  cpu::moe_combine(expert_rows, rows, weights, out);
+}
 
 void CpuBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {
   cpu::rope(x, positions, inv_freq, rotary_dim);

@@ -47,6 +47,7 @@ class CpuBackend final : public Backend, public HybridOps {
                     Tensor& out) override;
   void add(Tensor& a, const Tensor& b) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override;
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,

@@ -1,4 +1,6 @@
-// Row gathers: embedding (rows of a table in its stored dtype, widened to f32) and gather_rows.
+// Row gathers: embedding (rows of a table in its stored dtype, widened to f32), gather_rows, and
+// moe_combine (gathered expert rows summed with their routing weights).
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/checks.h"
@@ -36,6 +38,26 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
   for (int64_t r = 0; r < rows.dim(0); ++r)
     std::memcpy(out.data<float>() + r * width, x.data<float>() + indices[r] * width,
                 static_cast<size_t>(width) * sizeof(float));
+}
+
+void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) {
+  const CombineDims dims = check_moe_combine(kCpuOps, expert_rows, rows, weights, out);
+  const int32_t* indices = rows.data<int32_t>();
+  for (int64_t i = 0; i < rows.numel(); ++i)
+    if (indices[i] < 0 || indices[i] >= dims.available)
+      fail("cpu moe_combine: row index {} (at {}) is outside expert_rows' {} rows", indices[i], i, dims.available);
+  const float* sources = expert_rows.data<float>();
+  const float* scales = weights.data<float>();
+  float* sums = out.data<float>();
+  ThreadPool::global().parallel_for(dims.tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t h = 0; h < dims.width; ++h) {
+        float acc = 0.0f;
+        for (int64_t s = 0; s < dims.terms; ++s)
+          acc = std::fma(scales[t * dims.terms + s], sources[indices[t * dims.terms + s] * dims.width + h], acc);
+        sums[t * dims.width + h] = acc;
+      }
+  });
 }
 
 }  // namespace kiln::cpu

@@ -27,6 +27,7 @@ void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, f
                   Tensor& out);
 
 void add(Tensor& a, const Tensor& b);
+void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim);

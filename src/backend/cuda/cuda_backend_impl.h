@@ -128,6 +128,8 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
 
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
 
+  void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override;
+
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
 
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,

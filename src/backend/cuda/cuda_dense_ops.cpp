@@ -163,6 +163,15 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) 
            "gather_rows");
 }
 
+void CudaBackend::moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) {
+  const CombineDims dims = check_moe_combine(contract(), expert_rows, rows, weights, out);
+  activate();
+  launched(cuda::launch_moe_combine(expert_rows.data<float>(), dims.available, dims.width, rows.data<int32_t>(),
+                                    weights.data<float>(), dims.tokens, dims.terms, out.data<float>(), errors_,
+                                    stream_),
+           "moe_combine");
+}
+
 void CudaBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {
   const RopeDims dims = check_rope(contract(), "rope", "x", x, positions, inv_freq, rotary_dim);
   activate();

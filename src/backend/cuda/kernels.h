@@ -26,6 +26,7 @@ enum DeviceErrorCode : int32_t {
   kGatherRowOutOfRange = 2,
   kSamplingRowNotSorted = 3,  // a row asked for sampling in a call made without sorting (value: the row)
   kFeedRowOutOfRange = 4,     // feed_tokens: a feed index past the previous tokens
+  kCombineRowOutOfRange = 5,  // moe_combine: a row index outside the expert rows
 };
 
 // out[t, :] = table[ids[t], :], converted to out_dtype.
@@ -43,6 +44,9 @@ cudaError_t launch_feed_tokens(const int32_t* previous, int64_t previous_count, 
 
 // a += b elementwise (both `dtype`), rounded once to dtype.
 cudaError_t launch_add(void* a, const void* b, int64_t count, DType dtype, cudaStream_t stream);
+cudaError_t launch_moe_combine(const float* expert_rows, int64_t available, int64_t width, const int32_t* rows,
+                               const float* weights, int64_t tokens, int64_t terms, float* out,
+                               DeviceErrorRecord* errors, cudaStream_t stream);
 
 // out = silu(gate) · up (all `dtype`), with silu(gate) rounded to dtype first (transformers'
 // ⟦⟦silu(g)⟧·u⟧; a no-op rounding in f32). out may alias gate or up.
