@@ -119,6 +119,28 @@ std::string Weight::describe() const {
   return "?";
 }
 
+Weight Weight::rows(int64_t first, int64_t count) const {
+  const int64_t total = shape_.empty() ? 0 : shape_[0];
+  if (first < 0 || count < 0 || first + count > total)
+    fail("weight rows [{}, {}) are outside its {} rows", first, first + count, total);
+  Weight view = *this;
+  view.shape_[0] = count;
+  view.values_ = values_.slice_rows(first, count);
+  switch (format_) {
+    case WeightFormat::Dense: break;
+    case WeightFormat::Affine:
+      view.scales_ = scales_.slice_rows(first, count);
+      view.biases_ = biases_.slice_rows(first, count);
+      break;
+    case WeightFormat::Fp8Block:
+      if (first % block_rows_ != 0 || (count % block_rows_ != 0 && first + count != total))
+        fail("weight rows [{}, {}) do not fall on its FP8 blocks of {} rows", first, first + count, block_rows_);
+      view.scales_ = scales_.slice_rows(first / block_rows_, ceil_div(count, block_rows_));
+      break;
+  }
+  return view;
+}
+
 Weight Weight::with_parts(Tensor values, Tensor scales, Tensor biases) const {
   auto same = [](const Tensor& a, const Tensor& b) { return a.shape() == b.shape() && a.dtype() == b.dtype(); };
   if (!same(values, values_) || !same(scales, scales_) || !same(biases, biases_))

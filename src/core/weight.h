@@ -67,6 +67,10 @@ class Weight {
   // "dense BF16", "affine 4-bit group 64 (scales BF16)", "fp8 e4m3 blocks 128x128 (scales F32)".
   std::string describe() const;
 
+  // Rows [first, first + count) of the matrix, a view of every part (one expert of a stacked
+  // [experts · N, K] matrix). An Fp8Block weight's rows must start and, unless they reach the last
+  // row, end on a block of rows; fails naming the rows otherwise.
+  Weight rows(int64_t first, int64_t count) const;
   // The same layout over other tensors of the parts' shapes and dtypes (an upload's copies).
   Weight with_parts(Tensor values, Tensor scales, Tensor biases) const;
 

@@ -64,6 +64,48 @@ Tensor gather_rows(const Tensor& source, const std::vector<RowBlock>& blocks, co
   return gathered;
 }
 
+// The tensors stacked along a new axis 0 (a copy); each must have the first one's shape and dtype.
+Tensor stack_experts(const Checkpoint& checkpoint, const PlannedTensor& planned, const std::string& file) {
+  if (planned.stacked_sources.empty()) fail("{}: tensor '{}': the stack fix-up names no tensors", file, planned.source);
+  const Tensor first = checkpoint.view(planned.stacked_sources.front());
+  Shape shape = first.shape();
+  shape.insert(shape.begin(), static_cast<int64_t>(planned.stacked_sources.size()));
+  Tensor stacked = Tensor::empty(shape, first.dtype());
+  char* out = static_cast<char*>(stacked.raw());
+  for (const std::string& name : planned.stacked_sources) {
+    const Tensor part = checkpoint.view(name);
+    if (part.shape() != first.shape() || part.dtype() != first.dtype())
+      fail("{}: tensor '{}' is {} {}, but '{}' stacked with it is {} {}", checkpoint.info(name).file.string(), name,
+           dtype_name(part.dtype()), shape_string(part.shape()), planned.stacked_sources.front(),
+           dtype_name(first.dtype()), shape_string(first.shape()));
+    std::memcpy(out, part.raw(), part.nbytes());
+    out += part.nbytes();
+  }
+  return stacked;
+}
+
+// Of an [E, R, …] tensor, each expert's row blocks along axis 1, concatenated (a copy).
+Tensor gather_expert_rows(const Tensor& source, const std::vector<RowBlock>& blocks, const std::string& file,
+                          const std::string& name) {
+  if (source.ndim() < 2) fail("{}: tensor '{}': {} is not a stack of matrices", file, name, shape_string(source.shape()));
+  const int64_t experts = source.dim(0);
+  std::vector<Tensor> gathered;
+  for (int64_t expert = 0; expert < experts; ++expert) {
+    const Tensor matrix = source.slice_rows(expert, 1);
+    Shape inner(matrix.shape().begin() + 1, matrix.shape().end());
+    gathered.push_back(gather_rows(matrix.reshape(inner), blocks, file, name));
+  }
+  Shape shape = gathered.front().shape();
+  shape.insert(shape.begin(), experts);
+  Tensor out = Tensor::empty(shape, source.dtype());
+  char* cursor = static_cast<char*>(out.raw());
+  for (const Tensor& part : gathered) {
+    std::memcpy(cursor, part.raw(), part.nbytes());
+    cursor += part.nbytes();
+  }
+  return out;
+}
+
 // Columns [first, first + count) of a matrix: a copy that reads only those bytes of each row.
 Tensor copy_columns(const Tensor& source, int64_t first, int64_t count, const std::string& file,
                     const std::string& name) {
@@ -86,6 +128,12 @@ Tensor read_fixed_up(const Checkpoint& checkpoint, const PlannedTensor& planned,
   Tensor tensor = checkpoint.view(planned.source);
   for (FixUp fixup : planned.fixups) {
     switch (fixup) {
+      case FixUp::StackExperts:
+        tensor = stack_experts(checkpoint, planned, file);
+        break;
+      case FixUp::GatherExpertRows:
+        tensor = gather_expert_rows(tensor, planned.row_blocks, file, planned.source);
+        break;
       case FixUp::ConvToChannelsKernel:
         if (tensor.ndim() != 3 || tensor.dim(1) != 1)
           fail("{}: tensor '{}': conv weight shape {} is not [channels, 1, kernel]", file, planned.source,
@@ -197,6 +245,7 @@ std::string repack_name(const AffineRepack& repack) {
 }
 
 std::vector<std::string> PlannedTensor::sources() const {
+  if (!stacked_sources.empty()) return stacked_sources;
   if (!repack) return {source};
   switch (repack->part) {
     case AffineRepack::Part::Codes: return {repack->qweight};
@@ -219,6 +268,8 @@ const char* fixup_name(FixUp fixup) {
     case FixUp::ConvFromKernelLast: return "conv_from_kernel_last";
     case FixUp::SubtractOne: return "subtract_one";
     case FixUp::GatherRows: return "gather_rows";
+    case FixUp::StackExperts: return "stack_experts";
+    case FixUp::GatherExpertRows: return "gather_expert_rows";
   }
   return "?";
 }
@@ -237,10 +288,8 @@ nlohmann::json LoadPlan::to_json() const {
       for (const RowBlock& block : tensor.row_blocks) blocks.push_back({block.first_row, block.rows});
       planned.back()["row_blocks"] = blocks;
     }
-    if (tensor.repack) {
-      planned.back()["repack"] = repack_name(*tensor.repack);
-      planned.back()["sources"] = tensor.sources();
-    }
+    if (tensor.repack) planned.back()["repack"] = repack_name(*tensor.repack);
+    if (tensor.repack || !tensor.stacked_sources.empty()) planned.back()["sources"] = tensor.sources();
   }
   nlohmann::json dropped_json = nlohmann::json::array();
   for (const DroppedTensor& tensor : dropped)
@@ -336,6 +385,40 @@ Weight WeightMap::take_weight(const std::string& canonical, const Shape& shape) 
   if (weight.shape() != shape)
     fail("{}: wrong shape: config implies {} but the checkpoint's {} matrix is {}", where, shape_string(shape),
          weight.describe(), shape_string(weight.shape()));
+  return weight;
+}
+
+Weight WeightMap::take_stacked_weight(const std::string& canonical, const Shape& shape) {
+  if (shape.size() != 3) fail("{}: tensor '{}': a stack of matrices is [E, N, K], not {}", checkpoint_name_, canonical,
+                              shape_string(shape));
+  const int64_t experts = shape[0], rows = shape[1];
+  const auto quantized = quantized_.find(canonical);
+  if (quantized == quantized_.end()) return Weight(take(canonical, shape).reshape({experts * rows, shape[2]}));
+  const QuantizedParts& parts = quantized->second;
+  const std::string where = fmt::format("{}: tensor '{}'", source_files_.at(canonical).string(), sources_.at(canonical));
+  auto part = [&](const std::string& name) {
+    const auto found = tensors_.find(name);
+    if (found == tensors_.end()) fail("{}: its quantization part '{}' is not planned", where, name);
+    if (found->second.ndim() != 3 || found->second.dim(0) != experts)
+      fail("{}: its part '{}' is {}, not a stack of {} experts", where, name, shape_string(found->second.shape()),
+           experts);
+    used_.insert(name);
+    return found->second.reshape({experts * found->second.dim(1), found->second.dim(2)});
+  };
+  if (parts.format == WeightFormat::Fp8Block && rows % parts.block_rows != 0)
+    fail("{}: each expert's {} rows do not fill whole FP8 blocks of {} rows", where, rows, parts.block_rows);
+  Weight weight;
+  try {
+    weight = parts.format == WeightFormat::Affine
+                 ? Weight::affine(part(canonical), part(parts.scales), part(parts.biases), parts.bits, parts.group_size)
+                 : Weight::fp8_block(part(canonical), part(parts.scales), parts.block_rows, parts.block_columns);
+  } catch (const Error& error) {
+    fail("{}: {}", where, error.what());
+  }
+  const Shape flat{experts * rows, shape[2]};
+  if (weight.shape() != flat)
+    fail("{}: wrong shape: config implies {} but the checkpoint's {} experts are [{}, {}, {}]", where,
+         shape_string(shape), weight.describe(), experts, weight.dim(0) / experts, weight.dim(1));
   return weight;
 }
 

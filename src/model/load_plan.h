@@ -26,6 +26,9 @@ enum class FixUp {
   ConvFromKernelLast,    // conv1d weight [C, K, 1] → [C, K] (a view)
   SubtractOne,           // a stored 1 + γ gain → the canonical zero-centred γ (computed in f32)
   GatherRows,            // the source's `row_blocks` (axis 0) concatenated in order (a copy)
+  StackExperts,          // the `stacked_sources` (one per expert, equal shapes and dtypes) stacked
+                         // along a new axis 0 (a copy); first when present
+  GatherExpertRows,      // of an [E, R, …] tensor, each expert's `row_blocks` along axis 1 (a copy)
 };
 
 // Rows [first_row, first_row + rows) along a source tensor's axis 0.
@@ -76,10 +79,12 @@ struct PlannedTensor {
   std::string source;     // the name in the checkpoint (a repacked part: the stored tensor it mainly reads)
   std::vector<FixUp> fixups;
   std::vector<int64_t> canonical_shape;
-  std::vector<RowBlock> row_blocks = {};  // for FixUp::GatherRows only (defaulted: older initialisers stay valid)
+  std::vector<RowBlock> row_blocks = {};  // for FixUp::GatherRows and GatherExpertRows (defaulted: older initialisers stay valid)
   std::optional<QuantizedParts> quantized = std::nullopt;  // set by plan_checkpoint (model/quantized_checkpoint.h)
   // Set for an AWQ or GPTQ matrix's part: computed from its stored tensors, not read from `source`.
   std::optional<AffineRepack> repack = std::nullopt;
+  // For FixUp::StackExperts: the tensors stacked, in order (`source` is the first).
+  std::vector<std::string> stacked_sources = {};
 
   // Every checkpoint tensor this planned tensor reads.
   std::vector<std::string> sources() const;
@@ -139,6 +144,10 @@ class WeightMap {
   // A matmul or embedding matrix: dense as take gives it, or, when the plan marks it quantized,
   // the Weight its planned parts make, checked against the logical `shape`; marks every part used.
   Weight take_weight(const std::string& canonical, const Shape& shape);
+  // A stack of `shape[0]` matrices [E, N, K] (a mixture's experts), dense or quantized as
+  // take_weight gives them, as one Weight of [E · N, K] whose rows e·N … e·N + N − 1 are expert
+  // e's (Weight::rows). An FP8 stack needs N to fill whole blocks of rows.
+  Weight take_stacked_weight(const std::string& canonical, const Shape& shape);
   // The source name of a canonical tensor (for error messages).
   const std::string& source_name(const std::string& canonical) const;
   // Fails naming every planned tensor that no graph code took, and every checkpoint tensor the

@@ -45,16 +45,20 @@ std::map<std::string, SourceMatrix> find_mlx(const Checkpoint& checkpoint, const
     if (!scheme)
       fail("{}: field 'quantization.{}' is false (not quantized) but the checkpoint holds '{}'",
            config_source.string(), module, name);
-    if (values.dtype != DType::U32 || values.shape.size() != 2)
-      fail("{}: is {} {}, expected packed U32 [out, in·bits/32]", where(values), dtype_name(values.dtype),
-           shape_string(values.shape));
-    const int64_t rows = values.shape[0];
-    if ((values.shape[1] * 32) % scheme->bits != 0)
-      fail("{}: {} packed words per row do not hold whole {}-bit codes", where(values), values.shape[1], scheme->bits);
-    const int64_t columns = values.shape[1] * 32 / scheme->bits;
+    // A matrix [out, in], or mlx-lm's stacked experts [experts, out, in] (switch_mlp).
+    if (values.dtype != DType::U32 || (values.shape.size() != 2 && values.shape.size() != 3))
+      fail("{}: is {} {}, expected packed U32 [out, in·bits/32] (or [experts, out, in·bits/32])", where(values),
+           dtype_name(values.dtype), shape_string(values.shape));
+    const int64_t words = values.shape.back();
+    if ((words * 32) % scheme->bits != 0)
+      fail("{}: {} packed words per row do not hold whole {}-bit codes", where(values), words, scheme->bits);
+    const int64_t columns = words * 32 / scheme->bits;
     if (columns % scheme->group_size != 0)
       fail("{}: group size {} does not divide the input dimension {}", where(values), scheme->group_size, columns);
-    const Shape groups{rows, columns / scheme->group_size};
+    Shape groups = values.shape;
+    groups.back() = columns / scheme->group_size;
+    Shape logical = values.shape;
+    logical.back() = columns;
     for (const TensorInfo* part : {&info, &biases}) {
       if (part->shape != groups)
         fail("{}: wrong shape {}, expected {} ({} {}-bit codes per row in groups of {})", where(*part),
@@ -70,7 +74,7 @@ std::map<std::string, SourceMatrix> find_mlx(const Checkpoint& checkpoint, const
     layout.group_size = scheme->group_size;
     layout.scales = name;
     layout.biases = biases_name;
-    found.emplace(values_name, SourceMatrix{layout, {rows, columns}});
+    found.emplace(values_name, SourceMatrix{layout, logical});
   }
   for (const auto& [module, scheme] : quantization.module_schemes)
     if (scheme && !found.count(module + ".weight"))
@@ -315,28 +319,56 @@ LoadPlan plan_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config
   for (PlannedTensor& planned : sanitized.tensors) {
     const auto matrix = matrices.find(planned.source);
     if (matrix == matrices.end()) {
+      for (const std::string& source : planned.stacked_sources)
+        if (matrices.count(source))
+          fail("{}: is quantized but stacked with '{}', which is not", where(checkpoint.info(source)), planned.source);
       plan.tensors.push_back(std::move(planned));
       continue;
     }
     const TensorInfo& values = checkpoint.info(planned.source);
+    const bool stacked = !planned.stacked_sources.empty();
     for (FixUp fixup : planned.fixups)
-      if (fixup != FixUp::GatherRows || matrix->second.layout.format == WeightFormat::Fp8Block)
+      if (!(fixup == FixUp::StackExperts ||
+            (fixup == FixUp::GatherRows && matrix->second.layout.format != WeightFormat::Fp8Block)))
         fail("{}: the load plan applies the fix-up {} to this quantized matrix, which kiln cannot apply to its parts",
              where(values), fixup_name(fixup));
     QuantizedParts layout = matrix->second.layout;
+    // Stacked experts are each a quantized matrix of one layout; their parts stack alike.
+    std::vector<const SourceMatrix*> experts;
+    for (const std::string& source : planned.stacked_sources) {
+      const auto expert = matrices.find(source);
+      const QuantizedParts* other = expert == matrices.end() ? nullptr : &expert->second.layout;
+      if (!other || other->format != layout.format || other->bits != layout.bits ||
+          other->group_size != layout.group_size || other->block_rows != layout.block_rows ||
+          other->block_columns != layout.block_columns)
+        fail("{}: is stacked with '{}', which is not quantized the same way", where(checkpoint.info(source)),
+             planned.source);
+      experts.push_back(&expert->second);
+    }
     for (std::string* part : {&layout.scales, &layout.biases}) {
       if (part->empty()) continue;
+      const bool is_scales = part == &layout.scales;
       const TensorInfo& info = checkpoint.info(*part);
       PlannedTensor planned_part = planned;
       planned_part.canonical = canonical_part(planned.canonical, planned.source, *part);
       planned_part.source = *part;
-      // Row gathers (Affine only) pick the parts' rows as they pick the values'.
-      planned_part.canonical_shape = planned.fixups.empty() ? info.shape
-                                                            : Shape{planned.canonical_shape.at(0), info.shape.at(1)};
+      planned_part.stacked_sources.clear();
+      for (const SourceMatrix* expert : experts)
+        planned_part.stacked_sources.push_back(is_scales ? expert->layout.scales : expert->layout.biases);
+      if (stacked) {
+        planned_part.canonical_shape = info.shape;
+        planned_part.canonical_shape.insert(planned_part.canonical_shape.begin(),
+                                            static_cast<int64_t>(experts.size()));
+      } else if (planned.fixups.empty()) {
+        planned_part.canonical_shape = info.shape;
+      } else {
+        // Row gathers (Affine only) pick the parts' rows as they pick the values'.
+        planned_part.canonical_shape.back() = info.shape.back();
+      }
       *part = planned_part.canonical;
       plan.tensors.push_back(std::move(planned_part));
     }
-    planned.canonical_shape = {planned.canonical_shape.at(0), values.shape.at(1)};
+    planned.canonical_shape.back() = values.shape.back();
     planned.quantized = layout;
     plan.tensors.push_back(std::move(planned));
   }
