@@ -260,7 +260,8 @@ TEST(Config, GenerationConfigIdsAreMerged) {
 
 TEST(Config, SupportedModelTypes) {
   EXPECT_EQ(supported_model_types(),
-            (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3_5_text", "qwen3_next"}));
+            (std::vector<std::string>{"llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5_text", "qwen3_next",
+                                      "qwen3_5_moe_text"}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ std::vector<BadConfig> bad_configs() {
   };
   return {
       {"unknown_model_type", llama_with([](json& c) { c["model_type"] = "mistral"; }),
-       {"field 'model_type'", "'mistral' is not supported", "llama, qwen2, qwen3, qwen3_5_text, qwen3_next",
+       {"field 'model_type'", "'mistral' is not supported", "llama, qwen2, qwen3, qwen3_moe, qwen3_5_text, qwen3_next, qwen3_5_moe_text",
         "qwen3_5 (text_config qwen3_5_text)"}},
       {"unsupported_rope_type_v5",
        llama_with([](json& c) {
@@ -398,8 +399,14 @@ std::vector<BadConfig> bad_configs() {
       {"conv_kernel_too_small", hybrid_with([](json& c) { c["linear_conv_kernel_dim"] = 1; }),
        {"field 'linear_conv_kernel_dim'", "at least 2"}},
       {"mrope_section_mismatch",
-       hybrid_with([](json& c) { c["rope_parameters"]["mrope_section"] = {11, 11, 10}; }),
-       {"field 'rope_parameters.mrope_section'", "sums to 32", "rotary dim 8 has 4 frequency pairs"}},
+       hybrid_with([](json& c) {
+         c["rope_parameters"]["mrope_section"] = {11, 11, 10};
+         c["rope_parameters"]["mrope_interleaved"] = false;
+       }),
+       {"field 'rope_parameters.mrope_section'", "sums to 32", "rotary dim 8 has 4 frequency pairs",
+        "not interleaved"}},
+      {"mrope_section_negative", hybrid_with([](json& c) { c["rope_parameters"]["mrope_section"] = {2, -1, 1}; }),
+       {"field 'rope_parameters.mrope_section'", "holds -1, not a non-negative integer"}},
       // Fields near 2^63: the rotary dim and the mrope section sum must not overflow on the way.
       {"head_dim_rotary_beyond_64_bits",
        llama_with([](json& c) { c["head_dim"] = std::numeric_limits<int64_t>::max(); }),
@@ -408,6 +415,7 @@ std::vector<BadConfig> bad_configs() {
        hybrid_with([](json& c) {
          c["rope_parameters"]["mrope_section"] = {std::numeric_limits<int64_t>::max(),
                                                   std::numeric_limits<int64_t>::max(), 2};
+         c["rope_parameters"]["mrope_interleaved"] = false;
        }),
        {"field 'rope_parameters.mrope_section'", "sums to 18446744073709551616"}},
       {"partial_rotary_contradiction", hybrid_with([](json& c) { c["partial_rotary_factor"] = 0.5; }),

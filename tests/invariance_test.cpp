@@ -1,4 +1,4 @@
-// The invariance contract on the CPU backend, quantized weights included: a token's logits are
+// The invariance contract on the CPU backend, quantized weights and mixtures of experts included: a token's logits are
 // bit-identical however its sequence is prefilled (one shot, chunked — at any split for
 // attention-only models, at multiples of 64 for the hybrid Gated DeltaNet models —, token by token
 // or in small appends), whatever else shares the batch, and whatever the thread count.
@@ -111,7 +111,11 @@ INSTANTIATE_TEST_SUITE_P(Models, Invariance,
                                            InvarianceCase{"qwen3_5-text-tiny", "bf16", true},
                                            InvarianceCase{"qwen3_5-vl-tiny", "bf16", true},
                                            InvarianceCase{"qwen3-mlx-tiny", "q", false, true},
-                                           InvarianceCase{"llama3-fp8-tiny", "q", false, true}),
+                                           InvarianceCase{"llama3-fp8-tiny", "q", false, true},
+                                           InvarianceCase{"qwen3-moe-tiny", "f32", false, true},
+                                           InvarianceCase{"qwen3-moe-tiny", "bf16", false, true},
+                                           InvarianceCase{"qwen3_5-moe-tiny", "f32", true, true},
+                                           InvarianceCase{"qwen3_5-moe-tiny", "bf16", true, true}),
                          case_name);
 
 }  // namespace

@@ -63,7 +63,8 @@ inline void expect_sizes(const ModelConfig& config, const ConfigSizes& expected)
   }
 }
 
-// A tiny Llama-shaped config of the given model_type (hybrid fields filled for hybrid types).
+// A tiny Llama-shaped config of the given model_type (hybrid fields filled for hybrid types, four
+// experts on every layer for the MoE types).
 inline ModelConfig tiny_config(const std::string& model_type = "llama") {
   ModelConfig config;
   config.source = "/models/tiny/config.json";
@@ -93,6 +94,14 @@ inline ModelConfig tiny_config(const std::string& model_type = "llama") {
     config.rope.mrope_section = {2, 1, 1};
     config.rope.mrope_interleaved = true;
   }
+  if (model_type == "qwen3_moe" || model_type == "qwen3_5_moe_text") {
+    config.moe.experts = 4;
+    config.moe.experts_per_token = 2;
+    config.moe.expert_intermediate_size = 32;
+    config.moe.shared_expert_intermediate_size = model_type == "qwen3_5_moe_text" ? 32 : 0;
+    config.moe.normalize_top_k = true;
+    config.moe.sparse_layers.assign(4, true);
+  }
   return config;
 }
 
@@ -102,7 +111,9 @@ inline ModelProfileSpec family_spec(const std::string& id, Graph graph = builtin
   spec.id = id;
   spec.fidelity = {FidelityTier::ReferenceParity, "transformers float64 logits"};
   spec.execution.graph = graph;
-  spec.execution.loop = graph == builtin_graph("qwen3_5") ? Loop::HybridRecurrent : Loop::Autoregressive;
+  spec.execution.loop = graph == builtin_graph("qwen3_5") || graph == builtin_graph("qwen3_5_moe")
+                            ? Loop::HybridRecurrent
+                            : Loop::Autoregressive;
   spec.execution.specialization = Specialization::Dedicated;
   spec.capabilities = execution_capabilities(spec.execution);
   return spec;

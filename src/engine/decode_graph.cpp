@@ -63,7 +63,9 @@ DecodeGraphs::DecodeGraphs(Model& model, ModelCache& cache) : model_(model), cac
 
 DecodeGraphs::~DecodeGraphs() = default;
 
-bool DecodeGraphs::supported(const Model& model) { return model.backend().graph_ops() != nullptr; }
+bool DecodeGraphs::supported(const Model& model) {
+  return model.backend().graph_ops() != nullptr && model.capturable();
+}
 
 const Tensor& DecodeGraphs::last_logits() const {
   if (!last_) fail("decode graphs: no step has run yet, so there are no logits");

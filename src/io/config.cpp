@@ -54,8 +54,8 @@ void read_rope_scaling_fields(const ConfigFields& rope, RopeConfig& config) {
     const json& section = rope.raw("mrope_section");
     if (!section.is_array() || section.empty()) rope.fail_field("mrope_section", "is {}, not a list", section.dump());
     for (const json& entry : section) {
-      if (!entry.is_number_integer() || entry.get<int64_t>() <= 0)
-        rope.fail_field("mrope_section", "holds {}, not a positive integer", entry.dump());
+      if (!entry.is_number_integer() || entry.get<int64_t>() < 0)
+        rope.fail_field("mrope_section", "holds {}, not a non-negative integer", entry.dump());
       config.mrope_section.push_back(entry.get<int64_t>());
     }
   }
@@ -109,13 +109,19 @@ void check_rotary_dims(const ConfigFields& text, const ModelConfig& config) {
   if (rotary_dim <= 0 || rotary_dim % 2 != 0)
     text.fail_field("partial_rotary_factor", "{} × head_dim {} gives rotary dim {}, not a positive even number",
                     config.rope.partial_rotary_factor, config.head_dim, rotary_dim);
-  if (!config.rope.mrope_section.empty()) {
-    // Summed in 128 bits: the sections are any positive int64s, whose int64 sum could overflow.
+  // transformers' interleaved mRoPE (Qwen3.5) writes the height and width sections into every
+  // third frequency pair and leaves the rest to the temporal stream, so any sections run; the
+  // chunked layout (Qwen2-VL) splits the pairs by the sections, which must then cover them exactly.
+  // For text input every stream carries the same position, so the sections do not change the result.
+  if (!config.rope.mrope_section.empty() && !config.rope.mrope_interleaved) {
+    // Summed in 128 bits: the sections are any non-negative int64s, whose int64 sum could overflow.
     __int128 pairs = 0;
     for (int64_t section : config.rope.mrope_section) pairs += section;
     if (pairs != rotary_dim / 2)
       text.fail_field(text.has("rope_parameters") ? "rope_parameters.mrope_section" : "rope_scaling.mrope_section",
-                      "sums to {} but the rotary dim {} has {} frequency pairs", pairs, rotary_dim, rotary_dim / 2);
+                      "sums to {} but the rotary dim {} has {} frequency pairs (sections that are not interleaved "
+                      "must cover them)",
+                      pairs, rotary_dim, rotary_dim / 2);
   }
 }
 
@@ -209,7 +215,9 @@ ModelConfig parse_config(const json& config_json, const std::filesystem::path& s
   config.quantization = parse_quantization_config(top, text);
 
   config.hidden_size = text.positive_integer("hidden_size");
-  config.intermediate_size = text.positive_integer("intermediate_size");
+  config.intermediate_size = text.has("intermediate_size") || !rules.default_intermediate_size
+                                 ? text.positive_integer("intermediate_size")
+                                 : *rules.default_intermediate_size;
   config.num_hidden_layers = text.positive_integer("num_hidden_layers");
   config.num_attention_heads = text.positive_integer("num_attention_heads");
   config.num_key_value_heads = rules.key_value_heads_required

@@ -39,6 +39,19 @@ struct RopeConfig {
 
 enum class LayerKind { FullAttention, LinearAttention };
 
+// A mixture-of-experts MLP (transformers' Qwen3MoeSparseMoeBlock, Qwen3NextSparseMoeBlock,
+// Qwen3_5MoeSparseMoeBlock; spec A.7): every sparse layer routes each token to its top
+// experts_per_token of `experts` SwiGLU experts of width expert_intermediate_size, plus, where
+// shared_expert_intermediate_size > 0, a shared expert scaled by sigmoid(x·w_gateᵀ).
+struct MoeConfig {
+  int64_t experts = 0;  // 0: a dense model
+  int64_t experts_per_token = 0;
+  int64_t expert_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;
+  bool normalize_top_k = false;     // renormalise the top-k probabilities to sum to 1
+  std::vector<bool> sparse_layers;  // per layer: routed experts (true) or the dense MLP
+};
+
 struct ModelConfig {
   std::filesystem::path source;  // the config.json this came from
   std::string model_type;        // the text model's type (e.g. "qwen3_5_text" for a qwen3_5 VL file)
@@ -73,6 +86,8 @@ struct ModelConfig {
   int64_t linear_value_head_dim = 0;
   int64_t linear_conv_kernel_dim = 0;
 
+  MoeConfig moe;  // experts 0 for a dense model
+
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
 
@@ -96,6 +111,9 @@ struct ModelTypeRules {
   // An absent num_key_value_heads is num_attention_heads (plain multi-head), unless the class
   // defaults it to a constant: then it is required.
   bool key_value_heads_required = false;
+  // The dense MLP width when the config does not give intermediate_size; absent: required. A
+  // family whose every layer is sparse (Qwen3.5-MoE) has no dense MLP and defaults it to 0.
+  std::optional<int64_t> default_intermediate_size = std::nullopt;
   // The fraction of head_dim that rotates when the config does not say.
   double default_partial_rotary_factor = 1.0;
   // The kind of each of `layers` layers; absent: all full attention (a `layer_types` list may then

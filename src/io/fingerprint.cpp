@@ -156,7 +156,9 @@ const std::vector<GraphShapingField>& common_graph_shaping_fields() {
 nlohmann::json graph_shaping_fields(const ModelConfig& config, const std::vector<GraphShapingField>& family_fields) {
   nlohmann::json fields = nlohmann::json::object();
   for (const auto& field : common_graph_shaping_fields()) fields[std::string(field.name)] = field.value(config);
-  for (const auto& field : family_fields) fields[std::string(field.name)] = field.value(config);
+  // A family field that does not apply to this config is null and left out (model/moe.cpp).
+  for (const auto& field : family_fields)
+    if (nlohmann::json value = field.value(config); !value.is_null()) fields[std::string(field.name)] = std::move(value);
   return fields;
 }
 

@@ -27,7 +27,8 @@
 
 namespace kiln {
 
-// A field that shapes a graph: its name in the hashed object and its value in a config.
+// A field that shapes a graph: its name in the hashed object and its value in a config. A family
+// field whose value is null for a config (one that does not apply to it) is left out of the object.
 struct GraphShapingField {
   std::string_view name;
   std::function<nlohmann::json(const ModelConfig&)> value;

@@ -15,7 +15,9 @@
 // sums, all-reduced before they join the residual. With one rank the code below is unchanged.
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 
 #include "core/error.h"
 #include "model/family.h"
+#include "model/moe.h"
 #include "model/rope_frequencies.h"
 
 namespace kiln {
@@ -35,6 +38,7 @@ struct LlamaLayer {
   Tensor q_norm, k_norm;                  // Qwen3 only
   Weight gate_proj, up_proj, down_proj;
   Tensor gate_bias, up_bias, down_bias;   // Llama mlp_bias only
+  std::optional<SparseMoeWeights> moe;    // a sparse layer's experts (Qwen3-MoE) instead of the MLP
 };
 
 class KVCache final : public ModelCache {
@@ -105,6 +109,11 @@ class LlamaModel final : public Model {
         layer.q_norm = take(prefix + "self_attn.q_norm.weight", {config.head_dim});
         layer.k_norm = take(prefix + "self_attn.k_norm.weight", {config.head_dim});
       }
+      if (config.moe.experts > 0 && config.moe.sparse_layers.at(index)) {
+        layer.moe = take_sparse_moe(weights, backend, prefix, config);
+        layers_.push_back(std::move(layer));
+        continue;
+      }
       layer.gate_proj = take_matrix(prefix + "mlp.gate_proj.weight", {ffn, hidden});
       layer.up_proj = take_matrix(prefix + "mlp.up_proj.weight", {ffn, hidden});
       layer.down_proj = take_matrix(prefix + "mlp.down_proj.weight", {hidden, ffn});
@@ -143,8 +152,15 @@ class LlamaModel final : public Model {
       for (const Weight* weight : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
                                    &layer.up_proj, &layer.down_proj})
         bytes += weight->nbytes();
+      if (layer.moe) bytes += sparse_moe_bytes(*layer.moe, config_.moe, config_.moe.experts_per_token);
     }
     return bytes;
+  }
+
+  size_t last_step_weight_bytes() const override { return last_step_bytes_; }
+
+  bool capturable() const override {
+    return std::none_of(layers_.begin(), layers_.end(), [](const LlamaLayer& layer) { return layer.moe.has_value(); });
   }
 
   std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
@@ -178,6 +194,7 @@ class LlamaModel final : public Model {
     auto flat = [](const Tensor& t) { return t.reshape({t.dim(0), t.numel() / t.dim(0)}); };
     auto optional = [](const Tensor& t) { return t.defined() && t.numel() ? &t : nullptr; };
 
+    size_t step_bytes = decode_weight_bytes();
     ops.embedding(embed_tokens_, layout.token_ids, residual);
     ops.rms_norm(residual, layers_.front().input_norm, eps, NormStyle::Plain, normed);
     for (size_t index = 0; index < layers_.size(); ++index) {
@@ -195,18 +212,25 @@ class LlamaModel final : public Model {
       if (collective_) collective_->all_reduce_sum(projected);
       ops.add_rms_norm(residual, projected, layer.post_attention_norm, eps, NormStyle::Plain, normed);
 
-      const MatmulTarget gate_up[] = {{&layer.gate_proj, optional(layer.gate_bias), &gate},
-                                      {&layer.up_proj, optional(layer.up_bias), &up}};
-      ops.matmul_group(normed, gate_up);
-      ops.swiglu(gate, up, gate);
-      ops.matmul(gate, layer.down_proj, optional(layer.down_bias), projected);
-      if (collective_) collective_->all_reduce_sum(projected);
+      if (layer.moe) {
+        const int64_t experts_read = sparse_moe(ops, *layer.moe, config_.moe, normed, projected);
+        step_bytes += sparse_moe_bytes(*layer.moe, config_.moe, experts_read) -
+                      sparse_moe_bytes(*layer.moe, config_.moe, config_.moe.experts_per_token);
+      } else {
+        const MatmulTarget gate_up[] = {{&layer.gate_proj, optional(layer.gate_bias), &gate},
+                                        {&layer.up_proj, optional(layer.up_bias), &up}};
+        ops.matmul_group(normed, gate_up);
+        ops.swiglu(gate, up, gate);
+        ops.matmul(gate, layer.down_proj, optional(layer.down_bias), projected);
+        if (collective_) collective_->all_reduce_sum(projected);
+      }
       const Tensor& next_norm = index + 1 < layers_.size() ? layers_[index + 1].input_norm : final_norm_;
       ops.add_rms_norm(residual, projected, next_norm, eps, NormStyle::Plain, normed);
     }
     Tensor selected = ops.alloc({logit_rows.numel(), hidden}, act);
     ops.gather_rows(normed, logit_rows, selected);
     ops.matmul(selected, lm_head_, nullptr, logits);
+    last_step_bytes_ = step_bytes;
   }
 
  private:
@@ -218,6 +242,7 @@ class LlamaModel final : public Model {
   Tensor final_norm_, inv_freq_;
   std::vector<LlamaLayer> layers_;
   int rotary_dim_ = 0;
+  size_t last_step_bytes_ = 0;  // weight bytes the last forward read
 };
 
 }  // namespace
@@ -229,6 +254,7 @@ std::unique_ptr<Model> make_llama_model(WeightMap& weights, const ModelConfig& c
 }
 
 void check_llama_tensor_parallel(const ModelConfig& config, int ranks) {
+  check_no_experts(config, ranks);
   check_attention_split(config, ranks);
   check_divisible("intermediate_size", config.intermediate_size, ranks);
 }

@@ -39,6 +39,15 @@ class Model {
   // Weight bytes one decode step reads (every matrix once; the embedding table contributes only
   // a row). Divided into measured time, it gives the bandwidth a benchmark reports.
   virtual size_t decode_weight_bytes() const = 0;
+  // Weight bytes the last forward read, where that depends on its tokens (a mixture of experts
+  // reads the experts its tokens chose: their union for a batch); by default decode_weight_bytes().
+  // `kiln bench` divides what each decode step read by its time.
+  virtual size_t last_step_weight_bytes() const { return decode_weight_bytes(); }
+
+  // Whether a decode step can be recorded once and replayed (engine/decode_graph.h). False where
+  // the forward reads device values on the host — a mixture of experts routes on the host
+  // (model/moe.h) — so each of its steps runs directly.
+  virtual bool capturable() const { return true; }
 
   virtual std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const = 0;
 

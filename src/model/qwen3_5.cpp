@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@
 
 #include "core/error.h"
 #include "model/family.h"
+#include "model/moe.h"
 #include "model/qwen3_5_checkpoint.h"
 #include "model/rope_frequencies.h"
 
@@ -55,6 +57,7 @@ struct HybridLayer {
   GatedDeltaNetWeights delta;
   GatedAttentionWeights attention;
   Weight gate_proj, up_proj, down_proj;
+  std::optional<SparseMoeWeights> moe;  // a sparse layer's experts instead of the dense MLP
   int64_t state_index = 0;  // index among the layers of its kind (cache tensors)
 };
 
@@ -170,9 +173,13 @@ class Qwen35Model final : public Model {
         a.k_norm = take(p + "k_norm.weight", {config.head_dim});
         layer.state_index = attention_layers_++;
       }
-      layer.gate_proj = take_matrix(prefix + "mlp.gate_proj.weight", {ffn, hidden});
-      layer.up_proj = take_matrix(prefix + "mlp.up_proj.weight", {ffn, hidden});
-      layer.down_proj = take_matrix(prefix + "mlp.down_proj.weight", {hidden, ffn});
+      if (config.moe.experts > 0 && config.moe.sparse_layers.at(index)) {
+        layer.moe = take_sparse_moe(weights, backend, prefix, config);
+      } else {
+        layer.gate_proj = take_matrix(prefix + "mlp.gate_proj.weight", {ffn, hidden});
+        layer.up_proj = take_matrix(prefix + "mlp.up_proj.weight", {ffn, hidden});
+        layer.down_proj = take_matrix(prefix + "mlp.down_proj.weight", {hidden, ffn});
+      }
       layers_.push_back(std::move(layer));
     }
     final_norm_ = take("model.norm.weight", {hidden});
@@ -205,8 +212,15 @@ class Qwen35Model final : public Model {
                                    &d.in_proj_b, &d.in_proj_a, &d.out_proj, &a.q_proj, &a.k_proj, &a.v_proj,
                                    &a.o_proj})
         bytes += weight->nbytes();
+      if (layer.moe) bytes += sparse_moe_bytes(*layer.moe, config_.moe, config_.moe.experts_per_token);
     }
     return bytes;
+  }
+
+  size_t last_step_weight_bytes() const override { return last_step_bytes_; }
+
+  bool capturable() const override {
+    return std::none_of(layers_.begin(), layers_.end(), [](const HybridLayer& layer) { return layer.moe.has_value(); });
   }
 
   std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
@@ -223,6 +237,7 @@ class Qwen35Model final : public Model {
     Tensor normed = ops.alloc({tokens, config_.hidden_size}, ops.activation_dtype());
     Tensor mixed = ops.alloc({tokens, config_.hidden_size}, DType::F32);
 
+    size_t step_bytes = decode_weight_bytes();
     ops.embedding(embed_tokens_, layout.token_ids, residual);
     ops.rms_norm(residual, layers_.front().input_norm, eps, NormStyle::ZeroCentred, normed);
     for (size_t index = 0; index < layers_.size(); ++index) {
@@ -232,13 +247,14 @@ class Qwen35Model final : public Model {
       else
         gated_attention(layer, normed, layout, cache, mixed);
       ops.add_rms_norm(residual, mixed, layer.post_attention_norm, eps, NormStyle::ZeroCentred, normed);
-      mlp(layer, normed, mixed);
+      step_bytes += mlp(layer, normed, mixed);
       const Tensor& next_norm = index + 1 < layers_.size() ? layers_[index + 1].input_norm : final_norm_;
       ops.add_rms_norm(residual, mixed, next_norm, eps, NormStyle::ZeroCentred, normed);
     }
     Tensor selected = ops.alloc({logit_rows.numel(), config_.hidden_size}, ops.activation_dtype());
     ops.gather_rows(normed, logit_rows, selected);
     ops.matmul(selected, lm_head_, nullptr, logits);
+    last_step_bytes_ = step_bytes;
   }
 
  private:
@@ -310,8 +326,15 @@ class Qwen35Model final : public Model {
     if (collective_) collective_->all_reduce_sum(out);
   }
 
-  void mlp(const HybridLayer& layer, const Tensor& x, Tensor& out) {
+  // Returns the weight bytes the call read beyond decode_weight_bytes()'s count (a mixture's
+  // experts beyond the top-k of one token).
+  size_t mlp(const HybridLayer& layer, const Tensor& x, Tensor& out) {
     Backend& ops = backend_;
+    if (layer.moe) {
+      const int64_t experts_read = sparse_moe(ops, *layer.moe, config_.moe, x, out);
+      return sparse_moe_bytes(*layer.moe, config_.moe, experts_read) -
+             sparse_moe_bytes(*layer.moe, config_.moe, config_.moe.experts_per_token);
+    }
     Tensor gate = ops.alloc({x.dim(0), heads_.ffn}, ops.activation_dtype());
     Tensor up = ops.alloc({x.dim(0), heads_.ffn}, ops.activation_dtype());
     const MatmulTarget gate_up[] = {{&layer.gate_proj, nullptr, &gate}, {&layer.up_proj, nullptr, &up}};
@@ -319,6 +342,7 @@ class Qwen35Model final : public Model {
     ops.swiglu(gate, up, gate);
     ops.matmul(gate, layer.down_proj, nullptr, out);
     if (collective_) collective_->all_reduce_sum(out);
+    return 0;
   }
 
   ModelConfig config_;
@@ -331,6 +355,7 @@ class Qwen35Model final : public Model {
   std::vector<HybridLayer> layers_;
   int64_t attention_layers_ = 0, delta_layers_ = 0;
   int rotary_dim_ = 0;
+  size_t last_step_bytes_ = 0;  // weight bytes the last forward read
 };
 
 }  // namespace
@@ -342,6 +367,7 @@ std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig&
 }
 
 void check_qwen3_5_tensor_parallel(const ModelConfig& config, int ranks) {
+  check_no_experts(config, ranks);
   check_attention_split(config, ranks);
   check_divisible("intermediate_size", config.intermediate_size, ranks);
   check_divisible("linear_num_key_heads", config.linear_num_key_heads, ranks);
@@ -413,21 +439,28 @@ void read_gated_delta_net_fields(const ConfigFields& text, ModelConfig& config) 
                     config.linear_conv_kernel_dim);
 }
 
-// Both classes default head_dim (256) and num_key_value_heads to constants, so both are required,
-// and rotate a quarter of each head (partial_rotary_factor 0.25) unless told otherwise.
-ModelTypeRules hybrid_rules(std::string model_type) {
-  return {.model_type = std::move(model_type),
-          .qk_norm = true,
-          .head_dim_required = true,
-          .key_value_heads_required = true,
-          .default_partial_rotary_factor = 0.25,
-          .layer_schedule = hybrid_layer_schedule,
-          .read_family_fields = read_gated_delta_net_fields};
+}  // namespace
+
+ModelTypeRules hybrid_rules(std::string model_type, std::optional<MoeFieldDefaults> moe,
+                            std::optional<int64_t> default_intermediate_size) {
+  ModelTypeRules rules{.model_type = std::move(model_type),
+                       .qk_norm = true,
+                       .head_dim_required = true,
+                       .key_value_heads_required = true,
+                       .default_intermediate_size = default_intermediate_size,
+                       .default_partial_rotary_factor = 0.25,
+                       .layer_schedule = hybrid_layer_schedule,
+                       .read_family_fields = read_gated_delta_net_fields};
+  if (moe)
+    rules.read_family_fields = [defaults = *moe](const ConfigFields& text, ModelConfig& config) {
+      read_gated_delta_net_fields(text, config);
+      read_moe_fields(text, config, defaults);
+    };
+  return rules;
 }
 
-// Fields only the hybrid graph is shaped by, and why.
 std::vector<GraphShapingField> hybrid_graph_shaping_fields() {
-  return {
+  std::vector<GraphShapingField> fields = {
       // Which layers are Gated DeltaNet and which are attention.
       {"layer_types",
        [](const ModelConfig& c) {
@@ -447,7 +480,11 @@ std::vector<GraphShapingField> hybrid_graph_shaping_fields() {
       {"rope.mrope_section", [](const ModelConfig& c) { return c.rope.mrope_section; }},
       {"rope.mrope_interleaved", [](const ModelConfig& c) { return c.rope.mrope_interleaved; }},
   };
+  for (GraphShapingField& field : moe_graph_shaping_fields()) fields.push_back(std::move(field));
+  return fields;
 }
+
+namespace {
 
 // --- kiln synth ---------------------------------------------------------------------------------
 
@@ -500,6 +537,8 @@ json qwen3_5_text_config(const Qwen35Sizes& sizes) {
   return config;
 }
 
+}  // namespace
+
 // Qwen3.5 text decoder as transformers' Qwen3_5ForCausalLM saves it (spec A): zero-centred
 // RMSNorm gains (stored w, applied as 1 + w), gated attention (q_proj carries query and gate per
 // head), Gated DeltaNet layers with the depthwise conv weight in torch's [C, 1, K] layout.
@@ -538,6 +577,11 @@ std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
       tensors.push_back(layer_linear(linear + "out_proj.weight", {hidden, value_width}));
     }
     tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
+    if (config.moe.experts > 0 && config.moe.sparse_layers.at(static_cast<size_t>(layer))) {
+      for (SynthTensor& tensor : sparse_moe_synth_layout(prefix, config, ExpertLayout::Fused))
+        tensors.push_back(std::move(tensor));
+      continue;
+    }
     tensors.push_back(layer_linear(prefix + "mlp.gate_proj.weight", {intermediate, hidden}));
     tensors.push_back(layer_linear(prefix + "mlp.up_proj.weight", {intermediate, hidden}));
     tensors.push_back(layer_linear(prefix + "mlp.down_proj.weight", {hidden, intermediate}));
@@ -547,14 +591,22 @@ std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
   return tensors;
 }
 
-}  // namespace
 
 FamilySpec qwen3_5_family() {
   return {
       .graph = "qwen3_5",
       .loop = Loop::HybridRecurrent,
       .oracle = "transformers float64 logits, fixtures/tiny/qwen3_5-text-tiny and qwen3_5-vl-tiny",
-      .model_types = {hybrid_rules("qwen3_5_text"), hybrid_rules("qwen3_next")},
+      // Qwen3NextConfig (configuration_qwen3_next.py): 512 experts, top 10 renormalised, experts and
+      // shared expert of width 512, dense MLP width 5632, every layer sparse by default.
+      .model_types = {hybrid_rules("qwen3_5_text"),
+                      hybrid_rules("qwen3_next",
+                                   MoeFieldDefaults{.experts = 512,
+                                                    .experts_per_token = 10,
+                                                    .expert_intermediate_size = 512,
+                                                    .shared_expert_intermediate_size = 512,
+                                                    .normalize_top_k = true},
+                                   5632)},
       // The multimodal Qwen3.5: its text model.
       .wrappers = {{"qwen3_5", "qwen3_5_text"}},
       .graph_shaping_fields = hybrid_graph_shaping_fields(),

@@ -5,8 +5,14 @@
 #include <memory>
 #include <vector>
 
+#include <optional>
+#include <string>
+
 #include "backend/backend.h"
 #include "io/config.h"
+#include "io/fingerprint.h"
+#include "model/moe.h"
+#include "model/synth.h"
 #include "model/load_plan.h"
 #include "model/model.h"
 #include "model/tensor_parallel_rank.h"
@@ -27,5 +33,16 @@ std::unique_ptr<Model> make_qwen3_5_model(WeightMap& weights, const ModelConfig&
 void check_qwen3_5_tensor_parallel(const ModelConfig& config, int ranks);
 TensorShard qwen3_5_tensor_shard(const ModelConfig& config, const TensorParallelRank& rank,
                                  const std::string& canonical, const Shape& shape);
+
+// The config rules of a hybrid model_type (transformers' Qwen3_5TextConfig, Qwen3NextConfig,
+// Qwen3_5MoeTextConfig): head_dim and num_key_value_heads required, a quarter of each head rotated,
+// the Gated DeltaNet fields, and with `moe` its mixture-of-experts fields.
+ModelTypeRules hybrid_rules(std::string model_type, std::optional<MoeFieldDefaults> moe = std::nullopt,
+                            std::optional<int64_t> default_intermediate_size = std::nullopt);
+// The fields only the hybrid graph is shaped by (its MoE fields included, left out for dense models).
+std::vector<GraphShapingField> hybrid_graph_shaping_fields();
+// The tensors transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM saves for `config`, for
+// `kiln synth` (sparse layers' experts in the fused v5 layout).
+std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config);
 
 }  // namespace kiln

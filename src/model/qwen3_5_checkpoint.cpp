@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "model/family.h"
+#include "model/moe.h"
 
 namespace kiln {
 namespace {
@@ -59,10 +60,7 @@ std::string_view layout_name(ConvLayout layout) {
   return "?";
 }
 
-struct Source {
-  std::string name;
-  const TensorInfo* info;
-};
+using Source = CheckpointTensor;
 
 std::string where(const TensorInfo& info) {
   return info.file.empty() ? std::string("checkpoint") : info.file.string();
@@ -137,6 +135,10 @@ class CheckpointPlanner {
     rename_and_drop();
     check_layers();
     const bool shift = decide_gain_convention();
+    for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer)
+      if (config_.moe.experts > 0 && config_.moe.sparse_layers.at(static_cast<size_t>(layer)))
+        for (PlannedTensor& tensor : plan_experts(canonical_, layer, config_, regrouped_))
+          planned_.emplace(tensor.canonical, std::move(tensor));
     for (const auto& [canonical, source] : canonical_) {
       if (regrouped_.count(canonical)) continue;
       PlannedTensor tensor{canonical, source.name, {}, source.info->shape, {}};
@@ -360,7 +362,7 @@ class CheckpointPlanner {
   const Geometry geometry_;
   std::map<std::string, Source> canonical_;        // canonical name → checkpoint tensor
   std::map<std::string, PlannedTensor> planned_;   // the plan, by canonical name
-  std::set<std::string> regrouped_;                // canonical names replaced by row gathers
+  std::set<std::string> regrouped_;                // canonical names replaced by row gathers or expert stacks
   std::vector<DroppedTensor> dropped_;
   std::vector<std::string> notes_;
   std::optional<ConvLayout> conv_layout_;

@@ -10,6 +10,13 @@ void check_divisible(const char* field, int64_t value, int ranks) {
     fail("tensor parallelism over {} ranks: {} = {} is not divisible by {}", ranks, field, value, ranks);
 }
 
+void check_no_experts(const ModelConfig& config, int ranks) {
+  if (ranks > 1 && config.moe.experts > 0)
+    fail("tensor parallelism over {} ranks: the model's MLPs are a mixture of {} experts, which kiln does not split "
+         "over ranks (only dense layers are split)",
+         ranks, config.moe.experts);
+}
+
 void check_attention_split(const ModelConfig& config, int ranks) {
   check_divisible("num_attention_heads", config.num_attention_heads, ranks);
   const int64_t kv_heads = config.num_key_value_heads;

@@ -38,6 +38,8 @@ AttentionShard attention_shard(const ModelConfig& config, const TensorParallelRa
 // Fails, naming the field and N, unless `ranks` ≥ 1 and the attention heads split over it: query
 // heads divisible by N, key/value heads divisible by N or dividing N.
 void check_attention_split(const ModelConfig& config, int ranks);
+// Fails when `ranks` > 1 and the model has experts: kiln splits dense layers only.
+void check_no_experts(const ModelConfig& config, int ranks);
 // Fails, naming `field` and N, unless `value` is divisible by `ranks`.
 void check_divisible(const char* field, int64_t value, int ranks);
 
