@@ -330,8 +330,8 @@ TEST(MoeCheckpoint, ARouterOfTheWrongWidthIsRefusedNamingTheTensor) {
         e.bytes.resize(6 * 64 * 2);
       }
   });
-  expect_error_mentions([&] { open_cpu_model(dir); },
-                        {"model.layers.0.mlp.gate.weight", "wrong shape", "[8, 64]", "[6, 64]"});
+  expect_plan_refused(dir, {"model.layers.0.mlp.gate.weight", "layer 0's router has shape [6, 64]",
+                            "expected [8, 64]"});
 }
 
 TEST(MoeCheckpoint, AMisshapenFusedTensorIsRefused) {

@@ -302,6 +302,12 @@ std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTe
     consumed.insert(name);
     return found->second;
   };
+  // The router: one row of logits per expert.
+  if (const auto router = canonical.find(mlp + "gate.weight"); router == canonical.end())
+    fail("{}: layer {} is sparse but the checkpoint has no router {}gate.weight", config.source.string(), layer, mlp);
+  else if (router->second.info->shape != Shape{experts, hidden})
+    fail("{}: layer {}'s router has shape {}, expected [{}, {}] (num_experts {} rows of hidden_size {})",
+         where(router->second), layer, shape_string(router->second.info->shape), experts, hidden, experts, hidden);
   const Shape gate_shape{experts, width, hidden}, down_shape{experts, hidden, width};
   std::vector<PlannedTensor> planned;
   if (seen_fused) {

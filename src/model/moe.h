@@ -100,8 +100,9 @@ struct CheckpointTensor {
 //                                                          (transformers v5's in-memory form, Qwen3.5-MoE on the Hub)
 //   mlx-lm       switch_mlp.{gate,up,down}_proj.weight [E, …] (stacked)
 // onto the stacks take_sparse_moe takes. Every canonical name it plans from is added to `consumed`.
-// Fails naming the layer and the tensor on a missing expert, an expert index past num_experts, two
-// layouts in one layer, or a misshapen tensor.
+// Fails naming the layer and the tensor on a missing expert or router, an expert index past
+// num_experts, two layouts in one layer, a router whose rows are not num_experts, or a misshapen
+// expert tensor.
 std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTensor>& canonical, int64_t layer,
                                         const ModelConfig& config, std::set<std::string>& consumed);
 
