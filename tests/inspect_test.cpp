@@ -84,3 +84,23 @@ TEST(InspectCli, AnUnsupportedModelFailsOnStderr) {
   EXPECT_NE(result.output.find("gpt_neox"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("llama"), std::string::npos) << result.output;
 }
+
+TEST(InspectCli, ReportsTheChatTemplatesReplySyntax) {
+  KILN_REQUIRE_SHARED(shared);
+  const auto source = shared / "models" / "stories260K";
+  kiln::testing::TempDir temp;
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json"})
+    std::filesystem::copy_file(source / file, temp.path() / file);
+  nlohmann::json tokenizer_config = nlohmann::json::parse(std::ifstream(source / "tokenizer_config.json"));
+  // A Qwen3-style template: Hermes tool calls and <think> reasoning.
+  tokenizer_config["chat_template"] =
+      "{%- if tools %}<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+      "{%- endif %}{%- for m in messages %}{{ m.content }}{%- endfor %}<think>\n\n</think>\n\n";
+  std::ofstream(temp.path() / "tokenizer_config.json") << tokenizer_config.dump();
+  const auto result = stdout_of(inspect_command(temp.path()));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(nlohmann::json::parse(result.output)["chat_output"],
+            nlohmann::json({{"tool_calls", "hermes"}, {"reasoning", true}}));
+  const auto plain = stdout_of(inspect_command(source));
+  EXPECT_EQ(nlohmann::json::parse(plain.output)["chat_output"]["tool_calls"], "none");
+}

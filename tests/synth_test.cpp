@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "model/family.h"
 #include "model/load_plan.h"
+#include "model/moe.h"
 #include "model/quantize.h"
 #include "model/qwen3_5_checkpoint.h"
 #include "model/synth.h"
@@ -185,6 +186,43 @@ TEST(Synth, Qwen35ShapesAreHybridAndTheSanitizerPlansEveryTensor) {
     const LoadPlan plan = plan_qwen3_5_checkpoint(tensors, config);
     EXPECT_TRUE(plan.dropped.empty());
     EXPECT_EQ(plan.tensors.size(), tensors.size());
+  }
+}
+
+TEST(Synth, MoeShapesCountEveryExpertAndTheSanitizerPlansThem) {
+  struct Expected {
+    const char* shape;
+    int64_t layers, experts, top_k, width, shared_width;
+    double min_parameters, max_parameters;  // Qwen3-30B-A3B: 30.5B; Qwen3.5-35B-A3B: 35B (the model cards)
+  };
+  const Expected table[] = {
+      {"qwen3-30b-a3b", 48, 128, 8, 768, 0, 30.0e9, 31.0e9},
+      {"qwen3.5-35b-a3b", 40, 256, 8, 512, 512, 34.0e9, 36.0e9},
+  };
+  for (const Expected& expected : table) {
+    SCOPED_TRACE(expected.shape);
+    const ModelConfig config = parse_model_config(find_synth_shape(expected.shape).config, "config.json");
+    EXPECT_EQ(config.num_hidden_layers, expected.layers);
+    EXPECT_EQ(config.moe.experts, expected.experts);
+    EXPECT_EQ(config.moe.experts_per_token, expected.top_k);
+    EXPECT_EQ(config.moe.expert_intermediate_size, expected.width);
+    EXPECT_EQ(config.moe.shared_expert_intermediate_size, expected.shared_width);
+    EXPECT_TRUE(config.moe.normalize_top_k);
+    EXPECT_EQ(config.moe.sparse_layers, std::vector<bool>(static_cast<size_t>(expected.layers), true));
+    std::map<std::string, TensorInfo> tensors;
+    double parameters = 0;
+    for (const SynthTensor& tensor : synth_tensor_layout(config)) {
+      tensors[tensor.name] = TensorInfo{tensor.name, DType::BF16, tensor.shape, {}, 0, 0};
+      parameters += static_cast<double>(shape_numel(tensor.shape));
+    }
+    EXPECT_GT(parameters, expected.min_parameters);
+    EXPECT_LT(parameters, expected.max_parameters);
+    const LoadPlan plan = config.model_type == "qwen3_moe" ? plan_moe_checkpoint(tensors, config)
+                                                           : plan_qwen3_5_checkpoint(tensors, config);
+    // Each sparse layer's experts become three stacks; every other tensor maps as it is.
+    size_t sources = 0;
+    for (const PlannedTensor& planned : plan.tensors) sources += planned.sources().size();
+    EXPECT_EQ(sources, tensors.size() + (config.model_type == "qwen3_moe" ? 0 : expected.layers));
   }
 }
 

@@ -1,6 +1,7 @@
 // kiln inspect --model DIR [--device cpu|cuda] [--hash-artifact]: how kiln would build the model
-// in DIR (profile, fingerprints, implementation, capabilities, parameters, load plan) as JSON,
-// without reading a weight byte. A model kiln cannot build is an error on stderr.
+// in DIR (profile, fingerprints, implementation, capabilities, parameters, load plan) and, where it
+// has a tokenizer, how its replies are parsed (the chat template's reasoning and tool-call syntax),
+// as JSON, without reading a weight byte. A model kiln cannot build is an error on stderr.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "cli/command.h"
 #include "model/loader.h"
+#include "text/tokenizer_codec.h"
 
 namespace kiln::cli {
 namespace {
@@ -41,7 +43,13 @@ const RegisterCommand kRegisterInspect([](CLI::App& app) {
     options.hash_artifact = arguments->hash_artifact;
     const ModelPlan plan = plan_model(arguments->model_dir, arguments->device,
                                       backend_compiled_in(arguments->device), options);
-    std::fputs((plan.to_json().dump(2) + "\n").c_str(), stdout);
+    nlohmann::json report = plan.to_json();
+    report["chat_output"] = nullptr;
+    if (std::filesystem::exists(std::filesystem::path(arguments->model_dir) / "tokenizer.json")) {
+      const ChatOutputSyntax syntax = TokenizerCodec(arguments->model_dir, std::nullopt).chat_output_syntax();
+      report["chat_output"] = {{"tool_calls", tool_call_syntax_name(syntax.tool_calls)}, {"reasoning", syntax.reasoning}};
+    }
+    std::fputs((report.dump(2) + "\n").c_str(), stdout);
   });
 });
 

@@ -343,16 +343,16 @@ std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTe
   return planned;
 }
 
-LoadPlan plan_moe_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config) {
+LoadPlan plan_moe_checkpoint(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config) {
   std::map<std::string, CheckpointTensor> canonical;
-  for (const auto& [name, info] : checkpoint.tensors()) canonical.emplace(name, CheckpointTensor{name, &info});
+  for (const auto& [name, info] : tensors) canonical.emplace(name, CheckpointTensor{name, &info});
   LoadPlan plan;
   std::set<std::string> consumed;
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
     if (config.moe.sparse_layers.at(static_cast<size_t>(layer)))
       for (PlannedTensor& tensor : plan_experts(canonical, layer, config, consumed))
         plan.tensors.push_back(std::move(tensor));
-  for (const auto& [name, info] : checkpoint.tensors())
+  for (const auto& [name, info] : tensors)
     if (!consumed.count(name)) plan.tensors.push_back({name, name, {}, info.shape});
   return plan;
 }

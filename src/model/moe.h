@@ -108,7 +108,7 @@ std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTe
 
 // A checkpoint already under canonical names but for its experts (Qwen3-MoE): the identity plan
 // with each sparse layer's experts planned by plan_experts.
-LoadPlan plan_moe_checkpoint(const Checkpoint& checkpoint, const ModelConfig& config);
+LoadPlan plan_moe_checkpoint(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config);
 
 // The checkpoint tensors of a sparse layer's MLP for `kiln synth`: per expert, or fused (v5).
 enum class ExpertLayout { PerExpert, Fused };

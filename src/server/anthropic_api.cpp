@@ -226,16 +226,39 @@ json stop_sequence_field(const TextDelta& end) { return end.stop_sequence ? json
 
 }  // namespace
 
-MessagesResponse::MessagesResponse(std::string served_model)
-    : id_(random_id("msg_")), model_(std::move(served_model)) {}
+MessagesResponse::MessagesResponse(std::string served_model, ChatOutputParser parser)
+    : id_(random_id("msg_")), model_(std::move(served_model)), parser_(std::move(parser)) {}
+
+namespace {
+
+// A tool call's stop reason: tool_use where the reply made calls and ended by itself.
+std::string stop_reason_of(const TextDelta& end, const ChatOutput& output) {
+  if (end.finish_reason == FinishReason::Stop && !end.stop_sequence && !output.tool_calls.empty()) return "tool_use";
+  return anthropic_stop_reason(end.finish_reason, end.stop_sequence);
+}
+
+json tool_use_block(const ToolCall& call) {
+  return {{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", call.name}, {"input", json::parse(call.arguments)}};
+}
+
+}  // namespace
 
 json MessagesResponse::whole(const WholeGeneration& whole, const TokenUsage& usage) const {
+  ChatOutputParser parser = parser_;
+  parser.push(whole.text);
+  parser.finish();
+  const ChatOutput& output = parser.output();
+  json content = json::array();
+  if (!output.reasoning.empty())
+    content.push_back({{"type", "thinking"}, {"thinking", output.reasoning}, {"signature", ""}});
+  if (!output.content.empty() || output.tool_calls.empty()) content.push_back({{"type", "text"}, {"text", output.content}});
+  for (const ToolCall& call : output.tool_calls) content.push_back(tool_use_block(call));
   return {{"id", id_},
           {"type", "message"},
           {"role", "assistant"},
           {"model", model_},
-          {"content", json::array({{{"type", "text"}, {"text", whole.text}}})},
-          {"stop_reason", anthropic_stop_reason(whole.last.finish_reason, whole.last.stop_sequence)},
+          {"content", std::move(content)},
+          {"stop_reason", stop_reason_of(whole.last, output)},
           {"stop_sequence", stop_sequence_field(whole.last)},
           {"usage", anthropic_usage(usage.prompt_tokens, usage.completion_tokens)}};
 }
@@ -251,29 +274,72 @@ std::vector<std::string> MessagesResponse::stream_start(const TokenUsage& usage)
                         {"stop_reason", nullptr},
                         {"stop_sequence", nullptr},
                         {"usage", anthropic_usage(usage.prompt_tokens, 0)}}}};
-  return {sse_event("message_start", start) +
-          sse_event("content_block_start", {{"type", "content_block_start"},
-                                            {"index", 0},
-                                            {"content_block", {{"type", "text"}, {"text", ""}}}}) +
-          sse_event("ping", {{"type", "ping"}})};
+  // Blocks open as the reply's parts arrive (the ping follows the first).
+  return {sse_event("message_start", start)};
+}
+
+std::string MessagesResponse::close_block() {
+  if (open_type_.empty()) return "";
+  open_type_.clear();
+  return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", blocks_ - 1}});
+}
+
+std::string MessagesResponse::open_block(const char* type) {
+  std::string events = close_block();
+  const json block = std::string(type) == "thinking" ? json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                                                     : json{{"type", "text"}, {"text", ""}};
+  events += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", blocks_++}, {"content_block", block}});
+  if (!pinged_) {
+    events += sse_event("ping", {{"type", "ping"}});
+    pinged_ = true;
+  }
+  open_type_ = type;
+  return events;
 }
 
 std::vector<std::string> MessagesResponse::stream_delta(const TextDelta& delta, const TokenUsage& usage) {
   std::vector<std::string> events;
-  if (!delta.text.empty())
-    events.push_back(sse_event("content_block_delta", {{"type", "content_block_delta"},
-                                                       {"index", 0},
-                                                       {"delta", {{"type", "text_delta"}, {"text", delta.text}}}}));
+  std::vector<ChatOutputEvent> parsed = parser_.push(delta.text);
+  if (delta.finished)
+    for (ChatOutputEvent& event : parser_.finish()) parsed.push_back(std::move(event));
+  for (const ChatOutputEvent& event : parsed) {
+    std::string written;
+    if (event.kind == ChatOutputEvent::Kind::ToolCall) {
+      written = close_block();
+      json block = tool_use_block(event.call);
+      block["input"] = json::object();
+      const int64_t index = blocks_++;
+      written += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index}, {"content_block", block}}) +
+                 sse_event("content_block_delta",
+                           {{"type", "content_block_delta"},
+                            {"index", index},
+                            {"delta", {{"type", "input_json_delta"}, {"partial_json", event.call.arguments}}}}) +
+                 sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
+    } else {
+      const bool thinking = event.kind == ChatOutputEvent::Kind::Reasoning;
+      const char* type = thinking ? "thinking" : "text";
+      if (open_type_ != type) written = open_block(type);
+      written += sse_event("content_block_delta",
+                           {{"type", "content_block_delta"},
+                            {"index", blocks_ - 1},
+                            {"delta", thinking ? json{{"type", "thinking_delta"}, {"thinking", event.text}}
+                                               : json{{"type", "text_delta"}, {"text", event.text}}}});
+    }
+    events.push_back(std::move(written));
+  }
   if (!delta.finished) return events;
   if (!ended_normally(delta.finish_reason)) {
     events.push_back(stream_failure(generation_failure(delta)));
     return events;
   }
-  events.push_back(sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
+  // A reply with no part at all still has its (empty) text block.
+  std::string closing = blocks_ == 0 ? open_block("text") : "";
+  closing += close_block();
+  events.push_back(closing +
                    sse_event("message_delta",
                              {{"type", "message_delta"},
                               {"delta",
-                               {{"stop_reason", anthropic_stop_reason(delta.finish_reason, delta.stop_sequence)},
+                               {{"stop_reason", stop_reason_of(delta, parser_.output())},
                                 {"stop_sequence", stop_sequence_field(delta)}}},
                               {"usage", {{"output_tokens", usage.completion_tokens}}}}) +
                    sse_event("message_stop", {{"type", "message_stop"}}));

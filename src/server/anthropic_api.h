@@ -34,19 +34,31 @@ json anthropic_error_body(int status, const std::string& message);
 // "stop_sequence" at one of the request's stop strings, else "end_turn".
 std::string anthropic_stop_reason(FinishReason finish_reason, const std::optional<std::string>& stop_sequence);
 
-// A message's answer: a message body, or the event stream (message_start, one text content block,
-// message_delta, message_stop; an `error` event when generation fails).
+// A message's answer: a message body, or the event stream (message_start, content blocks each
+// opened, filled and closed in turn, message_delta, message_stop; an `error` event when generation
+// fails). The reply goes through `parser`: its reasoning is a `thinking` block (thinking_delta),
+// each tool call a `tool_use` block (its input in one input_json_delta) with stop_reason
+// "tool_use", the rest `text` blocks.
 class MessagesResponse final : public GenerationResponse {
  public:
-  explicit MessagesResponse(std::string served_model);
+  MessagesResponse(std::string served_model, ChatOutputParser parser);
   json whole(const WholeGeneration& whole, const TokenUsage& usage) const override;
   std::vector<std::string> stream_start(const TokenUsage& usage) override;
   std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) override;
   std::string stream_failure(const ApiError& failure) const override;
 
  private:
+  // The events that close the open block (if any) and open one of `type` (text, thinking) as
+  // block `index_`.
+  std::string open_block(const char* type);
+  std::string close_block();
+
   std::string id_;
   std::string model_;
+  ChatOutputParser parser_;  // the stream's; whole() parses a copy of it
+  std::string open_type_;    // the open block's type, or empty
+  int64_t blocks_ = 0;       // blocks opened so far
+  bool pinged_ = false;
 };
 
 }  // namespace kiln::server

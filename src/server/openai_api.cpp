@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <utility>
 
 #include "server/api_error.h"
 #include "server/sse.h"
@@ -396,19 +397,38 @@ json models_list(const std::string& served_model, int64_t context_tokens, int64_
 }
 
 ChatCompletionResponse::ChatCompletionResponse(const ChatCompletionRequest& request, std::string served_model,
-                                               const TextCodec& codec)
+                                               const TextCodec& codec, ChatOutputParser parser)
     : codec_(codec),
+      parser_(std::move(parser)),
       id_(random_id("chatcmpl-")),
       created_(unix_seconds()),
       model_(std::move(served_model)),
       logprobs_(request.logprobs),
       include_usage_(request.include_usage) {}
 
+std::string ChatCompletionResponse::finish_reason(FinishReason reason, const ChatOutput& output) const {
+  return reason == FinishReason::Stop && !output.tool_calls.empty() ? "tool_calls" : openai_finish_reason(reason);
+}
+
 json ChatCompletionResponse::whole(const WholeGeneration& whole, const TokenUsage& usage) const {
+  ChatOutputParser parser = parser_;
+  parser.push(whole.text);
+  parser.finish();
+  const ChatOutput& output = parser.output();
+  json message = {{"role", "assistant"},
+                  {"content", output.content.empty() && !output.tool_calls.empty() ? json() : json(output.content)}};
+  if (!output.reasoning.empty()) message["reasoning_content"] = output.reasoning;
+  if (!output.tool_calls.empty()) {
+    message["tool_calls"] = json::array();
+    for (const ToolCall& call : output.tool_calls)
+      message["tool_calls"].push_back({{"id", random_id("call_")},
+                                       {"type", "function"},
+                                       {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+  }
   json choice = {{"index", 0},
-                 {"message", {{"role", "assistant"}, {"content", whole.text}}},
+                 {"message", std::move(message)},
                  {"logprobs", logprobs_ ? chat_logprobs(whole.tokens, codec_) : json()},
-                 {"finish_reason", openai_finish_reason(whole.last.finish_reason)}};
+                 {"finish_reason", finish_reason(whole.last.finish_reason, output)}};
   return {{"id", id_},
           {"object", "chat.completion"},
           {"created", created_},
@@ -436,13 +456,31 @@ std::vector<std::string> ChatCompletionResponse::stream_start(const TokenUsage&)
 
 std::vector<std::string> ChatCompletionResponse::stream_delta(const TextDelta& delta, const TokenUsage& usage) {
   std::vector<std::string> events;
-  const bool has_logprobs = logprobs_ && !delta.tokens.empty();
-  if (!delta.text.empty() || has_logprobs)
-    events.push_back(
-        chunk({{"content", delta.text}}, has_logprobs ? chat_logprobs(delta.tokens, codec_) : json(), json()));
+  std::vector<ChatOutputEvent> parsed = parser_.push(delta.text);
+  if (delta.finished)
+    for (ChatOutputEvent& event : parser_.finish()) parsed.push_back(std::move(event));
+  // The delta's logprobs ride on its first chunk (held-back text may leave it none of its own).
+  json logprobs = logprobs_ && !delta.tokens.empty() ? chat_logprobs(delta.tokens, codec_) : json();
+  for (const ChatOutputEvent& event : parsed) {
+    json fields;
+    switch (event.kind) {
+      case ChatOutputEvent::Kind::Content: fields = {{"content", event.text}}; break;
+      case ChatOutputEvent::Kind::Reasoning: fields = {{"reasoning_content", event.text}}; break;
+      case ChatOutputEvent::Kind::ToolCall:
+        call_ids_.push_back(random_id("call_"));
+        fields = {{"tool_calls",
+                   json::array({{{"index", event.call_index},
+                                 {"id", call_ids_.back()},
+                                 {"type", "function"},
+                                 {"function", {{"name", event.call.name}, {"arguments", event.call.arguments}}}}})}};
+        break;
+    }
+    events.push_back(chunk(std::move(fields), std::exchange(logprobs, json()), json()));
+  }
+  if (!logprobs.is_null()) events.push_back(chunk({{"content", ""}}, std::move(logprobs), json()));
   if (!delta.finished) return events;
   if (finished_normally(delta))
-    events.push_back(chunk(json::object(), json(), openai_finish_reason(delta.finish_reason)));
+    events.push_back(chunk(json::object(), json(), finish_reason(delta.finish_reason, parser_.output())));
   else
     events.push_back(error_chunk(generation_failure(delta)));
   if (include_usage_)

@@ -57,10 +57,14 @@ std::string openai_finish_reason(FinishReason reason);
 json models_list(const std::string& served_model, int64_t context_tokens, int64_t created);
 
 // A chat completion's answer: a chat.completion body, or chat.completion.chunk events (the first
-// carrying the role) ending with [DONE].
+// carrying the role) ending with [DONE]. The reply goes through `parser`: its reasoning is
+// message.reasoning_content (delta.reasoning_content), its tool calls message.tool_calls (each
+// streamed whole in one delta: index, id, type, name and arguments), with finish_reason
+// "tool_calls"; the rest is content.
 class ChatCompletionResponse final : public GenerationResponse {
  public:
-  ChatCompletionResponse(const ChatCompletionRequest& request, std::string served_model, const TextCodec& codec);
+  ChatCompletionResponse(const ChatCompletionRequest& request, std::string served_model, const TextCodec& codec,
+                         ChatOutputParser parser);
   json whole(const WholeGeneration& whole, const TokenUsage& usage) const override;
   std::vector<std::string> stream_start(const TokenUsage& usage) override;
   std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) override;
@@ -68,8 +72,12 @@ class ChatCompletionResponse final : public GenerationResponse {
 
  private:
   std::string chunk(json delta, json logprobs, json finish_reason) const;
+  // The finish_reason of a reply that ended normally: tool_calls where it made calls and stopped.
+  std::string finish_reason(FinishReason reason, const ChatOutput& output) const;
 
   const TextCodec& codec_;
+  ChatOutputParser parser_;  // the stream's; whole() parses a copy of it
+  std::vector<std::string> call_ids_;
   std::string id_;
   int64_t created_;
   std::string model_;

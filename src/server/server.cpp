@@ -242,7 +242,7 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
     messages(request, exchange, arrival);
 }
 
-std::vector<int32_t> Server::chat_prompt(const json& messages, const ChatPromptOptions& options) const {
+Server::ChatPrompt Server::chat_prompt(const json& messages, const ChatPromptOptions& options) const {
   if (!codec_.has_chat_template())
     throw ApiError(400,
                    "this model has no chat template: start the server with --chat-template FILE, or use "
@@ -257,8 +257,13 @@ std::vector<int32_t> Server::chat_prompt(const json& messages, const ChatPromptO
                    fmt::format("the chat template rejected the conversation: {}", quote_client_text(error.what())),
                    "messages");
   }
+  ChatOutputSyntax syntax = codec_.chat_output_syntax();
+  const bool tools = options.tools.is_array() && !options.tools.empty();
+  if (!tools) syntax.tool_calls = ToolCallSyntax::None;
+  const size_t opened = text.rfind("<think>"), closed = text.rfind("</think>");
+  const bool in_reasoning = opened != std::string::npos && (closed == std::string::npos || closed < opened);
   // The template writes the special tokens (BOS) itself.
-  return codec_.encode(text, false);
+  return {codec_.encode(text, false), ChatOutputParser(syntax, tools ? options.tools : json(), in_reasoning)};
 }
 
 TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
@@ -320,11 +325,12 @@ void Server::run(HttpExchange& exchange, Clock::time_point arrival, const std::s
 void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
   const ChatCompletionRequest request =
       parse_chat_completion_request(parse_request_json(http_request.body), options_.model_name);
+  ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
   TextGenerationRequest generation =
-      generation_request(chat_prompt(request.messages, request.prompt), request.generation, "messages", "max_tokens");
+      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens");
   generation.logprobs = request.logprobs;
   generation.top_logprobs = request.top_logprobs;
-  ChatCompletionResponse response(request, options_.model_name, codec_);
+  ChatCompletionResponse response(request, options_.model_name, codec_, std::move(prompt.parser));
   run(exchange, arrival, "chat", std::move(generation), request.generation.stream, response);
 }
 
@@ -342,9 +348,10 @@ void Server::completions(const HttpRequest& http_request, HttpExchange& exchange
 
 void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
   const MessagesRequest request = parse_messages_request(parse_request_json(http_request.body), options_.model_name);
-  MessagesResponse response(options_.model_name);
+  ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
+  MessagesResponse response(options_.model_name, std::move(prompt.parser));
   run(exchange, arrival, "messages",
-      generation_request(chat_prompt(request.messages, request.prompt), request.generation, "messages", "max_tokens"),
+      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens"),
       request.generation.stream, response);
 }
 

@@ -72,7 +72,14 @@ class Server {
   // stopping with neither a finish reason nor an error.
   void stream_until_end(HttpExchange& exchange, const GenerationResponse& response, const std::function<void()>& loop);
 
-  std::vector<int32_t> chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
+  // A conversation's prompt ids, and the parser of the reply (text/chat_output.h): the template's
+  // reasoning syntax (in reasoning from the start when the prompt ends inside <think>) and, when the
+  // request offers tools, its tool-call syntax.
+  struct ChatPrompt {
+    std::vector<int32_t> ids;
+    ChatOutputParser parser;
+  };
+  ChatPrompt chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                            const std::string& prompt_param, const std::string& max_tokens_param) const;
 

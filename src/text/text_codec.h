@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "text/chat_output.h"
+
 namespace kiln {
 
 struct ChatPromptOptions {
@@ -39,6 +41,8 @@ class TextCodec {
   // The prompt text of a conversation (messages in OpenAI's shape). A template error is a
   // kiln::Error whose message the client sees.
   virtual std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const = 0;
+  // How the chat template's model writes reasoning and tool calls (text/chat_output.h).
+  virtual ChatOutputSyntax chat_output_syntax() const { return {}; }
   // Ids that end generation (end of text, end of turn).
   virtual std::vector<int32_t> stop_token_ids() const = 0;
 };

@@ -34,6 +34,8 @@ TokenizerCodec::TokenizerCodec(const std::filesystem::path& model_dir, std::opti
                                                     tokenizer_.eos_token());
   else if (tokenizer_.chat_template())
     chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::for_tokenizer(tokenizer_));
+  if (chat_template || tokenizer_.chat_template())
+    output_syntax_ = kiln::chat_output_syntax(chat_template ? *chat_template : *tokenizer_.chat_template());
   const std::vector<int32_t> anchor = tokenizer_.encode("a", false);
   if (!anchor.empty() && !tokenizer_.is_special(anchor.back())) {
     anchor_ = anchor.back();

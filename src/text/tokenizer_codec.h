@@ -24,6 +24,7 @@ class TokenizerCodec final : public TextCodec {
   std::string token_text(int32_t id) const override;
   bool has_chat_template() const override { return chat_template_ != nullptr; }
   std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const override;
+  ChatOutputSyntax chat_output_syntax() const override { return output_syntax_; }
   std::vector<int32_t> stop_token_ids() const override { return tokenizer_.eos_ids(); }
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
@@ -31,6 +32,7 @@ class TokenizerCodec final : public TextCodec {
  private:
   Tokenizer tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;
+  ChatOutputSyntax output_syntax_;
   // A plain token whose text is decoded in front of a token shown alone, so that decoders which
   // strip a leading space at the start of a text (SentencePiece's) keep the token's own space.
   std::optional<int32_t> anchor_;
