@@ -76,10 +76,10 @@ def parse_args():
     server.add_argument("--url", help="a running server (loopback only); then RSS is sampled only with --server-pid")
     server.add_argument("--server-pid", type=int, help="the pid of the --url server, for RSS/threads/fds")
     server.add_argument("--server-binary", default=os.path.join(REPO_ROOT, "build", "kiln"))
-    server.add_argument("--model", default=os.path.join(REPO_ROOT, "..", "shared", "models", "stories260K"))
+    server.add_argument("--model", default=os.path.join(REPO_ROOT, "models", "stories260K"))
     server.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     server.add_argument("--chat-template",
-                        help="a Jinja chat template for kiln serve (stories260K has none: bench/soak_chat_template.jinja)"
+                        help="a Jinja chat template for kiln serve instead of the model's own"
                              "; also soaks /v1/chat/completions and /v1/messages")
     server.add_argument("--chat", action="store_true",
                         help="also soak /v1/chat/completions and /v1/messages with the model's own chat template")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh: on a machine with an NVIDIA GPU, run kiln's GPU tests and benchmarks and print a
 # short table. Run it from (or point KILN_BIN_DIR at) a folder holding the built binaries
-# (kiln, kiln_cuda_tests, kiln_cuda_bench); KILN_SHARED_DIR names the shared fixtures folder.
+# (kiln, kiln_cuda_tests, kiln_cuda_bench).
 #
 #   gpu-check.sh                      everything available
 #   gpu-check.sh --tests              GPU tests only (kiln_cuda_tests)

@@ -23,8 +23,7 @@ std::string last_line(const std::string& output) {
 }
 
 TEST(Cli, GenerateFromTextPrintsTheReferenceStory) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto model = shared / "models/stories260K";
+  const auto model = stories_dir();
   const auto ref = nlohmann::json::parse(std::ifstream(model / "ref_greedy.json"));
   std::vector<int32_t> path = {1};
   for (int32_t id : ref["greedy_ids"].get<std::vector<int32_t>>()) path.push_back(id);
@@ -38,8 +37,7 @@ TEST(Cli, GenerateFromTextPrintsTheReferenceStory) {
 }
 
 TEST(Cli, GenerateStopsAtAStopString) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto model = shared / "models/stories260K";
+  const auto model = stories_dir();
   const CommandResult result = run_command(
       kiln_command("generate --model " + model.string() + " --prompt 'Once upon a time' --temperature 0 --stop 'park' 2>/dev/null"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -54,12 +52,11 @@ std::string counting_ids(int count) {
 }
 
 TEST(Cli, LogitsWritesEveryPositionAsNpy) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
   const auto out = temp.path() / "logits.npy";
   // 70 positions in prefill chunks of 64: the logits of both chunks are written.
   const CommandResult result =
-      run_command(kiln_command("logits --model " + (shared / "fixtures/tiny/llama3-tiny/f32").string() + " --ids " +
+      run_command(kiln_command("logits --model " + (fixtures_dir() / "llama3-tiny/f32").string() + " --ids " +
                                counting_ids(70) + " --prefill-chunk 64 --out " + out.string()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const NpyArray logits = read_npy(out);
@@ -67,8 +64,7 @@ TEST(Cli, LogitsWritesEveryPositionAsNpy) {
 }
 
 TEST(Cli, ErrorsAreOneLineAndNonZero) {
-  KILN_REQUIRE_SHARED(shared);
-  const std::string model = (shared / "fixtures/tiny/llama3-tiny/f32").string();
+  const std::string model = (fixtures_dir() / "llama3-tiny/f32").string();
   const FailingCommand cases[] = {
       {"generate --model " + model + " --ids 1,x,3", "'x' is not a token id"},
       {"generate --model " + model + " --ids 1,99999", "99999"},
@@ -83,9 +79,8 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
 // A size a command cannot run at is named before any weight is read: here the checkpoint beside the
 // config is not even a safetensors file, and only the run at valid sizes gets as far as saying so.
 TEST(Cli, SizesAreCheckedBeforeAnyWeightIsRead) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
-  std::filesystem::copy_file(shared / "fixtures/tiny/llama3-tiny/f32/config.json", temp.path() / "config.json");
+  std::filesystem::copy_file(fixtures_dir() / "llama3-tiny/f32/config.json", temp.path() / "config.json");
   std::ofstream(temp.path() / "model.safetensors") << "not a safetensors file";
   const std::string model = temp.path().string();
   const std::string out = (temp.path() / "logits.npy").string();
@@ -115,8 +110,7 @@ TEST(Cli, EveryCommandHasHelp) {
 }
 
 TEST(Cli, FitSaysWhetherTheModelAndContextFit) {
-  KILN_REQUIRE_SHARED(shared);
-  const std::string model = (shared / "models/stories260K").string();
+  const std::string model = (stories_dir()).string();
   const CommandResult fits = run_command(kiln_command("fit --model " + model + " --max-batch 4"));
   ASSERT_EQ(fits.exit_code, 0) << fits.output;
   EXPECT_NE(fits.output.find("weights"), std::string::npos) << fits.output;
@@ -132,8 +126,7 @@ TEST(Cli, FitSaysWhetherTheModelAndContextFit) {
 }
 
 TEST(Cli, ServeRefusesWhatDoesNotFitBeforeLoading) {
-  KILN_REQUIRE_SHARED(shared);
-  const std::string model = (shared / "models/stories260K").string();
+  const std::string model = (stories_dir()).string();
   const CommandResult result =
       run_command("{ " + kiln_command("serve --model " + model + " --port 0 --max-batch 1000000") + " 2>&1; }");
   EXPECT_EQ(result.exit_code, 1) << result.output;

@@ -64,9 +64,8 @@ std::vector<LayerKind> kinds(const std::string& pattern) {
 }  // namespace
 
 TEST(Config, Llama3TinyFixture) {
-  KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_model_config(shared / "fixtures/tiny/llama3-tiny/f32");
-  EXPECT_EQ(config.source, shared / "fixtures/tiny/llama3-tiny/f32/config.json");
+  const ModelConfig config = load_model_config(kiln::testing::fixtures_dir() / "llama3-tiny/f32");
+  EXPECT_EQ(config.source, kiln::testing::fixtures_dir() / "llama3-tiny/f32/config.json");
   EXPECT_EQ(config.model_type, "llama");
   EXPECT_EQ(config.outer_model_type, "llama");
   EXPECT_EQ(config.architectures, std::vector<std::string>{"LlamaForCausalLM"});
@@ -94,12 +93,11 @@ TEST(Config, Llama3TinyFixture) {
   EXPECT_EQ(config.torch_dtype, "float32");
   EXPECT_EQ(config.bos_token_id, 1);
   EXPECT_EQ(config.eos_token_ids, std::vector<int64_t>{2});
-  EXPECT_EQ(load_model_config(shared / "fixtures/tiny/llama3-tiny/bf16").torch_dtype, "bfloat16");
+  EXPECT_EQ(load_model_config(kiln::testing::fixtures_dir() / "llama3-tiny/bf16").torch_dtype, "bfloat16");
 }
 
 TEST(Config, Qwen3TinyFixture) {
-  KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_model_config(shared / "fixtures/tiny/qwen3-tiny/f32");
+  const ModelConfig config = load_model_config(kiln::testing::fixtures_dir() / "qwen3-tiny/f32");
   EXPECT_EQ(config.model_type, "qwen3");
   // head_dim is explicit: 4 heads × 32 ≠ hidden 64.
   expect_sizes(config, {.hidden_size = 64, .intermediate_size = 128, .num_key_value_heads = 2, .head_dim = 32});
@@ -114,8 +112,7 @@ TEST(Config, Qwen3TinyFixture) {
 }
 
 TEST(Config, Qwen3_5TextTinyFixture) {
-  KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_model_config(shared / "fixtures/tiny/qwen3_5-text-tiny/f32");
+  const ModelConfig config = load_model_config(kiln::testing::fixtures_dir() / "qwen3_5-text-tiny/f32");
   EXPECT_EQ(config.model_type, "qwen3_5_text");
   EXPECT_TRUE(hybrid(config));
   EXPECT_EQ(config.layer_types, kinds("LLLF"));
@@ -129,8 +126,7 @@ TEST(Config, Qwen3_5TextTinyFixture) {
 }
 
 TEST(Config, Qwen3_5VisionLanguageFixtureNestsTheTextModel) {
-  KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_model_config(shared / "fixtures/tiny/qwen3_5-vl-tiny/f32");
+  const ModelConfig config = load_model_config(kiln::testing::fixtures_dir() / "qwen3_5-vl-tiny/f32");
   EXPECT_EQ(config.model_type, "qwen3_5_text");
   EXPECT_EQ(config.outer_model_type, "qwen3_5");
   EXPECT_EQ(config.architectures, std::vector<std::string>{"Qwen3_5ForConditionalGeneration"});
@@ -146,8 +142,7 @@ TEST(Config, Qwen3_5VisionLanguageFixtureNestsTheTextModel) {
 }
 
 TEST(Config, Stories260K) {
-  KILN_REQUIRE_SHARED(shared);
-  const ModelConfig config = load_model_config(shared / "models/stories260K");
+  const ModelConfig config = load_model_config(kiln::testing::stories_dir());
   EXPECT_EQ(config.model_type, "llama");
   expect_sizes(config, {.hidden_size = 64, .intermediate_size = 172, .num_hidden_layers = 5,
                         .num_attention_heads = 8, .num_key_value_heads = 4, .head_dim = 8});

@@ -105,8 +105,7 @@ class ReplayingCpuBackend final : public ForwardingCpuBackend, public GraphOps {
 class DecodeGraphsWithReplayingBackend : public ::testing::Test {
  protected:
   void SetUp() override {
-    KILN_REQUIRE_SHARED(shared);
-    tiny_fixtures_ = shared / "fixtures/tiny";
+    tiny_fixtures_ = fixtures_dir();
   }
   std::filesystem::path fixture(const std::string& name) const { return tiny_fixtures_ / name; }
   // The f32 checkpoint of the tiny fixture `name`, loaded onto `backend`.
@@ -155,8 +154,7 @@ TEST(PaddingSlots, ACacheWithTooFewSlotsIsAnError) {
 }
 
 TEST(DecodeGraphsOnCpu, TheCpuRunsStepsDirectlyAndSaysSo) {
-  KILN_REQUIRE_SHARED(shared);
-  TestModel loaded = open_cpu_model(shared / "fixtures/tiny/llama3-tiny/f32");
+  TestModel loaded = open_cpu_model(fixtures_dir() / "llama3-tiny/f32");
   EXPECT_FALSE(DecodeGraphs::supported(*loaded.model));
   auto cache = loaded.model->make_cache(1, 8);
   try {

@@ -385,7 +385,7 @@ std::string read_file(const std::filesystem::path& path) {
 struct LiveServer {
   LiveServer(const std::filesystem::path& dir, std::chrono::milliseconds shutdown_grace)
       : model(open_cpu_model(dir)),
-        codec(dir, read_file(source_dir() / "tests/data/stories_chat_template.jinja")),
+        codec(dir, read_file(stories_dir() / "chat_template.jinja")),
         scheduler(*model.model, scheduler_options()),
         server(scheduler, codec, server_options(shutdown_grace)) {
     server.start();
@@ -414,10 +414,7 @@ struct LiveServer {
   Server server;
 };
 
-#define KILN_REQUIRE_STORIES(dir)                                              \
-  KILN_REQUIRE_SHARED(shared_for_##dir);                                       \
-  const std::filesystem::path dir = shared_for_##dir / "models/stories260K";   \
-  if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " is missing"
+#define KILN_REQUIRE_STORIES(dir) const std::filesystem::path dir = stories_dir()
 
 std::string completion(int max_tokens) {
   return json{{"model", "stories260K"}, {"prompt", "The cat"}, {"max_tokens", max_tokens}, {"temperature", 0}}.dump();

@@ -28,8 +28,7 @@ kiln::testing::CommandResult stderr_of(const std::string& command) {
 }  // namespace
 
 TEST(InspectCli, ReportsHowTheFixtureWouldBeBuilt) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto model_dir = shared / "fixtures" / "tiny" / "llama3-tiny" / "f32";
+  const auto model_dir = kiln::testing::fixtures_dir() / "llama3-tiny" / "f32";
   // stdout alone: the report must be parseable JSON.
   const auto result = stdout_of(inspect_command(model_dir));
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -55,9 +54,8 @@ TEST(InspectCli, ReportsHowTheFixtureWouldBeBuilt) {
 }
 
 TEST(InspectCli, HashesTheArtifactOnRequest) {
-  KILN_REQUIRE_SHARED(shared);
   kiln::testing::TempDir memo;
-  const auto model_dir = shared / "fixtures" / "tiny" / "llama3-tiny" / "f32";
+  const auto model_dir = kiln::testing::fixtures_dir() / "llama3-tiny" / "f32";
   const auto result = stdout_of(fmt::format("KILN_ARTIFACT_HASH_MEMO='{}' {}", (memo.path() / "memo.json").string(),
                                             inspect_command(model_dir, "--hash-artifact")));
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -68,8 +66,7 @@ TEST(InspectCli, HashesTheArtifactOnRequest) {
 
 #ifndef KILN_HAVE_CUDA
 TEST(InspectCli, ACudaRequestWithoutACudaBackendFails) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto result = stderr_of(inspect_command(shared / "fixtures" / "tiny" / "llama3-tiny" / "f32", "--device cuda"));
+  const auto result = stderr_of(inspect_command(kiln::testing::fixtures_dir() / "llama3-tiny" / "f32", "--device cuda"));
   EXPECT_NE(result.exit_code, 0);
   EXPECT_NE(result.output.find("llama-family"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("backend:cuda"), std::string::npos) << result.output;
@@ -86,8 +83,7 @@ TEST(InspectCli, AnUnsupportedModelFailsOnStderr) {
 }
 
 TEST(InspectCli, ReportsTheChatTemplatesReplySyntax) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto source = shared / "models" / "stories260K";
+  const auto source = kiln::testing::stories_dir();
   kiln::testing::TempDir temp;
   for (const char* file : {"config.json", "model.safetensors", "tokenizer.json"})
     std::filesystem::copy_file(source / file, temp.path() / file);

@@ -21,7 +21,6 @@ struct InvarianceCase {
   std::string fixture;
   std::string dtype_dir;
   bool hybrid = false;  // GDN chunks fall on absolute multiples of 64: splits must too
-  bool in_project = false;  // under tests/data/fixtures (the quantized ones) rather than ../shared
 };
 
 std::string case_name(const ::testing::TestParamInfo<InvarianceCase>& info) {
@@ -42,13 +41,7 @@ void expect_bit_identical(const Tensor& a, const Tensor& b, const std::string& w
 class Invariance : public ::testing::TestWithParam<InvarianceCase> {
  protected:
   void SetUp() override {
-    if (GetParam().in_project) {
-      fixture_ = source_dir() / "tests/data/fixtures" / GetParam().fixture;
-    } else {
-      auto shared = shared_dir();
-      if (!shared) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
-      fixture_ = *shared / "fixtures/tiny" / GetParam().fixture;
-    }
+    fixture_ = fixtures_dir() / GetParam().fixture;
     loaded_ = open_cpu_model(fixture_ / GetParam().dtype_dir);
     prompt_ = fixture_prompt(fixture_);
     prompt_.resize(150);
@@ -110,12 +103,12 @@ INSTANTIATE_TEST_SUITE_P(Models, Invariance,
                                            InvarianceCase{"qwen3_5-text-tiny", "f32", true},
                                            InvarianceCase{"qwen3_5-text-tiny", "bf16", true},
                                            InvarianceCase{"qwen3_5-vl-tiny", "bf16", true},
-                                           InvarianceCase{"qwen3-mlx-tiny", "q", false, true},
-                                           InvarianceCase{"llama3-fp8-tiny", "q", false, true},
-                                           InvarianceCase{"qwen3-moe-tiny", "f32", false, true},
-                                           InvarianceCase{"qwen3-moe-tiny", "bf16", false, true},
-                                           InvarianceCase{"qwen3_5-moe-tiny", "f32", true, true},
-                                           InvarianceCase{"qwen3_5-moe-tiny", "bf16", true, true}),
+                                           InvarianceCase{"qwen3-mlx-tiny", "q"},
+                                           InvarianceCase{"llama3-fp8-tiny", "q"},
+                                           InvarianceCase{"qwen3-moe-tiny", "f32"},
+                                           InvarianceCase{"qwen3-moe-tiny", "bf16"},
+                                           InvarianceCase{"qwen3_5-moe-tiny", "f32", true},
+                                           InvarianceCase{"qwen3_5-moe-tiny", "bf16", true}),
                          case_name);
 
 }  // namespace

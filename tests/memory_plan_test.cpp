@@ -87,14 +87,13 @@ class CountingCpuBackend final : public ForwardingCpuBackend {
 };
 
 TEST(MemoryPlan, EachPartIsWhatTheCpuBackendHandsOutForTheSameWork) {
-  KILN_REQUIRE_SHARED(shared);
   // The shared fixtures, and the project's mixtures of experts (whose routing, read back on the
   // host, is all zeros in the dry run: every token to experts 0 … k − 1).
   std::vector<std::filesystem::path> fixtures;
   for (const char* family : {"llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny", "qwen3_5-vl-tiny"})
-    fixtures.push_back(shared / "fixtures/tiny" / family);
+    fixtures.push_back(fixtures_dir() / family);
   for (const char* family : {"qwen3-moe-tiny", "qwen3_5-moe-tiny"})
-    fixtures.push_back(source_dir() / "tests/data/fixtures" / family);
+    fixtures.push_back(fixtures_dir() / family);
   for (const auto& family : fixtures) {
     for (const char* dtype : {"f32", "bf16"}) {
       SCOPED_TRACE(family.filename().string() + " " + dtype);
@@ -124,10 +123,9 @@ TEST(MemoryPlan, EachPartIsWhatTheCpuBackendHandsOutForTheSameWork) {
 }
 
 TEST(MemoryPlan, ConvertedWeightsArePlannedInTheLoadDtype) {
-  KILN_REQUIRE_SHARED(shared);
   for (const char* family : {"llama3-tiny", "qwen3_5-text-tiny"}) {
     SCOPED_TRACE(family);
-    const ModelPlan bf16 = plan_model(shared / "fixtures/tiny" / family / "bf16", Device::CPU, true);
+    const ModelPlan bf16 = plan_model(fixtures_dir() / family / "bf16", Device::CPU, true);
     CountingCpuBackend backend;
     const MemoryPlan as_stored = plan_memory(bf16, backend, std::nullopt, {1, 64, 64});
     const MemoryPlan widened = plan_memory(bf16, backend, DType::F32, {1, 64, 64});
@@ -138,10 +136,9 @@ TEST(MemoryPlan, ConvertedWeightsArePlannedInTheLoadDtype) {
 }
 
 TEST(MemoryPlan, ShapeOnlyWeightsHaveTheDtypeConstructionSees) {
-  KILN_REQUIRE_SHARED(shared);
   // The Qwen3.5 checkpoint stores its zero-centred norm gains as 1 + γ: the SubtractOne fix-up
   // makes them F32, whatever the checkpoint's dtype; --dtype converts every tensor.
-  const ModelPlan plan = plan_model(shared / "fixtures/tiny/qwen3_5-text-tiny/bf16", Device::CPU, true);
+  const ModelPlan plan = plan_model(fixtures_dir() / "qwen3_5-text-tiny/bf16", Device::CPU, true);
   WeightMap stored = WeightMap(plan.checkpoint, plan.load_plan);
   WeightMap shapes = WeightMap::shapes_only(plan.checkpoint, plan.load_plan, std::nullopt);
   WeightMap converted = WeightMap::shapes_only(plan.checkpoint, plan.load_plan, DType::F16);
@@ -343,9 +340,8 @@ TEST(MemoryPlan, FourBitWeightsCountTheirPackedBytes) {
 }
 
 TEST(MemoryPlan, TheVerdictAndTheLongestContextFollowFromTheParts) {
-  KILN_REQUIRE_SHARED(shared);
   auto backend = make_cpu_backend();
-  const ModelPlan model = plan_model(shared / "fixtures/tiny/qwen3-tiny/bf16", Device::CPU, true);
+  const ModelPlan model = plan_model(fixtures_dir() / "qwen3-tiny/bf16", Device::CPU, true);
   const MemoryPlan small = plan_memory(model, *backend, std::nullopt, {2, 512, 256});
   EXPECT_TRUE(small.fits()) << describe_memory_plan(small, "cpu");
   EXPECT_NE(describe_memory_plan(small, "cpu").find("fits: 2 sequences of 512 tokens"), std::string::npos);
@@ -374,9 +370,8 @@ TEST(MemoryPlan, TheVerdictAndTheLongestContextFollowFromTheParts) {
 }
 
 TEST(MemoryPlan, ABadRequestIsAnError) {
-  KILN_REQUIRE_SHARED(shared);
   auto backend = make_cpu_backend();
-  const ModelPlan model = plan_model(shared / "fixtures/tiny/qwen3-tiny/bf16", Device::CPU, true);
+  const ModelPlan model = plan_model(fixtures_dir() / "qwen3-tiny/bf16", Device::CPU, true);
   EXPECT_FAILS_MENTIONING(plan_memory(model, *backend, std::nullopt, {0, 64, 64}), "at least one sequence");
   EXPECT_FAILS_MENTIONING(plan_memory(model, *backend, std::nullopt, {1, 0, 64}), "context");
   EXPECT_FAILS_MENTIONING(plan_memory(model, *backend, std::nullopt, {1, 64, 0}), "prefill chunk must be positive");

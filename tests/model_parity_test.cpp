@@ -17,8 +17,7 @@ namespace {
 class ModelParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelParity, F32MatchesFloat64ReferenceAtEveryPosition) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  const auto fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cpu_model(fixture / "f32");
   const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
   const std::vector<double> errors = row_relative_errors(logits, read_npy(fixture / "f32/ref_logits_f64.npy"));
@@ -27,8 +26,7 @@ TEST_P(ModelParity, F32MatchesFloat64ReferenceAtEveryPosition) {
 }
 
 TEST_P(ModelParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  const auto fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cpu_model(fixture / "bf16");
   const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
   const auto [ours, theirs] = bf16_row_errors(logits, fixture / "bf16");
@@ -37,8 +35,7 @@ TEST_P(ModelParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
 }
 
 TEST_P(ModelParity, GreedyContinuationMatchesFloat64Reference) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny" / GetParam();
+  const auto fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cpu_model(fixture / "f32");
   expect_greedy_continuation_of_float64_reference(*loaded.model, fixture);
 }
@@ -47,8 +44,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
                          ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny", "qwen3_5-vl-tiny"));
 
 TEST(Stories260K, GreedyFromBosReproducesReferenceIds) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto model_dir = shared / "models/stories260K";
+  const auto model_dir = stories_dir();
   nlohmann::json ref = nlohmann::json::parse(std::ifstream(model_dir / "ref_greedy.json"));
   TestModel loaded = open_cpu_model(model_dir);
   GenerationOptions options;
@@ -60,8 +56,7 @@ TEST(Stories260K, GreedyFromBosReproducesReferenceIds) {
 }
 
 TEST(Stories260K, FirstLogitsMatchReference) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto model_dir = shared / "models/stories260K";
+  const auto model_dir = stories_dir();
   nlohmann::json ref = nlohmann::json::parse(std::ifstream(model_dir / "ref_greedy.json"));
   TestModel loaded = open_cpu_model(model_dir);
   std::vector<int32_t> path = ref["input_ids"].get<std::vector<int32_t>>();

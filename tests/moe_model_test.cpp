@@ -27,8 +27,6 @@ using namespace kiln::testing;
 
 namespace {
 
-std::filesystem::path project_fixture(const std::string& name) { return source_dir() / "tests/data/fixtures" / name; }
-
 using Entries = std::vector<SafetensorsEntry>;
 
 Entries read_entries(const std::filesystem::path& dir) {
@@ -145,7 +143,7 @@ struct MoeFixture {
 class MoeParity : public ::testing::TestWithParam<MoeFixture> {};
 
 TEST_P(MoeParity, F32ActivationsMatchFloat64OfEachCheckpoint) {
-  const auto fixture = project_fixture(GetParam().name);
+  const auto fixture = fixtures_dir() / GetParam().name;
   for (const char* dtype : {"f32", "bf16"}) {
     SCOPED_TRACE(dtype);
     TestModel loaded = open_cpu_model(fixture / dtype);
@@ -157,13 +155,13 @@ TEST_P(MoeParity, F32ActivationsMatchFloat64OfEachCheckpoint) {
 }
 
 TEST_P(MoeParity, GreedyContinuationMatchesFloat64Reference) {
-  const auto fixture = project_fixture(GetParam().name);
+  const auto fixture = fixtures_dir() / GetParam().name;
   TestModel loaded = open_cpu_model(fixture / "f32");
   expect_greedy_continuation_of_float64_reference(*loaded.model, fixture);
 }
 
 TEST_P(MoeParity, FusedAndMlxStackedExpertsGiveThePerExpertBits) {
-  const auto fixture = project_fixture(GetParam().name);
+  const auto fixture = fixtures_dir() / GetParam().name;
   const auto [name, layers, experts] = GetParam();
   TempDir temp;
   const std::vector<int32_t> prompt = first_tokens(fixture, 40);
@@ -193,7 +191,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MoeParity,
                          });
 
 TEST(MoeModel, IsNotCapturedAsADecodeGraph) {
-  TestModel loaded = open_cpu_model(project_fixture("qwen3-moe-tiny") / "bf16");
+  TestModel loaded = open_cpu_model(fixtures_dir() / "qwen3-moe-tiny" / "bf16");
   EXPECT_FALSE(loaded.model->capturable());
   EXPECT_FALSE(DecodeGraphs::supported(*loaded.model));
 }
@@ -202,7 +200,7 @@ TEST(MoeModel, QuantizedExpertsPerExpertAndStackedGiveTheSameBits) {
   // 8-bit groups of 32: the experts' gate/up ([48, 64]) quantize; their down_proj (48 inputs) stays
   // dense, recorded as such, as mlx_lm leaves a matrix its group size does not divide.
   TempDir temp;
-  const auto fixture = project_fixture("qwen3-moe-tiny");
+  const auto fixture = fixtures_dir() / "qwen3-moe-tiny";
   QuantizeOptions options;
   options.model = fixture / "f32";
   options.out = temp.path() / "q8";
@@ -296,7 +294,7 @@ void remove_tensor(Entries& entries, const std::string& name) {
 
 TEST(MoeCheckpoint, AMissingExpertIsRefusedNamingTheLayerAndTensor) {
   TempDir temp;
-  const auto dir = edited_copy(project_fixture("qwen3-moe-tiny") / "bf16", temp.path() / "m", [](Entries& entries) {
+  const auto dir = edited_copy(fixtures_dir() / "qwen3-moe-tiny" / "bf16", temp.path() / "m", [](Entries& entries) {
     remove_tensor(entries, "model.layers.2.mlp.experts.5.up_proj.weight");
   });
   expect_plan_refused(dir, {"layer 2", "model.layers.2.mlp.experts.5.up_proj.weight", "expert 5 of 8"});
@@ -304,7 +302,7 @@ TEST(MoeCheckpoint, AMissingExpertIsRefusedNamingTheLayerAndTensor) {
 
 TEST(MoeCheckpoint, AnExpertBeyondNumExpertsIsRefused) {
   TempDir temp;
-  const auto dir = edited_copy(project_fixture("qwen3-moe-tiny") / "bf16", temp.path() / "m", [](Entries& entries) {
+  const auto dir = edited_copy(fixtures_dir() / "qwen3-moe-tiny" / "bf16", temp.path() / "m", [](Entries& entries) {
     SafetensorsEntry extra = entry(entries, "model.layers.0.mlp.experts.7.gate_proj.weight");
     extra.name = "model.layers.0.mlp.experts.8.gate_proj.weight";
     entries.push_back(extra);
@@ -315,7 +313,7 @@ TEST(MoeCheckpoint, AnExpertBeyondNumExpertsIsRefused) {
 
 TEST(MoeCheckpoint, MixedLayoutsInALayerAreRefused) {
   TempDir temp;
-  const auto dir = edited_copy(project_fixture("qwen3-moe-tiny") / "bf16", temp.path() / "m", [](Entries& entries) {
+  const auto dir = edited_copy(fixtures_dir() / "qwen3-moe-tiny" / "bf16", temp.path() / "m", [](Entries& entries) {
     for (SafetensorsEntry& fused : to_fused(entries, "model.layers.0.mlp.", 8)) entries.push_back(fused);
   });
   expect_plan_refused(dir, {"layer 0 mixes expert layouts", "model.layers.0.mlp.experts.down_proj"});
@@ -323,7 +321,7 @@ TEST(MoeCheckpoint, MixedLayoutsInALayerAreRefused) {
 
 TEST(MoeCheckpoint, ARouterOfTheWrongWidthIsRefusedNamingTheTensor) {
   TempDir temp;
-  const auto dir = edited_copy(project_fixture("qwen3-moe-tiny") / "bf16", temp.path() / "m", [](Entries& entries) {
+  const auto dir = edited_copy(fixtures_dir() / "qwen3-moe-tiny" / "bf16", temp.path() / "m", [](Entries& entries) {
     for (SafetensorsEntry& e : entries)
       if (e.name == "model.layers.0.mlp.gate.weight") {
         e.shape = {6, 64};
@@ -336,7 +334,7 @@ TEST(MoeCheckpoint, ARouterOfTheWrongWidthIsRefusedNamingTheTensor) {
 
 TEST(MoeCheckpoint, AMisshapenFusedTensorIsRefused) {
   TempDir temp;
-  const auto dir = edited_copy(project_fixture("qwen3-moe-tiny") / "bf16", temp.path() / "m", [](Entries& entries) {
+  const auto dir = edited_copy(fixtures_dir() / "qwen3-moe-tiny" / "bf16", temp.path() / "m", [](Entries& entries) {
     Entries fused = to_fused(entries, "model.layers.0.mlp.", 8);
     fused[0].shape[1] = 48;  // gate rows only
     fused[0].bytes.resize(static_cast<size_t>(8 * 48 * 64 * 2));
@@ -348,7 +346,7 @@ TEST(MoeCheckpoint, AMisshapenFusedTensorIsRefused) {
 
 ModelConfig qwen3_moe_config(const std::function<void(nlohmann::json&)>& edit) {
   nlohmann::json config =
-      nlohmann::json::parse(std::ifstream(project_fixture("qwen3-moe-tiny") / "bf16/config.json"));
+      nlohmann::json::parse(std::ifstream(fixtures_dir() / "qwen3-moe-tiny" / "bf16/config.json"));
   edit(config);
   return parse_model_config(config, "config.json");
 }

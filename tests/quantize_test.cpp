@@ -23,7 +23,7 @@ using namespace kiln::testing;
 
 namespace {
 
-std::filesystem::path llama_f32(const std::filesystem::path& shared) { return shared / "fixtures/tiny/llama3-tiny/f32"; }
+std::filesystem::path llama_f32() { return fixtures_dir() / "llama3-tiny/f32"; }
 
 float f32_at(const Tensor& tensor, int64_t index) {
   switch (tensor.dtype()) {
@@ -51,9 +51,8 @@ std::map<std::string, std::pair<Weight, std::vector<float>>> decoded_matrices(co
 }
 
 TEST(Quantize, EveryGroupFollowsTheRoundToNearestRuleExactly) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
-  QuantizeOptions options{llama_f32(shared), temp.path() / "q4", QuantizeFormat::MlxAffine, {4, 64}, {}};
+  QuantizeOptions options{llama_f32(), temp.path() / "q4", QuantizeFormat::MlxAffine, {4, 64}, {}};
   const QuantizeResult result = quantize_checkpoint(options);
   // 2 layers x 7 projections, the embedding and the head; down_proj's 160 inputs are no multiple
   // of 64, so mlx_lm's rule leaves both down_proj unquantized.
@@ -64,7 +63,7 @@ TEST(Quantize, EveryGroupFollowsTheRoundToNearestRuleExactly) {
   EXPECT_EQ(config["quantization_config"], config["quantization"]);
   EXPECT_TRUE(std::filesystem::exists(temp.path() / "q4/generation_config.json"));
 
-  const Checkpoint source = Checkpoint::open(llama_f32(shared));
+  const Checkpoint source = Checkpoint::open(llama_f32());
   const auto decoded = decoded_matrices(temp.path() / "q4");
   ASSERT_EQ(decoded.size(), result.quantized);
   for (const auto& [name, entry] : decoded) {
@@ -90,12 +89,11 @@ TEST(Quantize, EveryGroupFollowsTheRoundToNearestRuleExactly) {
 }
 
 TEST(Quantize, EightBitLogitsStayCloseToTheF32Model) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
-  QuantizeOptions options{llama_f32(shared), temp.path() / "q8", QuantizeFormat::MlxAffine, {8, 32}, {}};
+  QuantizeOptions options{llama_f32(), temp.path() / "q8", QuantizeFormat::MlxAffine, {8, 32}, {}};
   EXPECT_EQ(quantize_checkpoint(options).quantized, 2u * 7u + 2u);
   TestModel quantized = open_cpu_model(temp.path() / "q8");
-  TestModel full = open_cpu_model(llama_f32(shared));
+  TestModel full = open_cpu_model(llama_f32());
   const std::vector<int32_t> prompt{1, 17, 300, 42, 511, 7, 99, 250, 3, 64};
   const Tensor ours = prompt_logits(*quantized.model, prompt, 0);
   const Tensor reference = prompt_logits(*full.model, prompt, 0);
@@ -117,7 +115,7 @@ TEST(Quantize, EightBitLogitsStayCloseToTheF32Model) {
 // weights gives back the fixture's scale, bias and codes. (A group whose codes stop short of
 // either end decodes to a narrower range, which the rule spreads over every code again.)
 TEST(Quantize, ReproducesTheMlxFixtureFromItsDequantizedWeights) {
-  const std::filesystem::path fixture = source_dir() / "tests/data/fixtures/qwen3-mlx-tiny/q";
+  const std::filesystem::path fixture = fixtures_dir() / "qwen3-mlx-tiny/q";
   const auto decoded = decoded_matrices(fixture);
   ASSERT_FALSE(decoded.empty());
   int64_t full_range_groups = 0, groups_seen = 0;
@@ -155,13 +153,12 @@ TEST(Quantize, ReproducesTheMlxFixtureFromItsDequantizedWeights) {
 }
 
 TEST(Quantize, Fp8BlocksFollowTheAmaxRuleAndLoad) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
-  QuantizeOptions options{llama_f32(shared), temp.path() / "fp8", QuantizeFormat::Fp8, {4, 64}, {}};
+  QuantizeOptions options{llama_f32(), temp.path() / "fp8", QuantizeFormat::Fp8, {4, 64}, {}};
   EXPECT_EQ(quantize_checkpoint(options).quantized, 2u * 7u);  // decoder layers only
   const nlohmann::json config = nlohmann::json::parse(std::ifstream(temp.path() / "fp8/config.json"));
   EXPECT_EQ(config["quantization_config"], fp8_quantization_json());
-  const Checkpoint source = Checkpoint::open(llama_f32(shared));
+  const Checkpoint source = Checkpoint::open(llama_f32());
   const Checkpoint written = Checkpoint::open(temp.path() / "fp8");
   EXPECT_EQ(written.info("model.embed_tokens.weight").dtype, DType::F32);
   const std::string name = "model.layers.1.mlp.gate_proj.weight";  // [160, 64]: a full and a partial block row
@@ -184,10 +181,9 @@ TEST(Quantize, Fp8BlocksFollowTheAmaxRuleAndLoad) {
 }
 
 TEST(Quantize, MixedEntriesSetTheirModulesBits) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
   std::ofstream(temp.path() / "mixed.json") << R"({"model.layers.1.self_attn.o_proj": 8, "lm_head": false})";
-  QuantizeOptions options{llama_f32(shared), temp.path() / "mixed", QuantizeFormat::MlxAffine, {4, 32},
+  QuantizeOptions options{llama_f32(), temp.path() / "mixed", QuantizeFormat::MlxAffine, {4, 32},
                           read_module_schemes(temp.path() / "mixed.json", 32)};
   quantize_checkpoint(options);
   const nlohmann::json config = nlohmann::json::parse(std::ifstream(temp.path() / "mixed/config.json"));
@@ -201,10 +197,9 @@ TEST(Quantize, MixedEntriesSetTheirModulesBits) {
 }
 
 TEST(Quantize, RefusesWhatItCannotWrite) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
   auto quantize_with = [&](std::map<std::string, std::optional<AffineScheme>> modules, const std::string& out) {
-    QuantizeOptions options{llama_f32(shared), temp.path() / out, QuantizeFormat::MlxAffine, {4, 32}, modules};
+    QuantizeOptions options{llama_f32(), temp.path() / out, QuantizeFormat::MlxAffine, {4, 32}, modules};
     quantize_checkpoint(options);
   };
   expect_error_mentions([&] { quantize_with({{"model.layers.0.input_layernorm", AffineScheme{8, 32}}}, "a"); },
@@ -221,26 +216,25 @@ TEST(Quantize, RefusesWhatItCannotWrite) {
   // text family's layout does.
   expect_error_mentions(
       [&] {
-        quantize_checkpoint({shared / "fixtures/tiny/qwen3_5-vl-tiny/bf16", temp.path() / "vl", QuantizeFormat::MlxAffine,
+        quantize_checkpoint({fixtures_dir() / "qwen3_5-vl-tiny/bf16", temp.path() / "vl", QuantizeFormat::MlxAffine,
                              {4, 32}, {}});
       },
       {"qwen3_5-vl-tiny", "holds no 'model.embed_tokens.weight', which its family's layout names"});
-  const std::filesystem::path mlx = source_dir() / "tests/data/fixtures/qwen3-mlx-tiny/q";
+  const std::filesystem::path mlx = fixtures_dir() / "qwen3-mlx-tiny/q";
   expect_error_mentions(
       [&] { quantize_checkpoint({mlx, temp.path() / "again", QuantizeFormat::MlxAffine, {4, 64}, {}}); },
       {"config.json", "already quantized (mlx)"});
 }
 
 TEST(Quantize, TheCommandWritesALoadableCheckpoint) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
   const CommandResult result = run_command(kiln_command(
-      fmt::format("quantize --model {} --out {} --bits 8 --group-size 32", llama_f32(shared).string(),
+      fmt::format("quantize --model {} --out {} --bits 8 --group-size 32", llama_f32().string(),
                   (temp.path() / "q").string())));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("16 matrices quantized"), std::string::npos) << result.output;
   expect_one_line_error({fmt::format("quantize --model {} --out {} --format fp8 --mixed x.json",
-                                     llama_f32(shared).string(), (temp.path() / "r").string()),
+                                     llama_f32().string(), (temp.path() / "r").string()),
                          "--mixed applies to --format mlx, not fp8"});
   TestModel loaded = open_cpu_model(temp.path() / "q");
   EXPECT_EQ(prompt_logits(*loaded.model, {5, 6}, 0).dim(0), 2);

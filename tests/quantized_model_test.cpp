@@ -20,12 +20,10 @@ using namespace kiln::testing;
 
 namespace {
 
-std::filesystem::path project_fixture(const std::string& name) { return source_dir() / "tests/data/fixtures" / name; }
-
 class QuantizedParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(QuantizedParity, F32ActivationsMatchFloat64OfTheDequantizedWeights) {
-  const auto fixture = project_fixture(GetParam());
+  const auto fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cpu_model(fixture / "q");
   const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), 0);
   const std::vector<double> errors = row_relative_errors(logits, read_npy(fixture / "q/ref_logits_f64.npy"));
@@ -34,7 +32,7 @@ TEST_P(QuantizedParity, F32ActivationsMatchFloat64OfTheDequantizedWeights) {
 }
 
 TEST_P(QuantizedParity, GreedyContinuationMatchesFloat64Reference) {
-  const auto fixture = project_fixture(GetParam());
+  const auto fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cpu_model(fixture / "q");
   expect_greedy_continuation_of_float64_reference(*loaded.model, fixture);
 }
@@ -47,7 +45,7 @@ using Entries = std::vector<SafetensorsEntry>;
 std::filesystem::path edited_fixture(const TempDir& temp, const std::string& name,
                                      const std::function<void(Entries&)>& edit_tensors,
                                      const std::function<void(nlohmann::json&)>& edit_config = {}) {
-  const auto source = project_fixture(name) / "q";
+  const auto source = fixtures_dir() / name / "q";
   const auto target = temp.path() / name;
   std::filesystem::create_directories(target);
   nlohmann::json config = nlohmann::json::parse(std::ifstream(source / "config.json"));

@@ -131,9 +131,9 @@ std::vector<SafetensorsEntry> gptq_layout(const std::string& module, const Integ
 using Layout = std::function<std::vector<SafetensorsEntry>(const std::string&, const IntegerMatrix&)>;
 
 // llama3-tiny's f32 checkpoint with each decoder projection replaced by `matrices` in `layout`.
-void write_model(const std::filesystem::path& shared, const std::filesystem::path& dir, const Layout& layout,
+void write_model(const std::filesystem::path& dir, const Layout& layout,
                  const std::map<std::string, IntegerMatrix>& matrices, const nlohmann::json& quantization) {
-  const std::filesystem::path source = shared / "fixtures/tiny/llama3-tiny/f32";
+  const std::filesystem::path source = fixtures_dir() / "llama3-tiny/f32";
   std::filesystem::create_directories(dir);
   nlohmann::json config = nlohmann::json::parse(std::ifstream(source / "config.json"));
   config[quantization.contains("quant_method") ? "quantization_config" : "quantization"] = quantization;
@@ -156,8 +156,8 @@ void write_model(const std::filesystem::path& shared, const std::filesystem::pat
 }
 
 // Random integers for every decoder projection of llama3-tiny.
-std::map<std::string, IntegerMatrix> projections(const std::filesystem::path& shared, int bits, uint32_t lowest_zero) {
-  const Checkpoint checkpoint = Checkpoint::open(shared / "fixtures/tiny/llama3-tiny/f32");
+std::map<std::string, IntegerMatrix> projections(int bits, uint32_t lowest_zero) {
+  const Checkpoint checkpoint = Checkpoint::open(fixtures_dir() / "llama3-tiny/f32");
   std::mt19937 random(bits * 7 + lowest_zero);
   std::map<std::string, IntegerMatrix> matrices;
   for (const auto& [name, info] : checkpoint.tensors())
@@ -188,11 +188,10 @@ void PrintTo(const RepackCase& param, std::ostream* out) { *out << param.name; }
 class Repacked : public ::testing::TestWithParam<RepackCase> {};
 
 TEST_P(Repacked, DecodesToScaleTimesCodeMinusZeroExactly) {
-  KILN_REQUIRE_SHARED(shared);
   const RepackCase& param = GetParam();
-  const auto matrices = projections(shared, param.bits, param.lowest_zero);
+  const auto matrices = projections(param.bits, param.lowest_zero);
   TempDir temp;
-  write_model(shared, temp.path(), param.layout, matrices, param.quantization);
+  write_model(temp.path(), param.layout, matrices, param.quantization);
   const ModelPlan plan = plan_model(temp.path(), Device::CPU, true);
   WeightMap weights(plan.checkpoint, plan.load_plan);
   for (const auto& [module, m] : matrices) {
@@ -212,12 +211,11 @@ TEST_P(Repacked, DecodesToScaleTimesCodeMinusZeroExactly) {
 }
 
 TEST_P(Repacked, LogitsEqualTheMlxCheckpointOfTheSameIntegersBitwise) {
-  KILN_REQUIRE_SHARED(shared);
   const RepackCase& param = GetParam();
-  const auto matrices = projections(shared, param.bits, param.lowest_zero);
+  const auto matrices = projections(param.bits, param.lowest_zero);
   TempDir temp;
-  write_model(shared, temp.path() / "repacked", param.layout, matrices, param.quantization);
-  write_model(shared, temp.path() / "mlx", mlx_layout, matrices, mlx_quantization(param.bits));
+  write_model(temp.path() / "repacked", param.layout, matrices, param.quantization);
+  write_model(temp.path() / "mlx", mlx_layout, matrices, mlx_quantization(param.bits));
   TestModel repacked = open_cpu_model(temp.path() / "repacked");
   TestModel mlx = open_cpu_model(temp.path() / "mlx");
   const std::vector<int32_t> prompt{1, 17, 300, 42, 511, 7, 99, 250};
@@ -228,11 +226,10 @@ TEST_P(Repacked, LogitsEqualTheMlxCheckpointOfTheSameIntegersBitwise) {
 }
 
 TEST_P(Repacked, ShapesOnlyAndInspectSeeTheRepackedParts) {
-  KILN_REQUIRE_SHARED(shared);
   const RepackCase& param = GetParam();
-  const auto matrices = projections(shared, param.bits, param.lowest_zero);
+  const auto matrices = projections(param.bits, param.lowest_zero);
   TempDir temp;
-  write_model(shared, temp.path(), param.layout, matrices, param.quantization);
+  write_model(temp.path(), param.layout, matrices, param.quantization);
   const ModelPlan plan = plan_model(temp.path(), Device::CPU, true);
   WeightMap real(plan.checkpoint, plan.load_plan);
   WeightMap shapes = WeightMap::shapes_only(plan.checkpoint, plan.load_plan, DType::BF16);
@@ -284,11 +281,10 @@ void PrintTo(const MalformedCase& param, std::ostream* out) { *out << param.name
 class MalformedRepack : public ::testing::TestWithParam<MalformedCase> {};
 
 TEST_P(MalformedRepack, IsRefusedWhilePlanningNamingTheTensorOrField) {
-  KILN_REQUIRE_SHARED(shared);
   const MalformedCase& param = GetParam();
-  const auto matrices = projections(shared, 4, param.gptq ? 1 : 0);
+  const auto matrices = projections(4, param.gptq ? 1 : 0);
   TempDir temp;
-  write_model(shared, temp.path(), param.gptq ? Layout(gptq_layout) : Layout(awq_layout), matrices,
+  write_model(temp.path(), param.gptq ? Layout(gptq_layout) : Layout(awq_layout), matrices,
               param.gptq ? gptq_quantization(4) : awq_quantization());
   const Checkpoint written = Checkpoint::open(temp.path());
   std::map<std::string, SafetensorsEntry> entries;

@@ -163,8 +163,7 @@ TensorMap read_header(const std::filesystem::path& path) {
 }  // namespace
 
 TEST(Qwen35Checkpoint, SyntheticHfLayoutMatchesTheTextFixture) {
-  KILN_REQUIRE_SHARED(shared);
-  const TensorMap fixture = read_header(shared / "fixtures/tiny/qwen3_5-text-tiny/f32/model.safetensors");
+  const TensorMap fixture = read_header(kiln::testing::fixtures_dir() / "qwen3_5-text-tiny/f32/model.safetensors");
   const TensorMap synthetic = hf_text_tensors(tiny_config());
   ASSERT_EQ(fixture.size(), synthetic.size());
   for (const auto& [name, info] : synthetic) {
@@ -174,8 +173,7 @@ TEST(Qwen35Checkpoint, SyntheticHfLayoutMatchesTheTextFixture) {
 }
 
 TEST(Qwen35Checkpoint, TextFixtureKeepsNamesAndGainsAndDropsTheConvUnitAxis) {
-  KILN_REQUIRE_SHARED(shared);
-  const TensorMap tensors = read_header(shared / "fixtures/tiny/qwen3_5-text-tiny/bf16/model.safetensors");
+  const TensorMap tensors = read_header(kiln::testing::fixtures_dir() / "qwen3_5-text-tiny/bf16/model.safetensors");
   const LoadPlan plan = plan_qwen3_5_checkpoint(tensors, tiny_config());
   EXPECT_TRUE(plan.dropped.empty());
   ASSERT_EQ(plan.tensors.size(), tensors.size());
@@ -196,8 +194,7 @@ TEST(Qwen35Checkpoint, TextFixtureKeepsNamesAndGainsAndDropsTheConvUnitAxis) {
 }
 
 TEST(Qwen35Checkpoint, MultimodalFixtureRenamesDropsVisionAndKeepsItsUntiedHead) {
-  KILN_REQUIRE_SHARED(shared);
-  const std::filesystem::path tiny = shared / "fixtures/tiny";
+  const std::filesystem::path tiny = kiln::testing::fixtures_dir();
   const TensorMap tensors = read_header(tiny / "qwen3_5-vl-tiny/bf16/model.safetensors");
   ModelConfig config = tiny_config();
   // The outer config of a nested model governs tying: the VL fixture's top-level

@@ -165,8 +165,7 @@ Tensor fixture_logits(const std::filesystem::path& dir, const std::vector<int32_
 }
 
 TEST(Qwen35Generations, RewrittenCheckpointsGiveIdenticalLogits) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/qwen3_5-text-tiny";
+  const auto fixture = fixtures_dir() / "qwen3_5-text-tiny";
   std::vector<int32_t> prompt = fixture_prompt(fixture);
   prompt.resize(100);
   const Tensor canonical = fixture_logits(fixture / "bf16", prompt);
@@ -182,8 +181,7 @@ TEST(Qwen35Generations, RewrittenCheckpointsGiveIdenticalLogits) {
 }
 
 TEST(Qwen35Generations, MlxFourBitConversionGivesTheLogitsOfItsDecodedWeights) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/qwen3_5-text-tiny";
+  const auto fixture = fixtures_dir() / "qwen3_5-text-tiny";
   std::vector<int32_t> prompt = fixture_prompt(fixture);
   prompt.resize(100);
   TempDir temp;

@@ -254,9 +254,8 @@ TEST(Safetensors, WriterRejectsInconsistentEntriesAndLeavesNoFile) {
 }
 
 TEST(Safetensors, ReadsTheTransformersFixtures) {
-  KILN_REQUIRE_SHARED(shared);
   for (const char* precision : {"f32", "bf16"}) {
-    const auto dir = shared / "fixtures/tiny/llama3-tiny" / precision;
+    const auto dir = kiln::testing::fixtures_dir() / "llama3-tiny" / precision;
     const Checkpoint checkpoint = Checkpoint::open(dir);
     EXPECT_EQ(checkpoint.tensors().size(), 21u);
     const TensorInfo& q = checkpoint.info("model.layers.1.self_attn.q_proj.weight");
@@ -264,7 +263,7 @@ TEST(Safetensors, ReadsTheTransformersFixtures) {
     EXPECT_EQ(q.dtype, std::string(precision) == "f32" ? DType::F32 : DType::BF16);
     EXPECT_EQ(checkpoint.info("model.layers.0.self_attn.k_proj.weight").shape, (Shape{32, 64}));
   }
-  const Checkpoint vl = Checkpoint::open(shared / "fixtures/tiny/qwen3_5-vl-tiny/f32");
+  const Checkpoint vl = Checkpoint::open(kiln::testing::fixtures_dir() / "qwen3_5-vl-tiny/f32");
   EXPECT_EQ(vl.info("model.language_model.layers.0.linear_attn.conv1d.weight").shape, (Shape{256, 1, 4}));
 }
 

@@ -43,8 +43,7 @@ GenerationRequest make_request(const std::vector<int32_t>& prompt, int64_t max_t
 }
 
 TEST(Scheduler, ConcurrentRequestsEqualTheirSoloRuns) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
+  const auto fixture = fixtures_dir() / "qwen3-tiny";
   TestModel loaded = open_cpu_model(fixture / "f32");
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
 
@@ -66,8 +65,7 @@ TEST(Scheduler, ConcurrentRequestsEqualTheirSoloRuns) {
 }
 
 TEST(Scheduler, CancelledRequestFreesItsSlot) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
+  const auto fixture = fixtures_dir() / "llama3-tiny";
   TestModel loaded = open_cpu_model(fixture / "f32");
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
   SchedulerOptions options;
@@ -87,8 +85,7 @@ TEST(Scheduler, CancelledRequestFreesItsSlot) {
 }
 
 TEST(Scheduler, RefusesInvalidRequestsAndAFullQueue) {
-  KILN_REQUIRE_SHARED(shared);
-  TestModel loaded = open_cpu_model(shared / "fixtures/tiny/llama3-tiny/f32");
+  TestModel loaded = open_cpu_model(fixtures_dir() / "llama3-tiny/f32");
   SchedulerOptions options;
   options.max_batch = 1;
   options.context_tokens = 64;
@@ -116,8 +113,7 @@ std::vector<int32_t> prompt_start(const std::filesystem::path& fixture, size_t c
 
 // generate() runs the same core for one request: the same chunk rule, the same ends, one context.
 TEST(Generate, IsOneRequestOfTheCoreWithItsRules) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
+  const auto fixture = fixtures_dir() / "llama3-tiny";
   TestModel loaded = open_cpu_model(fixture / "f32");
   const std::vector<int32_t> prompt = prompt_start(fixture, 150);
   GenerationOptions options;
@@ -153,8 +149,7 @@ TEST(Generate, IsOneRequestOfTheCoreWithItsRules) {
 }
 
 TEST(PromptLogits, ChunksSplitAsTheStepPlanSplitsThem) {
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/qwen3_5-text-tiny";
+  const auto fixture = fixtures_dir() / "qwen3_5-text-tiny";
   TestModel loaded = open_cpu_model(fixture / "f32");
   const std::vector<int32_t> prompt = prompt_start(fixture, 150);
   const Tensor one_shot = prompt_logits(*loaded.model, prompt, kWholePrompt);

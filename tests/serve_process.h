@@ -105,16 +105,12 @@ class ServeProcess {
   std::string log_;
 };
 
-inline std::filesystem::path chat_template_file() { return source_dir() / "tests/data/stories_chat_template.jinja"; }
-
-#define KILN_REQUIRE_STORIES(dir)                                                                \
-  KILN_REQUIRE_SHARED(shared_for_##dir);                                                         \
-  const std::filesystem::path dir = shared_for_##dir / "models/stories260K";                     \
-  if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << dir << " is missing"; \
+#define KILN_REQUIRE_STORIES(dir)            \
+  const std::filesystem::path dir = stories_dir(); \
   if (!std::filesystem::exists(kiln_binary())) GTEST_SKIP() << kiln_binary() << " is not built"
 
 inline std::vector<std::string> stories_arguments(const std::filesystem::path& dir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> arguments = {"--model", dir.string(), "--chat-template", chat_template_file().string()};
+  std::vector<std::string> arguments = {"--model", dir.string()};
   arguments.insert(arguments.end(), extra.begin(), extra.end());
   return arguments;
 }

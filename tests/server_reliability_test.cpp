@@ -326,7 +326,7 @@ TEST(ServerReliabilityInProcess, SampledIdsWithoutATokenDecodeToNothingAndReques
     tokenizer["model"]["vocab"] = kept;
     tokenizer["model"]["merges"] = nlohmann::json::array();
   });
-  const TokenizerCodec codec(model_dir, read_file(chat_template_file()));
+  const TokenizerCodec codec(model_dir, read_file(stories_dir() / "chat_template.jinja"));
   ASSERT_EQ(codec.tokenizer().vocab_size(), 259);
   EXPECT_EQ(codec.token_text(400), "");
   StreamingDecoder decoder(codec.tokenizer(), true);
@@ -393,7 +393,7 @@ class FailingStreamCodec final : public TextCodec {
 
 TEST(ServerReliabilityInProcess, AFailureAfterAcceptanceIs500OrAnErrorEventThatEndsTheStream) {
   KILN_REQUIRE_STORIES(stories);
-  const TokenizerCodec stories_codec(stories, read_file(chat_template_file()));
+  const TokenizerCodec stories_codec(stories, read_file(stories_dir() / "chat_template.jinja"));
   const FailingStreamCodec codec(stories_codec);
   TestModel loaded = open_cpu_model(stories);
   InProcessServer server(*loaded.model, codec);

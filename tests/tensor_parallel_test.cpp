@@ -82,9 +82,7 @@ std::string case_name(const ::testing::TestParamInfo<SplitCase>& info) {
 class TensorParallel : public ::testing::TestWithParam<SplitCase> {
  protected:
   void SetUp() override {
-    auto shared = shared_dir();
-    if (!shared) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
-    fixture_ = *shared / "fixtures/tiny" / GetParam().fixture;
+    fixture_ = fixtures_dir() / GetParam().fixture;
     prompt_ = fixture_prompt(fixture_);
   }
   std::filesystem::path fixture_;
@@ -160,8 +158,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel,
                          case_name);
 
 TEST(TensorParallelShards, EachRankHoldsOnlyItsRowsAndColumns) {
-  KILN_REQUIRE_SHARED(shared);
-  const ModelPlan plan = plan_model(shared / "fixtures/tiny/llama3-tiny/f32", Device::CPU, true);
+  const ModelPlan plan = plan_model(fixtures_dir() / "llama3-tiny/f32", Device::CPU, true);
   const ModelConfig& config = plan.config;
   const Tensor q_full = plan.checkpoint.view("model.layers.1.self_attn.q_proj.weight");
   const Tensor k_full = plan.checkpoint.view("model.layers.1.self_attn.k_proj.weight");
@@ -202,8 +199,7 @@ TEST(TensorParallelShards, EachRankHoldsOnlyItsRowsAndColumns) {
 }
 
 TEST(TensorParallelShards, GatedDeltaNetRanksHoldTheirKeyHeadsWithTheirValueHeads) {
-  KILN_REQUIRE_SHARED(shared);
-  const ModelPlan plan = plan_model(shared / "fixtures/tiny/qwen3_5-text-tiny/f32", Device::CPU, true);
+  const ModelPlan plan = plan_model(fixtures_dir() / "qwen3_5-text-tiny/f32", Device::CPU, true);
   const ModelConfig& config = plan.config;
   const int64_t key_dim = config.linear_key_head_dim, value_dim = config.linear_value_head_dim;
   const int64_t key_width = config.linear_num_key_heads * key_dim;
@@ -236,8 +232,7 @@ TEST(TensorParallelShards, GatedDeltaNetRanksHoldTheirKeyHeadsWithTheirValueHead
 }
 
 TEST(TensorParallelShards, RowAndColumnRangesOutsideTheTensorFailNamingIt) {
-  KILN_REQUIRE_SHARED(shared);
-  const ModelPlan plan = plan_model(shared / "fixtures/tiny/llama3-tiny/f32", Device::CPU, true);
+  const ModelPlan plan = plan_model(fixtures_dir() / "llama3-tiny/f32", Device::CPU, true);
   for (const TensorShard& shard : {TensorShard{TensorShard::Axis::Rows, {RowBlock{60, 8}}},
                                    TensorShard{TensorShard::Axis::Columns, {}, 60, 8}}) {
     WeightMap weights(plan.checkpoint, plan.load_plan);
@@ -282,27 +277,25 @@ TEST(TensorParallelChecks, IndivisibleConfigsFailNamingTheFieldAndN) {
 }
 
 TEST(TensorParallelChecks, UnsplittableModelsFailBeforeLoading) {
-  KILN_REQUIRE_SHARED(shared);
   auto backend_a = make_cpu_backend(), backend_b = make_cpu_backend(), backend_c = make_cpu_backend();
-  const ModelPlan llama = plan_model(shared / "fixtures/tiny/llama3-tiny/f32", Device::CPU, true);
+  const ModelPlan llama = plan_model(fixtures_dir() / "llama3-tiny/f32", Device::CPU, true);
   EXPECT_EQ(error_of([&] { build_tensor_parallel_model(llama, {backend_a.get(), backend_b.get(), backend_c.get()}, std::nullopt, 1); }),
             "tensor parallelism over 3 ranks: num_attention_heads = 4 is not divisible by 3");
   auto backend_d = make_cpu_backend();
-  const ModelPlan hybrid = plan_model(shared / "fixtures/tiny/qwen3_5-text-tiny/f32", Device::CPU, true);
+  const ModelPlan hybrid = plan_model(fixtures_dir() / "qwen3_5-text-tiny/f32", Device::CPU, true);
   EXPECT_EQ(error_of([&] {
               build_tensor_parallel_model(hybrid, {backend_a.get(), backend_b.get(), backend_c.get(), backend_d.get()},
                                           std::nullopt, 1);
             }),
             "tensor parallelism over 4 ranks: linear_num_key_heads = 2 is not divisible by 4");
-  const ModelPlan quantized = plan_model(source_dir() / "tests/data/fixtures/qwen3-mlx-tiny/q", Device::CPU, true);
+  const ModelPlan quantized = plan_model(fixtures_dir() / "qwen3-mlx-tiny/q", Device::CPU, true);
   expect_error_mentions([&] { build_tensor_parallel_model(quantized, {backend_a.get(), backend_b.get()}, std::nullopt, 1); },
                         {"tensor parallelism over quantized weights (mlx) is not supported"});
 }
 
 TEST(TensorParallelCli, LogitsSplitOverTwoRanksMatchOneRank) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir temp;
-  const std::string model = (shared / "fixtures/tiny/qwen3-tiny/f32").string();
+  const std::string model = (fixtures_dir() / "qwen3-tiny/f32").string();
   std::string ids = " --ids 1";
   for (int id = 2; id <= 100; ++id) ids += fmt::format(",{}", id);
   ids += " --prefill-chunk 64 --threads 2";
@@ -321,8 +314,7 @@ TEST(TensorParallelCli, LogitsSplitOverTwoRanksMatchOneRank) {
 }
 
 TEST(TensorParallelCli, CudaAndIndivisibleSplitsFailWithOneLine) {
-  KILN_REQUIRE_SHARED(shared);
-  const std::string model = (shared / "fixtures/tiny/llama3-tiny/f32").string();
+  const std::string model = (fixtures_dir() / "llama3-tiny/f32").string();
   const FailingCommand cases[] = {
       {"generate --model " + model + " --ids 1 --device cuda --tensor-parallel 2",
        "--tensor-parallel 2 on cuda: NCCL tensor parallelism is not built yet"},

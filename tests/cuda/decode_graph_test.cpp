@@ -39,9 +39,8 @@ class DecodeGraphReplay : public ::testing::TestWithParam<GraphCase> {};
 // shorter contexts, uses one: the replay must still give the same bits.
 TEST_P(DecodeGraphReplay, ReplayIsBitIdenticalToTheDirectStep) {
   KILN_REQUIRE_CUDA();
-  KILN_REQUIRE_SHARED(shared);
   const GraphCase& param = GetParam();
-  const auto fixture = shared / "fixtures/tiny" / param.fixture;
+  const auto fixture = fixtures_dir() / param.fixture;
   TestModel loaded = open_cuda_model(fixture / param.folder, param.activations);
   Model& model = *loaded.model;
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
@@ -269,8 +268,7 @@ TEST(DeviceFeed, MisuseIsReportedWithItsReason) {
 // the host sampler over the same backend must emit the same tokens (same random stream).
 TEST(DecodeGraphGenerate, MatchesADirectLoopWithTheHostSampler) {
   KILN_REQUIRE_CUDA();
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/llama3-tiny";
+  const auto fixture = fixtures_dir() / "llama3-tiny";
   TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
   Model& model = *loaded.model;
   const std::vector<int32_t> full_prompt = fixture_prompt(fixture);
@@ -298,8 +296,7 @@ TEST(DecodeGraphGenerate, MatchesADirectLoopWithTheHostSampler) {
 // directly with the host sampler; every request must still equal its solo generate() run.
 TEST(DecodeGraphScheduler, ConcurrentRequestsEqualTheirSoloRuns) {
   KILN_REQUIRE_CUDA();
-  KILN_REQUIRE_SHARED(shared);
-  const auto fixture = shared / "fixtures/tiny/qwen3-tiny";
+  const auto fixture = fixtures_dir() / "qwen3-tiny";
   TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
   const std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, 30);

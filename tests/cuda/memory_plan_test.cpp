@@ -86,10 +86,9 @@ std::filesystem::path write_four_layer_llama_1b(const TempDir& temp) {
 
 TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansForEachFamily) {
   KILN_REQUIRE_CUDA();
-  KILN_REQUIRE_SHARED(shared);
   for (const char* family : {"llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny"}) {
     SCOPED_TRACE(family);
-    const auto dir = shared / "fixtures/tiny" / family;
+    const auto dir = fixtures_dir() / family;
     // Three sequences take a cache of four slots (decode_bucket) and graphs of 1, 2 and 4 rows.
     expect_the_allocator_holds_the_plan(dir / "bf16", DType::BF16, {3, 1000, 64});
     expect_the_allocator_holds_the_plan(dir / "f32", DType::F32, {3, 1000, 64});
@@ -102,7 +101,7 @@ TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansForQuantizedModels) {
   // decode reads them packed (or decoded, where the fused kernel does not take the weight).
   for (const char* fixture : {"qwen3-mlx-tiny", "llama3-fp8-tiny"}) {
     SCOPED_TRACE(fixture);
-    const auto dir = source_dir() / "tests/data/fixtures" / fixture / "q";
+    const auto dir = fixtures_dir() / fixture / "q";
     expect_the_allocator_holds_the_plan(dir, DType::BF16, {3, 1000, 64});
     expect_the_allocator_holds_the_plan(dir, DType::F32, {3, 1000, 64});
   }

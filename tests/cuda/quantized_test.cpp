@@ -163,8 +163,6 @@ TEST(CudaQuantizedEmbedding, RowsAreTheDecodedRowsRoundedToTheOutput) {
   }
 }
 
-std::filesystem::path project_fixture(const std::string& name) { return source_dir() / "tests/data/fixtures" / name; }
-
 class CudaQuantizedFixture : public ::testing::TestWithParam<std::string> {};
 
 // The fixtures' bf16 rule (../shared/fixtures/README.md): against the float64 logits of the
@@ -172,7 +170,7 @@ class CudaQuantizedFixture : public ::testing::TestWithParam<std::string> {};
 // row within 1.5 × transformers' worst.
 TEST_P(CudaQuantizedFixture, Bf16ActivationsMeetTheFixturesBf16Rule) {
   KILN_REQUIRE_CUDA();
-  const auto fixture = project_fixture(GetParam());
+  const auto fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cuda_model(fixture / "q", DType::BF16);
   const Tensor logits = prompt_logits(*loaded.model, fixture_prompt(fixture), kWholePrompt);
   const auto [ours, theirs] = bf16_row_errors(logits, fixture / "q");
@@ -190,7 +188,7 @@ TEST_P(CudaQuantizedFixture, Bf16ActivationsMeetTheFixturesBf16Rule) {
 // decoded scratch and, for the last positions, one token at a time through the fused decode kernel).
 TEST_P(CudaQuantizedFixture, Bf16LogitsAreBitIdenticalOneShotChunkedAndDecoded) {
   KILN_REQUIRE_CUDA();
-  const auto fixture = project_fixture(GetParam());
+  const auto fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cuda_model(fixture / "q", DType::BF16);
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
   const Tensor whole = prompt_logits(*loaded.model, prompt, kWholePrompt);

@@ -1,6 +1,6 @@
 // Drives a running `kiln serve` with the official openai and @anthropic-ai/sdk npm clients.
-// Run by tests/server_test.cpp (ServerNpm.*) against stories260K served with
-// tests/data/stories_chat_template.jinja; standalone:
+// Run by tests/server_test.cpp (ServerNpm.*) against stories260K (models/stories260K) served with its
+// own chat template; standalone:
 //   KILN_BASE_URL=http://127.0.0.1:PORT KILN_MODEL=stories260K node tests/npm/server_client.mjs
 import test from 'node:test';
 import assert from 'node:assert/strict';
