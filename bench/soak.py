@@ -737,6 +737,8 @@ def scheduler_gauges(host, port):
     for line in body.decode().splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
+            # Every series carries the server's model_name label: the keys here leave it out.
+            name = re.sub(r'model_name="(?:[^"\\]|\\.)*",?', "", name).replace("{}", "")
             values[name] = float(value)
     return values
 
@@ -768,8 +770,10 @@ def start_server(args, log_path):
     deadline = time.monotonic() + 300  # a large model on a GPU can take minutes to load
     while time.monotonic() < deadline:
         with open(log_path) as text:
-            match = re.search(r"listening on http://([\d.]+):(\d+)", text.read())
-        if match:
+            log_text = text.read()
+        # The port opens before the weights load: wait until the model is served.
+        match = re.search(r"listening on http://([\d.]+):(\d+)", log_text)
+        if match and "ready in" in log_text:
             return server, match.group(1), int(match.group(2)), command
         if server.poll() is not None:
             with open(log_path) as text:

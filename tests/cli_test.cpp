@@ -109,6 +109,31 @@ TEST(Cli, EveryCommandHasHelp) {
   }
 }
 
+TEST(Cli, HelpShowsDefaultsAndServeFlagsComeFromTheEnvironmentOrAFile) {
+  const CommandResult help = run_command(kiln_command("serve --help"));
+  EXPECT_NE(help.output.find("--port UINT=8080 (Env:KILN_PORT)"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("--max-batch INT=8"), std::string::npos) << help.output;
+  const std::string model = stories_dir().string();
+  // A value from the environment is checked like one on the command line...
+  const CommandResult from_environment =
+      run_command("{ KILN_MAX_BATCH=1000000 " + kiln_command("serve --model " + model + " --port 0") + " 2>&1; }");
+  EXPECT_EQ(from_environment.exit_code, 1) << from_environment.output;
+  EXPECT_NE(from_environment.output.find("1000000 sequences"), std::string::npos) << from_environment.output;
+  // ...and so is one from --config, which the command line overrides.
+  TempDir dir;
+  std::ofstream(dir.path() / "serve.toml") << "max-batch = 1000000\nport = 0\n";
+  const std::string with_config = "serve --model " + model + " --config " + (dir.path() / "serve.toml").string();
+  const CommandResult from_file = run_command("{ " + kiln_command(with_config) + " 2>&1; }");
+  EXPECT_EQ(from_file.exit_code, 1) << from_file.output;
+  EXPECT_NE(from_file.output.find("1000000 sequences"), std::string::npos) << from_file.output;
+  const CommandResult overridden =
+      run_command("{ " + kiln_command(with_config + " --max-batch 2000000") + " 2>&1; }");
+  EXPECT_NE(overridden.output.find("2000000 sequences"), std::string::npos) << overridden.output;
+  std::ofstream(dir.path() / "bad.toml") << "max-batches = 4\n";
+  expect_one_line_error({"serve --model " + model + " --config " + (dir.path() / "bad.toml").string(),
+                         "'max-batches' is not a kiln serve flag"});
+}
+
 TEST(Cli, FitSaysWhetherTheModelAndContextFit) {
   const std::string model = (stories_dir()).string();
   const CommandResult fits = run_command(kiln_command("fit --model " + model + " --max-batch 4"));

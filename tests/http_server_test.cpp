@@ -420,6 +420,40 @@ std::string completion(int max_tokens) {
   return json{{"model", "stories260K"}, {"prompt", "The cat"}, {"max_tokens", max_tokens}, {"temperature", 0}}.dump();
 }
 
+TEST(HttpServerLive, ListensWhileTheModelLoadsAndSaysSo) {
+  ServerOptions options;
+  options.http.host = "127.0.0.1";
+  options.http.port = 0;
+  options.model_name = "stories260K";
+  options.vocab_size = 512;
+  Server server(options);
+  server.start();
+  auto health = http_exchange(server.port(), "GET", "/health", "", "", 5s);
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(json::parse(health->body)["status"], "loading");
+  EXPECT_EQ(health->headers["retry-after"], "1");
+  auto early = http_exchange(server.port(), "POST", "/v1/completions", completion(4), "", 5s);
+  ASSERT_TRUE(early);
+  EXPECT_EQ(early->status, 503);
+  EXPECT_EQ(json::parse(early->body)["error"]["code"], "model_loading") << early->body;
+  auto metrics = http_exchange(server.port(), "GET", "/metrics", "", "", 5s);
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+
+  TestModel model = open_cpu_model(stories_dir());
+  const TokenizerCodec codec(stories_dir(), std::nullopt);
+  Scheduler scheduler(*model.model, LiveServer::scheduler_options());
+  server.serve_model(scheduler, codec);
+  health = http_exchange(server.port(), "GET", "/health", "", "", 5s);
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto ready = http_exchange(server.port(), "POST", "/v1/completions", completion(4), "", 10s);
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 200) << ready->body;
+  server.shutdown();
+}
+
 TEST(HttpServerLive, HeadHealthIsAHeadOnlyAndTheConnectionGoesOn) {
   KILN_REQUIRE_STORIES(dir);
   LiveServer live(dir, 5s);

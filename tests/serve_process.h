@@ -62,6 +62,9 @@ class ServeProcess {
       else
         std::this_thread::sleep_for(50ms);
     }
+    // The port opens before the weights load (/health says "loading" until then).
+    for (int i = 0; i < 600 && port_ != 0 && running() && log().find("ready in") == std::string::npos; ++i)
+      std::this_thread::sleep_for(50ms);
   }
   ~ServeProcess() {
     if (pid_ > 0 && running()) stop(SIGKILL, 5s);
@@ -134,7 +137,9 @@ inline double metric_value(uint16_t port, const std::string& name) {
   auto response = http_exchange(port, "GET", "/metrics", "");
   if (!response) return -1;
   std::smatch match;
-  if (!std::regex_search(response->body, match, std::regex("\n" + name + " ([0-9.e+-]+)\n"))) return -1;
+  // Every series carries the server's model_name label (and only that, for the gauges read here).
+  if (!std::regex_search(response->body, match, std::regex("\n" + name + "\\{model_name=\"[^\"]*\"\\} ([0-9.e+-]+)\n")))
+    return -1;
   return std::stod(match[1]);
 }
 

@@ -23,6 +23,8 @@
 #include "server/http_server.h"
 #include "server/json_fields.h"
 #include "server/metrics.h"
+#include "server/cors.h"
+#include "server/request_log.h"
 #include "server/openai_api.h"
 #include "engine/stop_matcher.h"
 #include "serve_process.h"
@@ -392,8 +394,77 @@ TEST(ServerValidation, ContextBudget) {
   }
 }
 
+TEST(Cors, LoopbackPagesAndListedOriginsAreAllowedAndPreflightsAnswered) {
+  CorsPolicy policy;
+  policy.allowed_origins = {"https://app.example"};
+  for (const char* origin : {"http://localhost:5173", "http://127.0.0.1", "https://[::1]:8443", "https://app.example"})
+    EXPECT_TRUE(policy.allows(origin)) << origin;
+  for (const char* origin : {"https://evil.example", "http://localhost.evil.example", "null", "http://app.example",
+                             "https://app.example:444", "file://localhost"})
+    EXPECT_FALSE(policy.allows(origin)) << origin;
+  policy.allow_loopback_origins = false;
+  EXPECT_FALSE(policy.allows("http://localhost:5173"));
+  policy.allowed_origins = {"*"};
+  EXPECT_TRUE(policy.allows("https://evil.example"));
+
+  HttpRequest preflight{"OPTIONS", "/v1/chat/completions", "",
+                        {{"origin", "https://web.example"},
+                         {"access-control-request-method", "POST"},
+                         {"access-control-request-headers", "authorization, content-type"}},
+                        ""};
+  const std::optional<HttpResponse> answer = policy.preflight(preflight);
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(answer->status, 204);
+  const auto header = [&](const std::string& name) {
+    for (const auto& [key, value] : answer->headers)
+      if (key == name) return value;
+    return std::string();
+  };
+  EXPECT_EQ(header("Access-Control-Allow-Origin"), "https://web.example");
+  EXPECT_EQ(header("Access-Control-Allow-Headers"), "authorization, content-type");
+  EXPECT_NE(header("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  policy.allowed_origins.clear();
+  const std::optional<HttpResponse> refused = policy.preflight(preflight);
+  ASSERT_TRUE(refused);
+  EXPECT_TRUE(refused->headers.empty()) << "a refused origin gets no grant";
+  preflight.headers.pop_back();
+  preflight.headers.pop_back();
+  EXPECT_FALSE(policy.preflight(preflight)) << "an OPTIONS without Access-Control-Request-Method is no preflight";
+}
+
+TEST(RequestLog, OneLineOfTextOrJsonPerRequest) {
+  RequestRecord record;
+  record.id = 7;
+  record.method = "POST";
+  record.path = "/v1/chat/completions";
+  record.status = 200;
+  record.stream = true;
+  record.prompt_tokens = 15;
+  record.generated_tokens = 32;
+  record.cached_tokens = 0;
+  record.time_to_first_token_seconds = 0.0123;
+  EXPECT_EQ(format_request_log(record, 0.2105, LogFormat::Text),
+            "request 7 POST /v1/chat/completions 200 prompt=15 generated=32 cached=0 stream ttft=12.3ms "
+            "duration=210.5ms");
+  const json line = json::parse(format_request_log(record, 0.2105, LogFormat::Json));
+  EXPECT_EQ(line["request_id"], 7);
+  EXPECT_EQ(line["status"], 200);
+  EXPECT_EQ(line["generated_tokens"], 32);
+  EXPECT_EQ(line["cached_tokens"], 0);
+  EXPECT_NEAR(line["time_to_first_token_ms"].get<double>(), 12.3, 1e-9);
+  EXPECT_NEAR(line["duration_ms"].get<double>(), 210.5, 1e-9);
+  RequestRecord refused;
+  refused.id = 8;
+  refused.method = "GET";
+  refused.path = "/nowhere";
+  refused.status = 404;
+  EXPECT_EQ(format_request_log(refused, 0.001, LogFormat::Text), "request 8 GET /nowhere 404 duration=1.0ms");
+  EXPECT_FALSE(json::parse(format_request_log(refused, 0.001, LogFormat::Json)).contains("prompt_tokens"));
+  EXPECT_THROW(parse_log_format("xml"), Error);
+}
+
 TEST(ServerMetrics, PrometheusTextHasCountersGaugesAndHistograms) {
-  ServerMetrics metrics;
+  ServerMetrics metrics("stories\"260K");
   metrics.count_request("chat", FinishReason::Stop);
   metrics.count_request("chat", FinishReason::Stop);
   metrics.count_response(200);
@@ -405,13 +476,13 @@ TEST(ServerMetrics, PrometheusTextHasCountersGaugesAndHistograms) {
   stats.cache_tokens_used = 128;
   stats.cache_tokens_total = 512;
   const std::string text = metrics.render(stats);
-  EXPECT_NE(text.find("kiln_requests_total{endpoint=\"chat\",finish_reason=\"stop\"} 2\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("kiln_prompt_tokens_total 7\n"), std::string::npos);
-  EXPECT_NE(text.find("kiln_requests_waiting 2\n"), std::string::npos);
-  EXPECT_NE(text.find("kiln_kv_cache_usage_ratio 0.25\n"), std::string::npos);
-  EXPECT_NE(text.find("kiln_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0\n"), std::string::npos);
-  EXPECT_NE(text.find("kiln_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"), std::string::npos);
-  EXPECT_NE(text.find("kiln_inter_token_latency_seconds_count 1\n"), std::string::npos);
+  EXPECT_NE(text.find("kiln_requests_total{model_name=\"stories\\\"260K\",endpoint=\"chat\",finish_reason=\"stop\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("kiln_prompt_tokens_total{model_name=\"stories\\\"260K\"} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("kiln_requests_waiting{model_name=\"stories\\\"260K\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("kiln_kv_cache_usage_ratio{model_name=\"stories\\\"260K\"} 0.25\n"), std::string::npos);
+  EXPECT_NE(text.find("kiln_time_to_first_token_seconds_bucket{model_name=\"stories\\\"260K\",le=\"0.0025\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("kiln_time_to_first_token_seconds_bucket{model_name=\"stories\\\"260K\",le=\"0.005\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("kiln_inter_token_latency_seconds_count{model_name=\"stories\\\"260K\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE kiln_time_to_first_token_seconds histogram\n"), std::string::npos);
 }
 
@@ -456,6 +527,33 @@ TEST_F(ServerEndToEnd, HealthModelsAndMetrics) {
         "kiln_inter_token_latency_seconds_bucket", "kiln_generation_tokens_total"})
     EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
   EXPECT_NE(server_->log().find("ready in"), std::string::npos) << "the load time is not logged";
+}
+
+TEST_F(ServerEndToEnd, EachRequestIsOneLogLineAndBrowsersFromLoopbackPagesMayCall) {
+  auto response = http_exchange(port_, "POST", "/v1/completions",
+                                json{{"model", "stories260K"}, {"prompt", "The fox"}, {"max_tokens", 5},
+                                     {"ignore_eos", true}}.dump(),
+                                "Origin: http://localhost:5173\r\n");
+  ASSERT_TRUE(response);
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(response->headers["access-control-allow-origin"], "http://localhost:5173");
+  const std::regex line(R"(kiln: request \d+ POST /v1/completions 200 prompt=5 generated=5 cached=0 ttft=[0-9.]+ms )"
+                        R"(duration=[0-9.]+ms\n)");
+  bool logged = false;
+  for (int i = 0; i < 50 && !logged; ++i) {
+    logged = std::regex_search(server_->log(), line);
+    if (!logged) std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(logged) << server_->log();
+  auto preflight = http_exchange(port_, "OPTIONS", "/v1/chat/completions", "",
+                                 "Origin: http://127.0.0.1:3000\r\nAccess-Control-Request-Method: POST\r\n");
+  ASSERT_TRUE(preflight);
+  EXPECT_EQ(preflight->status, 204);
+  EXPECT_EQ(preflight->headers["access-control-allow-origin"], "http://127.0.0.1:3000");
+  auto foreign = http_exchange(port_, "GET", "/v1/models", "", "Origin: https://elsewhere.example\r\n");
+  ASSERT_TRUE(foreign);
+  EXPECT_EQ(foreign->status, 200);
+  EXPECT_EQ(foreign->headers.count("access-control-allow-origin"), 0u);
 }
 
 TEST_F(ServerEndToEnd, UsageCountsThePromptAfterTemplatingAndEveryGeneratedToken) {

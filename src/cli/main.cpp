@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln: run open-weight language models on NVIDIA GPUs and CPUs"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln 0.1.0");
+  // Every --help shows each option's default (subcommands inherit this from the app).
+  app.option_defaults()->always_capture_default();
   for (auto& install : kiln::cli::command_installers()) install(app);
   std::string commands;
   bool known = false;

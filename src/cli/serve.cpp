@@ -6,12 +6,19 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "cli/command.h"
 #include "cli/model_options.h"
@@ -39,6 +46,10 @@ struct ServeCommand {
   size_t max_body_bytes = 8u << 20;
   int max_connections = 0;  // 0: what the descriptor limit allows
   int max_concurrent_requests = 256;
+  std::vector<std::string> allowed_origins;
+  bool no_loopback_origins = false;
+  std::string log_format = "text";
+  std::string config_file;
 };
 
 std::string read_text_file(const std::string& path) {
@@ -47,6 +58,30 @@ std::string read_text_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// --config FILE: `name = value` lines (TOML, or INI; read by CLI11's reader), a serve flag's long
+// name each, with or without a [serve] section. A flag the command line or the environment gave
+// keeps that value. (CLI11 2.1 reads config files for the top-level app only, hence this.)
+void apply_config_file(CLI::App& command, const std::string& path) {
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_file(path);
+  } catch (const CLI::Error& error) {
+    fail("--config {}: {}", path, error.what());
+  }
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // CLI11's marks of a section's start and end
+    if (!item.parents.empty() && item.parents != std::vector<std::string>{"serve"})
+      fail("--config {}: [{}] is not a section kiln serve reads (only [serve], or none)", path, item.fullname());
+    std::string name = item.name;
+    std::replace(name.begin(), name.end(), '_', '-');
+    CLI::Option* option = command.get_option_no_throw("--" + name);
+    if (!option || name == "config" || name == "help") fail("--config {}: '{}' is not a kiln serve flag", path, item.name);
+    if (option->count() > 0) continue;
+    option->add_result(item.inputs);
+    option->run_callback();
+  }
 }
 
 std::chrono::milliseconds to_milliseconds(double seconds) {
@@ -93,23 +128,23 @@ void serve(const ServeCommand& options) {
   raise_descriptor_limit();
 
   const auto load_start = std::chrono::steady_clock::now();
+  // Everything that reads no weight comes first, so that a model that cannot be served fails
+  // before the port opens: the plan, the memory check and the tokenizer.
   PreparedModel prepared = prepare_model(options.model, options.sizes);
   // The KV cache is slots x context: the model's context, or less when --max-context asks.
   const int64_t context = options.sizes.context(prepared.plan.config);
   refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
-  OpenedModel opened = build_prepared_model(std::move(prepared));
-  const ModelConfig& config = opened.model->config();
   std::optional<std::string> chat_template;
   if (!options.chat_template.empty()) chat_template = read_text_file(options.chat_template);
   const TokenizerCodec codec(options.model.model_dir, chat_template);
-  codec.tokenizer().check_fits_model(config.vocab_size);
+  const int64_t vocab_size = prepared.plan.config.vocab_size;
+  codec.tokenizer().check_fits_model(vocab_size);
 
   SchedulerOptions scheduler_options;
   scheduler_options.max_batch = options.sizes.max_batch;
   scheduler_options.context_tokens = context;
   scheduler_options.max_queue = options.max_queue;
   scheduler_options.prefill_chunk = options.sizes.prefill_chunk;
-  Scheduler scheduler(*opened.model, scheduler_options);
 
   server::ServerOptions server_options;
   server_options.http.host = options.host;
@@ -119,23 +154,56 @@ void serve(const ServeCommand& options) {
   server_options.http.max_concurrent_requests = options.max_concurrent_requests;
   server_options.http.request_timeout = to_milliseconds(options.request_timeout_seconds);
   server_options.http.idle_timeout = to_milliseconds(options.idle_timeout_seconds);
+  server_options.http.cors.allowed_origins = options.allowed_origins;
+  server_options.http.cors.allow_loopback_origins = !options.no_loopback_origins;
+  server_options.request_log = server::parse_log_format(options.log_format);
   server_options.model_name =
       options.served_model_name.empty()
           ? std::filesystem::path(options.model.model_dir).lexically_normal().filename().string()
           : options.served_model_name;
   if (server_options.model_name.empty()) server_options.model_name = "model";
-  server_options.vocab_size = config.vocab_size;
+  server_options.vocab_size = vocab_size;
   server_options.api_key = options.api_key;
   server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
-  server::Server server(scheduler, codec, server_options);
+
+  // Declared before the server, which uses them until it is destroyed.
+  std::optional<OpenedModel> opened;
+  std::optional<Scheduler> scheduler;
+  server::Server server(server_options);
   server.start();
+  fmt::print(stderr, "kiln: listening on http://{}:{} (up to {} connections, {} requests handled at once); loading {}\n",
+             options.host, server.port(), server.connection_limit(), options.max_concurrent_requests,
+             server_options.model_name);
+
+  // The weights load on a thread while this one watches for signals: an interrupted load ends the
+  // process at once (nothing is being served yet).
+  std::exception_ptr load_failure;
+  std::atomic<bool> loaded{false};
+  std::thread loader([&] {
+    try {
+      opened.emplace(build_prepared_model(std::move(prepared)));
+      scheduler.emplace(*opened->model, scheduler_options);
+      server.serve_model(*scheduler, codec);
+    } catch (...) {
+      load_failure = std::current_exception();
+    }
+    loaded.store(true);
+  });
+  const timespec load_poll{0, 50'000'000};
+  while (!loaded.load()) {
+    const int signal_number = sigtimedwait(&signals, nullptr, &load_poll);
+    if (signal_number > 0) {
+      fmt::print(stderr, "kiln: {} received while loading; stopping\n", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+      std::_Exit(128 + signal_number);
+    }
+  }
+  loader.join();
+  if (load_failure) std::rethrow_exception(load_failure);
   const double load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
   fmt::print(stderr, "kiln: serving {} ({} on {}, batch {}, context {}) — ready in {:.0f} ms\n",
-             server_options.model_name, config.model_type, opened.backend->name(), scheduler_options.max_batch,
-             scheduler_options.context_tokens, load_ms);
-  fmt::print(stderr, "kiln: listening on http://{}:{} (up to {} connections, {} requests handled at once)\n",
-             options.host, server.port(), server.connection_limit(), options.max_concurrent_requests);
+             server_options.model_name, opened->model->config().model_type, opened->backend->name(),
+             scheduler_options.max_batch, scheduler_options.context_tokens, load_ms);
 
   int received = 0;
   while (sigwait(&signals, &received) != 0) {
@@ -192,7 +260,29 @@ RegisterCommand register_serve([](CLI::App& app) {
       ->add_option("--max-concurrent-requests", options->max_concurrent_requests,
                    "Requests handled at once beyond which new ones get 503 (/health is always answered)")
       ->check(CLI::PositiveNumber);
-  command->callback([options] { serve(*options); });
+  command->add_option("--allowed-origins", options->allowed_origins,
+                      "Web origins whose pages may call the server (CORS), e.g. https://app.example; * for any")
+      ->delimiter(',');
+  command->add_flag("--no-loopback-origins", options->no_loopback_origins,
+                    "Refuse pages served from this machine (localhost, 127.0.0.1, [::1]) too, unless listed");
+  command->add_option("--log-format", options->log_format, "The per-request log line: text, or one JSON object")
+      ->check(CLI::IsMember({"text", "json"}));
+  command->add_option("--config", options->config_file,
+                      "A file of serve flags, one `name = value` a line (TOML or INI): the command line and the "
+                      "environment win over it")
+      ->check(CLI::ExistingFile);
+  // Every flag can also come from the environment (KILN_PORT for --port, ...) and from --config;
+  // the command line wins, then the environment.
+  for (CLI::Option* option : command->get_options()) {
+    if (option->get_lnames().empty() || option->get_lnames().front() == "help") continue;
+    std::string variable = "KILN_" + option->get_lnames().front();
+    for (char& c : variable) c = c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    option->envname(variable);
+  }
+  command->callback([options, command] {
+    if (!options->config_file.empty()) apply_config_file(*command, options->config_file);
+    serve(*options);
+  });
 });
 
 }  // namespace

@@ -145,8 +145,13 @@ class BufferSink {
 template <class Stream>
 class Exchange final : public HttpExchange {
  public:
-  Exchange(Stream& stream, unsigned version, bool keep_alive, bool head_only)
-      : stream_(stream), version_(version), keep_alive_(keep_alive), head_only_(head_only) {}
+  // `common_headers` go on the response whatever it is (the CORS grant).
+  Exchange(Stream& stream, unsigned version, bool keep_alive, bool head_only, HeaderList common_headers)
+      : stream_(stream),
+        version_(version),
+        keep_alive_(keep_alive),
+        head_only_(head_only),
+        common_headers_(std::move(common_headers)) {}
 
   void respond(const HttpResponse& response) override {
     if (responded_) fail("an HTTP response was already sent for this request");
@@ -154,6 +159,7 @@ class Exchange final : public HttpExchange {
     http::response<http::string_body> message{static_cast<http::status>(response.status), version_};
     message.set(http::field::server, "kiln");
     message.set(http::field::content_type, response.content_type);
+    for (const auto& [name, value] : common_headers_) message.set(name, value);
     for (const auto& [name, value] : response.headers) message.set(name, value);
     message.body() = response.body;
     message.keep_alive(keep_alive_);
@@ -179,6 +185,7 @@ class Exchange final : public HttpExchange {
     message.set(http::field::server, "kiln");
     message.set(http::field::content_type, content_type);
     message.set(http::field::cache_control, "no-cache");
+    for (const auto& [name, value] : common_headers_) message.set(name, value);
     for (const auto& [name, value] : headers) message.set(name, value);
     message.keep_alive(keep_alive_);
     if (chunked_) message.chunked(true);
@@ -222,6 +229,7 @@ class Exchange final : public HttpExchange {
   unsigned version_;
   bool keep_alive_;
   bool head_only_;
+  HeaderList common_headers_;
   bool responded_ = false;
   bool streaming_ = false;
   bool chunked_ = true;

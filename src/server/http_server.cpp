@@ -340,7 +340,7 @@ class HttpServer::Impl {
       HttpRequestReader& reader = connection.reader;
       if (reader.failed()) {
         respond_now(connection, error_body_(reader.error_status(), reader.error_message(), reader.path()), 11, false,
-                    false);
+                    false, {});
         return;
       }
       if (reader.expects_continue() && !connection.continue_sent) send_continue(connection);
@@ -366,10 +366,15 @@ class HttpServer::Impl {
     connection.continue_sent = false;
     connection.served_one = true;
     const bool head = request.method == "HEAD";
+    HeaderList cors = options_.cors.response_headers(request);
+    if (auto preflight = options_.cors.preflight(request)) {
+      respond_now(connection, std::move(*preflight), version, keep_alive, head, {});
+      return;
+    }
     if (std::find(options_.event_loop_paths.begin(), options_.event_loop_paths.end(), request.path) !=
         options_.event_loop_paths.end()) {
       BufferSink sink(connection.output);
-      Exchange<BufferSink> exchange(sink, version, keep_alive, head);
+      Exchange<BufferSink> exchange(sink, version, keep_alive, head, std::move(cors));
       run_handler(request, exchange);
       send_output(connection, !exchange.reusable());
       return;
@@ -380,21 +385,22 @@ class HttpServer::Impl {
                               fmt::format("the server is handling as many requests as it may at once ({})",
                                           options_.max_concurrent_requests),
                               request.path),
-                  version, keep_alive, head);
+                  version, keep_alive, head, std::move(cors));
       return;
     }
-    start_handler(connection, std::move(request), version, keep_alive, head);
+    start_handler(connection, std::move(request), version, keep_alive, head, std::move(cors));
   }
 
   // --- responses written by the event loop ---
 
-  void respond_now(Connection& connection, HttpResponse response, unsigned version, bool keep_alive, bool head) {
+  void respond_now(Connection& connection, HttpResponse response, unsigned version, bool keep_alive, bool head,
+                   HeaderList common_headers) {
     if (response.status == 503 && std::none_of(response.headers.begin(), response.headers.end(), [](const auto& h) {
           return beast::iequals(h.first, "retry-after");
         }))
       response.headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
     BufferSink sink(connection.output);
-    Exchange<BufferSink> exchange(sink, version, keep_alive, head);
+    Exchange<BufferSink> exchange(sink, version, keep_alive, head, std::move(common_headers));
     exchange.respond(response);
     send_output(connection, !exchange.reusable());
   }
@@ -496,7 +502,7 @@ class HttpServer::Impl {
                     error_body_(408,
                                 fmt::format("the request did not arrive within {} ms", options_.request_timeout.count()),
                                 connection.reader.path()),
-                    11, false, false);
+                    11, false, false, {});
       else
         close_now(connection);  // idle past the idle timeout, a stalled write, or the end of a linger
     }
@@ -513,16 +519,18 @@ class HttpServer::Impl {
 
   // --- handler threads ---
 
-  void start_handler(Connection& connection, HttpRequest request, unsigned version, bool keep_alive, bool head) {
+  void start_handler(Connection& connection, HttpRequest request, unsigned version, bool keep_alive, bool head,
+                     HeaderList common_headers) {
     watch(connection, 0);
     clear_deadline(connection);
     connection.phase = Phase::handling;
     HandlerThread& handler = handlers_.emplace_back();
     Connection* owned = &connection;
     try {
-      handler.thread = std::thread([this, owned, &handler, request = std::move(request), version, keep_alive, head] {
+      handler.thread = std::thread([this, owned, &handler, request = std::move(request), version, keep_alive, head,
+                                    common_headers]() mutable {
         PolledSocket stream(owned->socket, options_.write_timeout, closing_);
-        Exchange<PolledSocket> exchange(stream, version, keep_alive, head);
+        Exchange<PolledSocket> exchange(stream, version, keep_alive, head, std::move(common_headers));
         run_handler(request, exchange);
         owned->keep_open = exchange.reusable();
         {
@@ -536,7 +544,7 @@ class HttpServer::Impl {
       handlers_.pop_back();
       connection.phase = Phase::reading;
       respond_now(connection, error_body_(503, fmt::format("cannot start a handler thread: {}", error.what()), ""),
-                  version, false, head);
+                  version, false, head, std::move(common_headers));
       return;
     }
     ++active_handlers_;

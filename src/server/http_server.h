@@ -26,27 +26,10 @@
 #include <utility>
 #include <vector>
 
+#include "server/cors.h"
+#include "server/http_message.h"
+
 namespace kiln::server {
-
-using HeaderList = std::vector<std::pair<std::string, std::string>>;
-
-struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // the target without its query string
-  std::string query;   // after '?', or empty
-  HeaderList headers;  // names in lower case
-  std::string body;
-
-  // The value of a header (name in lower case), or nullptr.
-  const std::string* header(std::string_view name) const;
-};
-
-struct HttpResponse {
-  int status = 200;
-  std::string content_type = "application/json";
-  HeaderList headers;
-  std::string body;
-};
 
 // The response channel of one request. A handler either calls respond() once, or
 // start_stream() and then write() any number of chunks; the transport ends a stream (last
@@ -88,6 +71,7 @@ struct HttpServerOptions {
   std::chrono::milliseconds request_timeout{30'000};  // first byte to the end of a request
   std::chrono::milliseconds write_timeout{30'000};    // longest a write may make no progress
   int retry_after_seconds = 1;                        // sent with the transport's 503s
+  CorsPolicy cors;  // which other origins' pages may call the server (answered by the transport)
 };
 
 // The connections a server may hold open under the process's RLIMIT_NOFILE: all of it but a

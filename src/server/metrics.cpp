@@ -37,6 +37,44 @@ std::vector<double> latency_bounds() {
   return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 }
 
+// A label value in the exposition format: backslash, double quote and newline escaped.
+std::string escaped_label_value(const std::string& value) {
+  std::string escaped;
+  for (char c : value) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') {
+      escaped += "\\n";
+      continue;
+    }
+    escaped += c;
+  }
+  return escaped;
+}
+
+// `text` with `label` (name="value") added to every sample line: first among a series' labels, or
+// as its only label.
+std::string with_label(const std::string& text, const std::string& label) {
+  std::string labelled;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    if (line.empty() || line[0] == '#') {
+      labelled += line;
+    } else {
+      const size_t name_end = line.find_first_of("{ ");
+      if (name_end != std::string::npos && line[name_end] == '{')
+        labelled += line.substr(0, name_end + 1) + label + "," + line.substr(name_end + 1);
+      else
+        labelled += line.substr(0, name_end) + "{" + label + "}" + line.substr(name_end);
+    }
+    labelled += '\n';
+    start = end + 1;
+  }
+  return labelled;
+}
+
 void append_metric(std::string& text, const std::string& name, const std::string& type, const std::string& help,
                    double value) {
   text += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, value);
@@ -44,8 +82,9 @@ void append_metric(std::string& text, const std::string& name, const std::string
 
 }  // namespace
 
-ServerMetrics::ServerMetrics()
-    : time_to_first_token_(latency_bounds()),
+ServerMetrics::ServerMetrics(std::string model_name)
+    : model_label_("model_name=\"" + escaped_label_value(model_name) + "\""),
+      time_to_first_token_(latency_bounds()),
       inter_token_latency_(latency_bounds()),
       request_duration_(latency_bounds()) {}
 
@@ -114,7 +153,7 @@ std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
                                       "Time from a request's arrival to its first generated token.");
   text += inter_token_latency_.render("kiln_inter_token_latency_seconds", "Time between consecutive generated tokens.");
   text += request_duration_.render("kiln_request_duration_seconds", "Time from arrival to the last token.");
-  return text;
+  return with_label(text, model_label_);
 }
 
 }  // namespace kiln::server

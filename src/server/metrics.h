@@ -32,7 +32,9 @@ class Histogram {
 
 class ServerMetrics final : public GenerationMetrics {
  public:
-  ServerMetrics();
+  // `model_name` labels every series (model_name="..."), as vLLM's metrics do, so that one
+  // Prometheus scrapes several servers apart.
+  explicit ServerMetrics(std::string model_name);
 
   // A generation request that ran, by endpoint ("chat", "completions", "messages") and end.
   void count_request(const std::string& endpoint, FinishReason finish_reason) override;
@@ -45,6 +47,7 @@ class ServerMetrics final : public GenerationMetrics {
   std::string render(const SchedulerStats& scheduler) const;
 
  private:
+  std::string model_label_;  // model_name="...", escaped
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, std::string>, uint64_t> requests_;
   std::map<int, uint64_t> responses_;

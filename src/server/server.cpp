@@ -55,6 +55,27 @@ void after_acceptance(Work&& work) {
   }
 }
 
+// The exchange a handler writes to, noting the status it answers with in the request's record.
+class RecordingExchange final : public HttpExchange {
+ public:
+  RecordingExchange(HttpExchange& exchange, RequestRecord& record) : exchange_(exchange), record_(record) {}
+  void respond(const HttpResponse& response) override {
+    record_.status = response.status;
+    exchange_.respond(response);
+  }
+  bool start_stream(int status, const std::string& content_type, const HeaderList& headers) override {
+    record_.status = status;
+    return exchange_.start_stream(status, content_type, headers);
+  }
+  bool write(std::string_view data) override { return exchange_.write(data); }
+  bool client_gone() override { return exchange_.client_gone(); }
+  bool responded() const override { return exchange_.responded(); }
+
+ private:
+  HttpExchange& exchange_;
+  RequestRecord& record_;
+};
+
 bool constant_time_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
   unsigned char difference = 0;
@@ -85,10 +106,9 @@ void Server::cancel_in_flight() {
   in_flight_done_.notify_all();
 }
 
-Server::Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions options)
-    : scheduler_(scheduler),
-      codec_(codec),
-      options_(std::move(options)),
+Server::Server(ServerOptions options)
+    : options_(std::move(options)),
+      metrics_(options_.model_name),
       http_(
           transport_options(options_.http),
           [this](const HttpRequest& request, HttpExchange& exchange) { handle(request, exchange); },
@@ -98,6 +118,17 @@ Server::Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions optio
                                   "");
           }) {
   if (options_.model_name.empty()) fail("the server needs a model name");
+}
+
+Server::Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions options) : Server(std::move(options)) {
+  serve_model(scheduler, codec);
+}
+
+void Server::serve_model(Scheduler& scheduler, const TextCodec& codec) {
+  if (ready_.load()) fail("the server already serves a model");
+  scheduler_ = &scheduler;
+  codec_ = &codec;
+  ready_.store(true);
 }
 
 Server::~Server() { shutdown(); }
@@ -110,7 +141,7 @@ void Server::shutdown() {
     http_.drain();
     wait_in_flight(options_.shutdown_grace);
     // Whatever is still running is cancelled; its handlers tell their clients and return.
-    scheduler_.shutdown(false);
+    if (ready_.load()) scheduler_->shutdown(false);
     {
       std::unique_lock lock(in_flight_mutex_);
       in_flight_done_.wait_for(lock, options_.http.write_timeout, [&] { return in_flight_ == 0; });
@@ -119,7 +150,9 @@ void Server::shutdown() {
   });
 }
 
-std::string Server::metrics_text() const { return metrics_.render(scheduler_.stats()); }
+std::string Server::metrics_text() const {
+  return metrics_.render(ready_.load() ? scheduler_->stats() : SchedulerStats{});
+}
 
 HttpResponse Server::error_response(Dialect dialect, int status, const std::string& message, const std::string& param,
                                     const std::string& code) {
@@ -163,11 +196,31 @@ void Server::stream_until_end(HttpExchange& exchange, const GenerationResponse& 
   }
 }
 
-void Server::handle(const HttpRequest& request, HttpExchange& exchange) {
-  const Clock::time_point arrival = Clock::now();
+void Server::handle(const HttpRequest& request, HttpExchange& transport_exchange) {
+  RequestRecord record;
+  record.arrival = Clock::now();
+  record.id = ++requests_received_;
+  record.method = request.method;
+  record.path = request.path;
+  RecordingExchange exchange(transport_exchange, record);
+  handle_recorded(request, exchange, record);
+  log_request(record);
+}
+
+void Server::log_request(const RequestRecord& record) const {
+  if (!options_.request_log || record.path == "/health" || record.path == "/metrics") return;
+  const double seconds = std::chrono::duration<double>(Clock::now() - record.arrival).count();
+  const std::string line = format_request_log(record, seconds, *options_.request_log);
+  if (*options_.request_log == LogFormat::Json)
+    fmt::print(stderr, "{}\n", line);
+  else
+    fmt::print(stderr, "kiln: {}\n", line);
+}
+
+void Server::handle_recorded(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record) {
   const Dialect dialect = request.path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI;
   try {
-    route(request, exchange, arrival);
+    route(request, exchange, record);
   } catch (const ApiError& error) {
     if (!exchange.responded()) respond_error(exchange, dialect, error);
   } catch (const Error& error) {
@@ -180,7 +233,7 @@ void Server::handle(const HttpRequest& request, HttpExchange& exchange) {
   }
 }
 
-void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival) {
+void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record) {
   const std::string& path = request.path;
   struct Route {
     const char* path;
@@ -205,9 +258,11 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
                    "", "method_not_allowed");
 
   if (path == "/health") {
+    const HeaderList retry_after = {{"Retry-After", std::to_string(options_.retry_after_seconds)}};
     if (draining_.load())
-      respond_json(exchange, 503, {{"status", "shutting down"}},
-                   {{"Retry-After", std::to_string(options_.retry_after_seconds)}});
+      respond_json(exchange, 503, {{"status", "shutting down"}}, retry_after);
+    else if (!ready_.load())
+      respond_json(exchange, 503, {{"status", "loading"}}, retry_after);
     else
       respond_json(exchange, 200, {{"status", "ok"}});
     return;
@@ -218,7 +273,10 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
     return;
   }
   check_api_key(request);
-  const int64_t context = scheduler_.options().context_tokens;
+  if (!ready_.load())
+    throw ApiError(503, fmt::format("the model {} is still loading; retry later", options_.model_name), "",
+                   "model_loading");
+  const int64_t context = scheduler_->options().context_tokens;
   if (path == "/v1/models") {
     respond_json(exchange, 200, models_list(options_.model_name, context, unix_seconds()));
     return;
@@ -235,35 +293,35 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, Clock::ti
   InFlight in_flight(*this);
   if (draining_.load()) throw ApiError(503, "the server is shutting down", "", "shutting_down");
   if (path == "/v1/chat/completions")
-    chat_completions(request, exchange, arrival);
+    chat_completions(request, exchange, record);
   else if (path == "/v1/completions")
-    completions(request, exchange, arrival);
+    completions(request, exchange, record);
   else
-    messages(request, exchange, arrival);
+    messages(request, exchange, record);
 }
 
 Server::ChatPrompt Server::chat_prompt(const json& messages, const ChatPromptOptions& options) const {
-  if (!codec_.has_chat_template())
+  if (!codec_->has_chat_template())
     throw ApiError(400,
                    "this model has no chat template: start the server with --chat-template FILE, or use "
                    "/v1/completions",
                    "messages", "no_chat_template");
   std::string text;
   try {
-    text = codec_.render_chat(messages, options);
+    text = codec_->render_chat(messages, options);
   } catch (const Error& error) {
     // The template's message may quote the conversation.
     throw ApiError(400,
                    fmt::format("the chat template rejected the conversation: {}", quote_client_text(error.what())),
                    "messages");
   }
-  ChatOutputSyntax syntax = codec_.chat_output_syntax();
+  ChatOutputSyntax syntax = codec_->chat_output_syntax();
   const bool tools = options.tools.is_array() && !options.tools.empty();
   if (!tools) syntax.tool_calls = ToolCallSyntax::None;
   const size_t opened = text.rfind("<think>"), closed = text.rfind("</think>");
   const bool in_reasoning = opened != std::string::npos && (closed == std::string::npos || closed < opened);
   // The template writes the special tokens (BOS) itself.
-  return {codec_.encode(text, false), ChatOutputParser(syntax, tools ? options.tools : json(), in_reasoning)};
+  return {codec_->encode(text, false), ChatOutputParser(syntax, tools ? options.tools : json(), in_reasoning)};
 }
 
 TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
@@ -271,7 +329,7 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
                                                  const std::string& max_tokens_param) const {
   TextGenerationRequest request;
   request.max_tokens = completion_budget(static_cast<int64_t>(prompt.size()), fields.max_tokens,
-                                         scheduler_.options().context_tokens, prompt_param, max_tokens_param);
+                                         scheduler_->options().context_tokens, prompt_param, max_tokens_param);
   request.prompt = std::move(prompt);
   request.sampling = fields.sampling;
   request.stop = fields.stop;
@@ -280,10 +338,11 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
 }
 
 std::unique_ptr<TextGeneration> Server::submit(TextGenerationRequest request, const std::string& endpoint,
-                                              Clock::time_point arrival) {
+                                              const RequestRecord& record) {
   const bool shutting_down = draining_.load();
   try {
-    return std::make_unique<TextGeneration>(scheduler_, codec_, std::move(request), metrics_, endpoint, arrival);
+    return std::make_unique<TextGeneration>(*scheduler_, *codec_, std::move(request), metrics_, endpoint,
+                                            record.arrival);
   } catch (const QueueFull& error) {
     throw ApiError(429, fmt::format("the server is busy: {}; retry later", error.what()), "", "queue_full");
   } catch (const Error& error) {
@@ -293,10 +352,22 @@ std::unique_ptr<TextGeneration> Server::submit(TextGenerationRequest request, co
   }
 }
 
-void Server::run(HttpExchange& exchange, Clock::time_point arrival, const std::string& endpoint,
+void Server::run(HttpExchange& exchange, RequestRecord& record, const std::string& endpoint,
                  TextGenerationRequest request, bool stream, GenerationResponse& response) {
-  std::unique_ptr<TextGeneration> submitted = submit(std::move(request), endpoint, arrival);
+  record.stream = stream;
+  std::unique_ptr<TextGeneration> submitted = submit(std::move(request), endpoint, record);
   TextGeneration& generation = *submitted;
+  // What the request log reports, however the response ends.
+  struct RecordUsage {
+    RequestRecord& record;
+    const TextGeneration& generation;
+    ~RecordUsage() {
+      record.prompt_tokens = generation.prompt_tokens();
+      record.generated_tokens = generation.completion_tokens();
+      record.cached_tokens = 0;
+      record.time_to_first_token_seconds = generation.time_to_first_token();
+    }
+  } record_usage{record, generation};
   const auto client_gone = [&] { return exchange.client_gone(); };
   const auto usage = [&] { return TokenUsage{generation.prompt_tokens(), generation.completion_tokens()}; };
 
@@ -322,7 +393,7 @@ void Server::run(HttpExchange& exchange, Clock::time_point arrival, const std::s
   });
 }
 
-void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
+void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exchange, RequestRecord& record) {
   const ChatCompletionRequest request =
       parse_chat_completion_request(parse_request_json(http_request.body), options_.model_name);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
@@ -330,27 +401,27 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
       generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens");
   generation.logprobs = request.logprobs;
   generation.top_logprobs = request.top_logprobs;
-  ChatCompletionResponse response(request, options_.model_name, codec_, std::move(prompt.parser));
-  run(exchange, arrival, "chat", std::move(generation), request.generation.stream, response);
+  ChatCompletionResponse response(request, options_.model_name, *codec_, std::move(prompt.parser));
+  run(exchange, record, "chat", std::move(generation), request.generation.stream, response);
 }
 
-void Server::completions(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
+void Server::completions(const HttpRequest& http_request, HttpExchange& exchange, RequestRecord& record) {
   const CompletionRequest request =
       parse_completion_request(parse_request_json(http_request.body), options_.model_name, options_.vocab_size);
-  std::vector<int32_t> prompt = request.prompt_text ? codec_.encode(*request.prompt_text, true) : request.prompt_ids;
+  std::vector<int32_t> prompt = request.prompt_text ? codec_->encode(*request.prompt_text, true) : request.prompt_ids;
   if (prompt.empty()) throw ApiError(400, "the prompt is empty (it encodes to no tokens)", "prompt");
   TextGenerationRequest generation = generation_request(std::move(prompt), request.generation, "prompt", "max_tokens");
   generation.logprobs = request.logprobs.has_value();
   generation.top_logprobs = request.logprobs.value_or(0);
-  CompletionResponse response(request, options_.model_name, codec_);
-  run(exchange, arrival, "completions", std::move(generation), request.generation.stream, response);
+  CompletionResponse response(request, options_.model_name, *codec_);
+  run(exchange, record, "completions", std::move(generation), request.generation.stream, response);
 }
 
-void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, Clock::time_point arrival) {
+void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, RequestRecord& record) {
   const MessagesRequest request = parse_messages_request(parse_request_json(http_request.body), options_.model_name);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
   MessagesResponse response(options_.model_name, std::move(prompt.parser));
-  run(exchange, arrival, "messages",
+  run(exchange, record, "messages",
       generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens"),
       request.generation.stream, response);
 }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/request_fields.h"
+#include "server/request_log.h"
 #include "text/text_codec.h"
 #include "text/text_generation.h"
 
@@ -36,11 +38,18 @@ struct ServerOptions {
   std::string api_key;     // when set, /v1/* requires "Authorization: Bearer KEY" or "x-api-key: KEY"
   std::chrono::milliseconds shutdown_grace{30'000};  // how long shutdown lets requests finish
   int retry_after_seconds = 1;                       // Retry-After on 429 and 503
+  // One line per request on stderr (request_log.h), but for /health and /metrics, whose probes
+  // and scrapes every few seconds would bury the requests; nothing: no request log.
+  std::optional<LogFormat> request_log;
 };
 
 class Server {
  public:
-  // Listens at once (an error names the address); serves after start().
+  // Listens at once (an error names the address); answers after start(). Until serve_model() hands
+  // it the model, /health says 503 "loading" and every other route 503 with Retry-After, so that
+  // a load balancer and clients see a server that is coming up, not a refused connection.
+  explicit Server(ServerOptions options);
+  // Listens and serves `scheduler`'s model at once (serve_model() already called).
   Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions options);
   ~Server();
   Server(const Server&) = delete;
@@ -49,6 +58,8 @@ class Server {
   uint16_t port() const { return http_.port(); }
   size_t connection_limit() const { return http_.connection_limit(); }
   void start() { http_.start(); }
+  // The model is loaded: from here on the server answers with it. Called once.
+  void serve_model(Scheduler& scheduler, const TextCodec& codec);
   // Refuses new requests (503, /health included, on connections still accepted), lets those in
   // flight run for up to shutdown_grace, then cancels the rest by shutting the scheduler down, and
   // closes every connection. Idempotent.
@@ -61,7 +72,9 @@ class Server {
   enum class Dialect { OpenAI, Anthropic };
 
   void handle(const HttpRequest& request, HttpExchange& exchange);
-  void route(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
+  void handle_recorded(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
+  void route(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
+  void log_request(const RequestRecord& record) const;
   void respond_json(HttpExchange& exchange, int status, const nlohmann::ordered_json& body, HeaderList headers = {});
   void respond_error(HttpExchange& exchange, Dialect dialect, const ApiError& error);
   HttpResponse error_response(Dialect dialect, int status, const std::string& message, const std::string& param,
@@ -86,14 +99,15 @@ class Server {
   // Submits a generation; the scheduler's refusals become what the client sees (429 when its queue
   // is full, 503 while shutting down, else 400).
   std::unique_ptr<TextGeneration> submit(TextGenerationRequest request, const std::string& endpoint,
-                                         Clock::time_point arrival);
+                                         const RequestRecord& record);
   // Submits a generation and answers it, whole or streamed, in the words of `response`'s dialect.
   // `endpoint` labels the request in the metrics.
-  void run(HttpExchange& exchange, Clock::time_point arrival, const std::string& endpoint,
-           TextGenerationRequest request, bool stream, GenerationResponse& response);
-  void chat_completions(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
-  void completions(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
-  void messages(const HttpRequest& request, HttpExchange& exchange, Clock::time_point arrival);
+  // The request's tokens and time to first token go into `record`.
+  void run(HttpExchange& exchange, RequestRecord& record, const std::string& endpoint, TextGenerationRequest request,
+           bool stream, GenerationResponse& response);
+  void chat_completions(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
+  void completions(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
+  void messages(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
 
   // Counts a generation request in flight for the duration of a handler.
   class InFlight {
@@ -108,11 +122,15 @@ class Server {
   };
   bool wait_in_flight(std::chrono::milliseconds timeout);
 
-  Scheduler& scheduler_;
-  const TextCodec& codec_;
+  // Set once by serve_model(); every route but /health and /metrics waits for `ready_` before
+  // touching them (the store of `ready_` publishes both).
+  Scheduler* scheduler_ = nullptr;
+  const TextCodec* codec_ = nullptr;
+  std::atomic<bool> ready_{false};
   ServerOptions options_;
   ServerMetrics metrics_;
   std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> requests_received_{0};
   std::mutex in_flight_mutex_;
   std::condition_variable in_flight_done_;
   int64_t in_flight_ = 0;

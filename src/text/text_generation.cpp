@@ -68,7 +68,8 @@ TextDelta TextGeneration::next(const std::function<bool()>& client_gone) {
       if (last_token_time_)
         metrics_.observe_inter_token_latency(std::chrono::duration<double>(arrived - *last_token_time_).count());
       else
-        metrics_.observe_time_to_first_token(std::chrono::duration<double>(arrived - arrival_).count());
+        metrics_.observe_time_to_first_token(
+            *(time_to_first_token_ = std::chrono::duration<double>(arrived - arrival_).count()));
       last_token_time_ = arrived;
       ++completion_tokens_;
       std::string text = decoder_->push(event->token);

@@ -65,6 +65,8 @@ class TextGeneration {
 
   int64_t prompt_tokens() const { return static_cast<int64_t>(prompt_tokens_); }
   int64_t completion_tokens() const { return completion_tokens_; }
+  // Seconds from the request's arrival to its first generated token, once there is one.
+  std::optional<double> time_to_first_token() const { return time_to_first_token_; }
 
   static constexpr std::chrono::milliseconds kDisconnectPoll{20};
 
@@ -84,6 +86,7 @@ class TextGeneration {
   std::optional<Clock::time_point> last_token_time_;
   Clock::time_point last_disconnect_check_;
   int64_t completion_tokens_ = 0;
+  std::optional<double> time_to_first_token_;
   bool finished_ = false;
 };
 

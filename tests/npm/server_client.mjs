@@ -41,7 +41,8 @@ async function streamChat(params, signal) {
 
 async function metric(name) {
   const text = await (await fetch(`${baseURL}/metrics`)).text();
-  const line = text.split('\n').find((l) => l.startsWith(`${name} `));
+  // Every series carries the server's model_name label.
+  const line = text.split('\n').find((l) => l.startsWith(`${name}{model_name=`));
   return line === undefined ? undefined : Number(line.split(' ')[1]);
 }
 
