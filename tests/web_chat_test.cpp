@@ -72,11 +72,12 @@ TEST(WebChat, ChromiumStreamsTheAnswersOfTheServer) {
   if (run_command("command -v node").exit_code != 0) GTEST_SKIP() << "node is not installed";
   if (!std::filesystem::exists(npm_package_dir("puppeteer-core") / "package.json"))
     GTEST_SKIP() << "puppeteer-core is not installed in " << npm_cache_dir() << " (scripts/setup.sh installs it)";
-  ServeProcess server(stories_arguments(dir, {"--max-batch", "4"}));
+  // With an API key, so the page's key field is driven too.
+  ServeProcess server(stories_arguments(dir, {"--max-batch", "4", "--api-key", "sesame"}));
   ASSERT_NE(server.port(), 0) << server.log();
   const auto result = run_command(fmt::format(
-      "cd '{}' && KILN_BASE_URL=http://127.0.0.1:{} KILN_MODEL=stories260K KILN_CHROMIUM='{}' KILN_NPM_CACHE='{}' "
-      "timeout 180 node tests/npm/web_chat.mjs",
+      "cd '{}' && KILN_BASE_URL=http://127.0.0.1:{} KILN_MODEL=stories260K KILN_API_KEY=sesame KILN_CHROMIUM='{}' "
+      "KILN_NPM_CACHE='{}' timeout 180 node tests/npm/web_chat.mjs",
       source_dir().string(), server.port(), chromium, npm_cache_dir().string()));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("# fail 0"), std::string::npos) << result.output;

@@ -1,9 +1,10 @@
 // Drives the web chat a running `kiln serve` answers at GET / in headless Chromium (puppeteer-core):
-// the model's name, a streamed answer that is the API's own, history and the system prompt, the
-// Stop button, and reasoning and errors as the page shows them. Run by tests/web_chat_test.cpp
-// against stories260K served with tests/data/stories_chat_template.jinja; standalone:
+// the API key and the model's name, a streamed answer that is the API's own, history and the system
+// prompt, the Stop button, and reasoning and errors as the page shows them. Run by
+// tests/web_chat_test.cpp against stories260K served with tests/data/stories_chat_template.jinja
+// and --api-key; standalone (KILN_API_KEY only when the server has one):
 //   KILN_BASE_URL=http://127.0.0.1:PORT KILN_MODEL=stories260K KILN_CHROMIUM=/usr/bin/chromium \
-//     node tests/npm/web_chat.mjs
+//     KILN_API_KEY=KEY node tests/npm/web_chat.mjs
 import test from 'node:test';
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
@@ -18,6 +19,7 @@ const puppeteer = require('puppeteer-core');
 const baseURL = process.env.KILN_BASE_URL;
 const model = process.env.KILN_MODEL;
 const chromium = process.env.KILN_CHROMIUM;
+const apiKey = process.env.KILN_API_KEY ?? '';
 if (!baseURL || !model || !chromium) throw new Error('set KILN_BASE_URL, KILN_MODEL and KILN_CHROMIUM');
 if (!/^http:\/\/(127\.0\.0\.1|localhost)(:\d+)?$/.test(baseURL)) throw new Error('KILN_BASE_URL must be loopback');
 
@@ -41,12 +43,22 @@ test.after(async () => {
   await browser?.close();
 });
 
+async function openPage() {
+  const opened = await browser.newPage();
+  opened.setDefaultTimeout(timeout);
+  opened.on('request', (request) => requested.push(request.url()));
+  await opened.goto(`${baseURL}/`);
+  return opened;
+}
+
+async function showsModel(opened) {
+  await opened.waitForFunction((name) => document.getElementById('model').textContent === name, {}, model);
+}
+
 test.beforeEach(async () => {
-  page = await browser.newPage();
-  page.setDefaultTimeout(timeout);
-  page.on('request', (request) => requested.push(request.url()));
-  await page.goto(`${baseURL}/`);
-  await page.waitForFunction((name) => document.getElementById('model').textContent === name, {}, model);
+  page = await openPage();
+  if (apiKey) await page.locator('#api-key').fill(apiKey);
+  await showsModel(page);
 });
 
 test.afterEach(async () => {
@@ -82,7 +94,7 @@ async function ask(text) {
 async function apiAnswer(body) {
   const response = await fetch(`${baseURL}/v1/chat/completions`, {
     method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
+    headers: { 'Content-Type': 'application/json', ...(apiKey ? { Authorization: `Bearer ${apiKey}` } : {}) },
     body: JSON.stringify({ model, ...body }),
   });
   assert.equal(response.status, 200);
@@ -99,8 +111,18 @@ function chatRequests() {
   return bodies;
 }
 
-test('the page names the served model and asks nothing of any other origin', async () => {
+test('the page names the served model, after the API key, and asks nothing of any other origin', async () => {
   assert.equal(await page.title(), 'kiln chat');
+  if (apiKey) {
+    const keyless = await openPage();
+    await keyless.waitForSelector('#model.error');
+    assert.match(await keyless.$eval('#model', (label) => label.textContent), /^no model: a valid API key is required/);
+    assert.equal(await keyless.$eval('#send', (button) => button.disabled), true);
+    await keyless.type('#api-key', apiKey);
+    await showsModel(keyless);
+    assert.equal(await keyless.$eval('#send', (button) => button.disabled), false);
+    await keyless.close();
+  }
   assert.ok(requested.length > 0);
   for (const url of requested) assert.ok(url.startsWith(`${baseURL}/`), `the page requested ${url}`);
 });
