@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config git
           nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libboost-dev
           libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev
-          clang libclang-rt-14-dev)  # clang and its libFuzzer/sanitizer runtimes: the fuzz build
+          clang libclang-rt-14-dev  # clang and its libFuzzer/sanitizer runtimes: the fuzz build
+          chromium)  # headless, for the web chat test (tests/npm/web_chat.mjs)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -24,9 +25,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# npm packages the tokenizer and chat-template tests compare against, and the official API clients
-# the server tests drive (cached in .cache/npm, see tests/npm/); reinstalled whenever
-# tests/npm/package-lock.json changes.
+# npm packages the tokenizer and chat-template tests compare against, the official API clients the
+# server tests drive and puppeteer-core for the web chat test (cached in .cache/npm, see tests/npm/);
+# reinstalled whenever tests/npm/package-lock.json changes.
 if [ -f tests/npm/package.json ]; then
   if [ ! -d .cache/npm/node_modules ] || ! cmp -s tests/npm/package-lock.json .cache/npm/package-lock.json; then
     rm -rf .cache/npm && mkdir -p .cache/npm

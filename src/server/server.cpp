@@ -10,6 +10,7 @@
 #include "server/generation_response.h"
 #include "server/json_fields.h"
 #include "server/openai_api.h"
+#include "server/web_chat.h"
 
 namespace kiln::server {
 
@@ -75,6 +76,19 @@ class RecordingExchange final : public HttpExchange {
   HttpExchange& exchange_;
   RequestRecord& record_;
 };
+
+// The page is compiled into the binary, so a cached copy may belong to another kiln on the same
+// port: no-cache makes the browser ask again each time (the page is small). The policy confines it
+// to its own server: inline script and style only, requests only to the origin that served it, no
+// framing.
+HeaderList web_chat_headers() {
+  return {{"Cache-Control", "no-cache"},
+          {"Content-Security-Policy",
+           "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
+          {"X-Content-Type-Options", "nosniff"},
+          {"Referrer-Policy", "no-referrer"}};
+}
 
 bool constant_time_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -239,9 +253,13 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
     const char* path;
     const char* method;
   };
-  static const Route kRoutes[] = {{"/health", "GET"},          {"/metrics", "GET"},
-                                  {"/v1/models", "GET"},       {"/v1/chat/completions", "POST"},
-                                  {"/v1/completions", "POST"}, {"/v1/messages", "POST"}};
+  static const Route kRoutes[] = {{"/", "GET"},
+                                  {"/health", "GET"},
+                                  {"/metrics", "GET"},
+                                  {"/v1/models", "GET"},
+                                  {"/v1/chat/completions", "POST"},
+                                  {"/v1/completions", "POST"},
+                                  {"/v1/messages", "POST"}};
   const std::string model_prefix = "/v1/models/";
   const bool model_path = path.rfind(model_prefix, 0) == 0;
   const Route* route = nullptr;
@@ -270,6 +288,12 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
   if (path == "/metrics") {
     metrics_.count_response(200);
     exchange.respond({200, "text/plain; version=0.0.4; charset=utf-8", {}, metrics_text()});
+    return;
+  }
+  // The page holds no secret and asks for the key itself, so it is served without one.
+  if (path == "/") {
+    metrics_.count_response(200);
+    exchange.respond({200, "text/html; charset=utf-8", web_chat_headers(), std::string(web_chat_page())});
     return;
   }
   check_api_key(request);
