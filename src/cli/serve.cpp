@@ -119,10 +119,12 @@ void serve(const ServeCommand& options) {
   server_options.http.max_concurrent_requests = options.max_concurrent_requests;
   server_options.http.request_timeout = to_milliseconds(options.request_timeout_seconds);
   server_options.http.idle_timeout = to_milliseconds(options.idle_timeout_seconds);
+  // A hub id names the model (its snapshot folder's name is a commit); a folder by its name.
+  const bool from_hub = options.model.model != options.model.model_dir;
   server_options.model_name =
-      options.served_model_name.empty()
-          ? std::filesystem::path(options.model.model_dir).lexically_normal().filename().string()
-          : options.served_model_name;
+      !options.served_model_name.empty() ? options.served_model_name
+      : from_hub ? options.model.model
+                 : std::filesystem::path(options.model.model_dir).lexically_normal().filename().string();
   if (server_options.model_name.empty()) server_options.model_name = "model";
   server_options.vocab_size = config.vocab_size;
   server_options.api_key = options.api_key;
@@ -192,7 +194,10 @@ RegisterCommand register_serve([](CLI::App& app) {
       ->add_option("--max-concurrent-requests", options->max_concurrent_requests,
                    "Requests handled at once beyond which new ones get 503 (/health is always answered)")
       ->check(CLI::PositiveNumber);
-  command->callback([options] { serve(*options); });
+  command->callback([options] {
+    options->model.resolve();
+    serve(*options);
+  });
 });
 
 }  // namespace
