@@ -109,12 +109,12 @@ class HubTest : public ::testing::Test {
   KilnRun kiln(const std::string& arguments, const std::string& environment = "") const {
     const fs::path err = temp_.path() / "stderr.txt";
     // Grouped, so run_command's own 2>&1 does not take stderr back.
-    const std::string command =
-        "{ env -u HF_TOKEN -u HF_TOKEN_PATH -u HF_HUB_OFFLINE -u HF_ENDPOINT NO_PROXY='*' no_proxy='*' HF_HOME=" +
-        home().string() + " HF_HUB_CACHE=" + cache().string() + " " + environment + " " + kiln_command(arguments) +
-        " 2>" + err.string() + "; }";
-    const CommandResult result = run_command(command);
+    const CommandResult result = run_command("{ " + command_line(arguments, environment) + " 2>" + err.string() + "; }");
     return {result.exit_code, result.output, read_file(err)};
+  }
+  std::string command_line(const std::string& arguments, const std::string& environment) const {
+    return "env -u HF_TOKEN -u HF_TOKEN_PATH -u HF_HUB_OFFLINE -u HF_ENDPOINT NO_PROXY='*' no_proxy='*' HF_HOME=" +
+           home().string() + " HF_HUB_CACHE=" + cache().string() + " " + environment + " " + kiln_command(arguments);
   }
   std::string online(const FakeHub& hub) const { return "HF_ENDPOINT=" + hub.endpoint(); }
 
@@ -244,6 +244,19 @@ TEST_F(HubTest, AnIncompleteBlobLeftByAnEarlierPullIsResumed) {
   const auto cdn = hub.cdn_requests();
   ASSERT_EQ(cdn.size(), 1u);
   EXPECT_EQ(cdn[0]["range"], "bytes=4096-");
+}
+
+TEST_F(HubTest, PullsRunningAtOnceFetchEachBlobOnce) {
+  KILN_REQUIRE_STORIES(model);
+  FakeHub hub(model, log(), {});
+  ASSERT_GT(hub.port(), 0);
+  // Each waits on the blob's lock file while another writes it, then finds it whole.
+  const std::string pull = command_line(std::string("pull ") + kRepo, online(hub)) + " > /dev/null";
+  const CommandResult three =
+      run_command(pull + " & a=$!; " + pull + " & b=$!; " + pull + " & c=$!; wait $a && wait $b && wait $c");
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  EXPECT_EQ(hub.cdn_requests().size(), 1u);
+  EXPECT_EQ(read_file(snapshot() / "model.safetensors"), read_file(model / "model.safetensors"));
 }
 
 TEST_F(HubTest, ACorruptedShardIsRefusedAndFetchedAgain) {

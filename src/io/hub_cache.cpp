@@ -1,5 +1,7 @@
 #include "io/hub_cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -52,10 +54,13 @@ bool is_repo_part(std::string_view part, size_t max_length) {
   return std::all_of(part.begin(), part.end(), [&](char c) { return word(c) || c == '-' || c == '.'; });
 }
 
+// A name beside `path` that no other process writes (two pulls of one model may run at once).
+fs::path temporary_beside(const fs::path& path) { return path.string() + ".kiln-" + std::to_string(::getpid()); }
+
 // Written beside `path` and renamed over it, so a reader sees the old or the new file, never half.
 void write_atomically(const fs::path& path, std::string_view text) {
   fs::create_directories(path.parent_path());
-  const fs::path temporary = path.string() + ".kiln-tmp";
+  const fs::path temporary = temporary_beside(path);
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
@@ -170,7 +175,7 @@ void HubRepoCache::link(std::string_view commit, std::string_view file, std::str
   std::string target;
   for (size_t depth = std::count(file.begin(), file.end(), '/') + 2; depth > 0; --depth) target += "../";
   target += "blobs/" + std::string(etag);
-  const fs::path temporary = entry.string() + ".kiln-tmp";
+  const fs::path temporary = temporary_beside(entry);
   fs::remove(temporary);
   fs::create_symlink(target, temporary);
   fs::rename(temporary, entry);
