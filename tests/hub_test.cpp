@@ -194,6 +194,9 @@ TEST_F(HubTest, PullMakesHuggingfaceHubsLayoutAndTheModelRunsFromItOffline) {
   const KilnRun from_folder = kiln(generate + model.string());
   EXPECT_EQ(from_cache.out, from_folder.out);
   EXPECT_FALSE(from_cache.out.empty());
+  // A snapshot is fingerprinted by its repo and commit.
+  const KilnRun inspect = kiln(std::string("inspect --model ") + kRepo, "HF_HUB_OFFLINE=1");
+  EXPECT_NE(inspect.out.find(std::string("hf:") + kRepo + "@" + kCommit), std::string::npos) << inspect.out << inspect.err;
 
   // Pulled again, nothing is fetched, and an HF_ENDPOINT with a trailing '/' is the same endpoint.
   const size_t cdn_before = hub.cdn_requests().size();
