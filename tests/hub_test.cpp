@@ -109,7 +109,8 @@ class HubTest : public ::testing::Test {
   KilnRun kiln(const std::string& arguments, const std::string& environment = "") const {
     const fs::path err = temp_.path() / "stderr.txt";
     // Grouped, so run_command's own 2>&1 does not take stderr back.
-    const CommandResult result = run_command("{ " + command_line(arguments, environment) + " 2>" + err.string() + "; }");
+    const CommandResult result =
+        run_command("{ " + command_line(arguments, environment) + " 2>" + err.string() + "; }");
     return {result.exit_code, result.output, read_file(err)};
   }
   std::string command_line(const std::string& arguments, const std::string& environment) const {
@@ -141,7 +142,8 @@ void expect_error_line(const KilnRun& run, const std::vector<std::string>& fragm
   while (!err.empty() && err.back() == '\n') err.pop_back();
   const std::string last = err.substr(err.rfind('\n') == std::string::npos ? 0 : err.rfind('\n') + 1);
   EXPECT_TRUE(last.starts_with("kiln: error: ")) << err;
-  for (const auto& fragment : fragments) EXPECT_NE(last.find(fragment), std::string::npos) << fragment << " in: " << last;
+  for (const auto& fragment : fragments)
+    EXPECT_NE(last.find(fragment), std::string::npos) << fragment << " in: " << last;
 }
 
 TEST(HubModelId, ReadsOrgNameAndRevisionAsHuggingfaceHubDoes) {
@@ -196,7 +198,8 @@ TEST_F(HubTest, PullMakesHuggingfaceHubsLayoutAndTheModelRunsFromItOffline) {
   EXPECT_FALSE(from_cache.out.empty());
   // A snapshot is fingerprinted by its repo and commit.
   const KilnRun inspect = kiln(std::string("inspect --model ") + kRepo, "HF_HUB_OFFLINE=1");
-  EXPECT_NE(inspect.out.find(std::string("hf:") + kRepo + "@" + kCommit), std::string::npos) << inspect.out << inspect.err;
+  EXPECT_NE(inspect.out.find(std::string("hf:") + kRepo + "@" + kCommit), std::string::npos)
+      << inspect.out << inspect.err;
 
   // Pulled again, nothing is fetched, and an HF_ENDPOINT with a trailing '/' is the same endpoint.
   const size_t cdn_before = hub.cdn_requests().size();
@@ -240,7 +243,8 @@ TEST_F(HubTest, AnIncompleteBlobLeftByAnEarlierPullIsResumed) {
   FakeHub hub(model, log(), {});
   ASSERT_GT(hub.port(), 0);
   const std::string weights = read_file(model / "model.safetensors");
-  write_file(repo_folder() / "blobs" / (sha256_of(model / "model.safetensors") + ".incomplete"), weights.substr(0, 4096));
+  write_file(repo_folder() / "blobs" / (sha256_of(model / "model.safetensors") + ".incomplete"),
+             weights.substr(0, 4096));
   const KilnRun pull = kiln(std::string("pull ") + kRepo, online(hub));
   ASSERT_EQ(pull.exit_code, 0) << pull.err;
   EXPECT_EQ(read_file(snapshot() / "model.safetensors"), weights);
@@ -281,7 +285,8 @@ TEST_F(HubTest, ACorruptedShardIsRefusedAndFetchedAgain) {
     // it is deleted and the file fetched from its start.
     FakeHub hub(model, log(), {});
     ASSERT_GT(hub.port(), 0);
-    write_file(repo_folder() / "blobs" / (sha256_of(model / "model.safetensors") + ".incomplete"), std::string(4096, 'x'));
+    write_file(repo_folder() / "blobs" / (sha256_of(model / "model.safetensors") + ".incomplete"),
+               std::string(4096, 'x'));
     const KilnRun pull = kiln(std::string("pull ") + kRepo, online(hub));
     ASSERT_EQ(pull.exit_code, 0) << pull.err;
     EXPECT_EQ(read_file(snapshot() / "model.safetensors"), weights);

@@ -92,8 +92,8 @@ std::optional<HubModelId> parse_hub_model_id(std::string_view text) {
 }
 
 bool is_commit_hash(std::string_view revision) {
-  return revision.size() == 40 &&
-         std::all_of(revision.begin(), revision.end(), [](char c) { return std::isdigit(c) || (c >= 'a' && c <= 'f'); });
+  return revision.size() == 40 && std::all_of(revision.begin(), revision.end(),
+                                              [](char c) { return std::isdigit(c) || (c >= 'a' && c <= 'f'); });
 }
 
 HubSettings HubSettings::from_environment() {

@@ -351,7 +351,8 @@ class HubClient {
   // HEAD of the file's resolve URL. A relative redirect (a renamed repo) is followed; the hub's
   // redirect of an LFS file to its CDN is not: that response carries the file's headers.
   FileMetadata metadata(const std::string& name) const {
-    if (!is_safe_repo_path(name)) fail("{}: the hub lists a file named \"{}\", which kiln will not write", id_.to_string(), name);
+    if (!is_safe_repo_path(name))
+      fail("{}: the hub lists a file named \"{}\", which kiln will not write", id_.to_string(), name);
     FileMetadata file{name, "", "", std::nullopt,
                       fmt::format("{}/{}/resolve/{}/{}", settings_.endpoint, id_.repo, commit_, url_quote(name, true))};
     std::string url = file.url;
@@ -430,7 +431,8 @@ class HubClient {
     fs::create_directories(incomplete.parent_path());
     BlobTransfer transfer;
     transfer.fd = ::open(incomplete.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (transfer.fd < 0) fail("{}: {}: cannot open {}: {}", id_.to_string(), file.name, incomplete.string(), std::strerror(errno));
+    if (transfer.fd < 0)
+      fail("{}: {}: cannot open {}: {}", id_.to_string(), file.name, incomplete.string(), std::strerror(errno));
     struct Closer {
       int fd;
       ~Closer() { ::close(fd); }
