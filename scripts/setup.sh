@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config git
           nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libboost-dev
           libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev
+          libcurl4-openssl-dev  # the Hugging Face hub client (kiln pull, --model ORG/NAME)
           clang libclang-rt-14-dev  # clang and its libFuzzer/sanitizer runtimes: the fuzz build
           chromium)  # headless, for the web chat test (tests/npm/web_chat.mjs)
 missing=()

@@ -55,6 +55,7 @@ RegisterCommand register_bench([](CLI::App& app) {
                     "Run decode steps directly even where the backend captures them as graphs (for comparison)");
   command->callback([options] {
     if (options->batches.empty()) fail("--batch: no batch size given");
+    options->model.resolve();
     // Each decode batch runs at its own sizes; the smallest is the one the batch rule can refuse.
     const ServingSizes sizes{static_cast<int32_t>(*std::min_element(options->batches.begin(), options->batches.end())),
                              options->decode_context + options->decode_tokens + 1, kDefaultPrefillChunk};

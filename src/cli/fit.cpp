@@ -44,7 +44,10 @@ const RegisterCommand kRegisterFit([](CLI::App& app) {
       app.add_subcommand("fit", "Say, before loading, whether a model and its context fit the device's memory");
   options->model.add_to(*command);
   add_serving_size_options(*command, options->sizes);
-  command->callback([options] { fit(*options); });
+  command->callback([options] {
+    options->model.resolve();
+    fit(*options);
+  });
 });
 
 }  // namespace

@@ -55,6 +55,7 @@ RegisterCommand register_generate([](CLI::App& app) {
   command->callback([options, ids, prompt, chat] {
     if (!*ids && !*prompt && !*chat) fail("generate needs one of --ids, --prompt or --chat");
     if (*ids && !options->stops.empty()) fail("--stop applies to text (--prompt or --chat), not to --ids");
+    options->model.resolve();
     OpenedModel opened = open_model(options->model, options->sizes);
     GenerationOptions generation;
     generation.max_tokens = options->max_tokens;

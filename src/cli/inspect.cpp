@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "model/loader.h"
 #include "text/tokenizer_codec.h"
 
@@ -33,12 +34,13 @@ struct InspectArguments {
 const RegisterCommand kRegisterInspect([](CLI::App& app) {
   auto arguments = std::make_shared<InspectArguments>();
   CLI::App* command = app.add_subcommand("inspect", "Show how kiln would build a model, as JSON");
-  command->add_option("--model", arguments->model_dir, "Model folder (config.json + safetensors)")->required();
+  add_model_option(*command, arguments->model_dir, "Model folder (config.json + safetensors)")->required();
   command->add_option("--device", arguments->device, "Backend to plan for")
       ->transform(CLI::CheckedTransformer(std::map<std::string, Device>{{"cpu", Device::CPU}, {"cuda", Device::CUDA}}));
   command->add_flag("--hash-artifact", arguments->hash_artifact,
                     "Fingerprint a folder that is not a Hugging Face snapshot by hashing its weight files");
   command->callback([arguments] {
+    arguments->model_dir = resolve_model(arguments->model_dir);
     LoadOptions options;
     options.hash_artifact = arguments->hash_artifact;
     const ModelPlan plan = plan_model(arguments->model_dir, arguments->device,

@@ -24,6 +24,7 @@ RegisterCommand register_logits([](CLI::App& app) {
   command->add_option("--out", options->out, "Output .npy file")->required();
   add_prefill_chunk_option(*command, options->sizes);
   command->callback([options] {
+    options->model.resolve();
     OpenedModel opened = open_model(options->model, options->sizes);
     const std::vector<int32_t> prompt = parse_token_ids(options->ids);
     Tensor logits = prompt_logits(*opened.model, prompt, options->sizes.prefill_chunk);

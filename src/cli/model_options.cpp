@@ -4,8 +4,11 @@
 #include <map>
 #include <thread>
 
+#include "cli/hub_progress.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "io/hub_cache.h"
+#include "io/hub_download.h"
 #include "model/family.h"
 #include "model/loader.h"
 #include "model/tensor_parallel.h"
@@ -15,8 +18,29 @@
 
 namespace kiln::cli {
 
+CLI::Option* add_model_option(CLI::App& command, std::string& model, const std::string& description) {
+  return command.add_option("--model", model, description + ", or a Hugging Face hub id ORG/NAME[@REVISION]");
+}
+
+std::string resolve_model(const std::string& model) {
+  if (std::filesystem::is_directory(model)) return model;
+  const std::optional<HubModelId> id = parse_hub_model_id(model);
+  if (!id) return model;
+  try {
+    const HubSettings settings = HubSettings::from_environment();
+    if (settings.offline) return require_cached_model(settings, *id).string();
+    if (std::optional<std::filesystem::path> cached = find_cached_model(settings, *id)) return cached->string();
+    fmt::print(stderr, "kiln: {} is not a folder; fetching the model from {} into {}\n", model, settings.endpoint,
+               settings.cache.string());
+    return pull_model(*id, settings, stderr_pull_listener()).snapshot.string();
+  } catch (const Error& error) {
+    // Says what was tried: the folder first, then the hub.
+    fail("--model {}: no such folder, and as a Hugging Face hub id: {}", model, error.what());
+  }
+}
+
 void ModelOptions::add_to(CLI::App& command, bool with_dtype) {
-  command.add_option("--model", model_dir, "Model folder (config.json + *.safetensors)")->required();
+  add_model_option(command, model, "Model folder (config.json + *.safetensors)")->required();
   command.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   if (with_dtype)
     command.add_option("--dtype", dtype, "Weight dtype: auto (as stored), f32 or bf16")
@@ -27,6 +51,8 @@ void ModelOptions::add_to(CLI::App& command, bool with_dtype) {
       ->check(CLI::PositiveNumber);
   command.add_flag("--hash-artifact", hash_artifact, "Fingerprint a plain folder by hashing its weight files");
 }
+
+void ModelOptions::resolve() { model_dir = resolve_model(model); }
 
 std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return make_cpu_backend();

@@ -18,8 +18,19 @@
 
 namespace kiln::cli {
 
+// --model for every command that reads a model: a folder, or a Hugging Face hub id
+// ORG/NAME[@REVISION] (resolve_model).
+CLI::Option* add_model_option(CLI::App& command, std::string& model, const std::string& description);
+
+// The folder --model names: `model` itself when it is a folder, or when it is no hub id (the loader
+// then names what is missing); a hub id's snapshot in the Hugging Face cache otherwise, fetched
+// first when the cache lacks part of it (unless HF_HUB_OFFLINE is set, which makes that an error).
+// A command calls it in its callback, before reading the model.
+std::string resolve_model(const std::string& model);
+
 struct ModelOptions {
-  std::string model_dir;
+  std::string model;      // --model as given
+  std::string model_dir;  // the folder it names, set by resolve()
   std::string device = "cpu";
   std::string dtype = "auto";
   int threads = 0;  // 0: all hardware threads
@@ -27,6 +38,8 @@ struct ModelOptions {
   int tensor_parallel = 1;  // ranks the model is split over (model/tensor_parallel.h)
 
   void add_to(CLI::App& command, bool with_dtype = true);
+  // model_dir = resolve_model(model); the command's callback calls it first.
+  void resolve();
 };
 
 struct OpenedModel {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "model/quantize.h"
 
@@ -13,6 +14,7 @@ namespace kiln::cli {
 namespace {
 
 struct QuantizeArguments {
+  std::string model;  // --model as given (resolve_model)
   QuantizeOptions options;
   std::string format = "mlx";
   std::string mixed;
@@ -21,7 +23,7 @@ struct QuantizeArguments {
 const RegisterCommand kQuantizeCommand([](CLI::App& app) {
   auto* command = app.add_subcommand("quantize", "Write a quantized copy of a checkpoint (MLX affine or FP8 blocks)");
   auto arguments = std::make_shared<QuantizeArguments>();
-  command->add_option("--model", arguments->options.model, "Model folder (config.json + safetensors)")->required();
+  add_model_option(*command, arguments->model, "Model folder (config.json + safetensors)")->required();
   command->add_option("--out", arguments->options.out, "Directory to create (must be new or empty)")->required();
   command->add_option("--format", arguments->format, "mlx (affine, round to nearest) or fp8 (e4m3, 128x128 blocks)")
       ->check(CLI::IsMember({"mlx", "fp8"}))
@@ -35,6 +37,7 @@ const RegisterCommand kQuantizeCommand([](CLI::App& app) {
   command->add_option("--mixed", arguments->mixed, "MLX: JSON file of module path -> bits, or false to keep it");
   command->callback([arguments] {
     QuantizeOptions options = arguments->options;
+    options.model = resolve_model(arguments->model);
     if (arguments->format == "fp8") {
       options.format = QuantizeFormat::Fp8;
       if (!arguments->mixed.empty()) fail("quantize: --mixed applies to --format mlx, not fp8");

@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/jsonl.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -25,7 +26,8 @@ struct RenderOptions {
 };
 
 void run_render(const RenderOptions& options) {
-  const Tokenizer tokenizer = Tokenizer::load(options.model_dir.empty() ? options.tokenizer_dir : options.model_dir);
+  const Tokenizer tokenizer =
+      Tokenizer::load(options.model_dir.empty() ? options.tokenizer_dir : resolve_model(options.model_dir));
   const ChatTemplate chat_template = ChatTemplate::for_tokenizer(tokenizer);
   for_each_jsonl_line(options.jsonl_path, [&](const nlohmann::ordered_json& request, const std::string& where) {
     if (!request.is_object() || !request.contains("messages")) fail("{}: expected an object with \"messages\"", where);
@@ -53,7 +55,7 @@ const RegisterCommand kRegisterRender([](CLI::App& app) {
   auto options = std::make_shared<RenderOptions>();
   CLI::App* command = app.add_subcommand("render", "Print the prompts a model's chat template makes of conversations");
   CLI::Option_group* source = command->add_option_group("source", "where the tokenizer is");
-  source->add_option("--model", options->model_dir, "model directory");
+  add_model_option(*source, options->model_dir, "model directory");
   source->add_option("--tokenizer", options->tokenizer_dir,
                      "directory holding tokenizer.json and tokenizer_config.json");
   source->require_option(1);

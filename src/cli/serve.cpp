@@ -157,10 +157,12 @@ void serve(const ServeCommand& options) {
   server_options.http.cors.allowed_origins = options.allowed_origins;
   server_options.http.cors.allow_loopback_origins = !options.no_loopback_origins;
   server_options.request_log = server::parse_log_format(options.log_format);
+  // A hub id names the model (its snapshot folder's name is a commit); a folder by its name.
+  const bool from_hub = options.model.model != options.model.model_dir;
   server_options.model_name =
-      options.served_model_name.empty()
-          ? std::filesystem::path(options.model.model_dir).lexically_normal().filename().string()
-          : options.served_model_name;
+      !options.served_model_name.empty() ? options.served_model_name
+      : from_hub ? options.model.model
+                 : std::filesystem::path(options.model.model_dir).lexically_normal().filename().string();
   if (server_options.model_name.empty()) server_options.model_name = "model";
   server_options.vocab_size = vocab_size;
   server_options.api_key = options.api_key;
@@ -281,6 +283,7 @@ RegisterCommand register_serve([](CLI::App& app) {
   }
   command->callback([options, command] {
     if (!options->config_file.empty()) apply_config_file(*command, options->config_file);
+    options->model.resolve();
     serve(*options);
   });
 });

@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/jsonl.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,7 +28,8 @@ struct TokenizeOptions {
 void print_ids(const std::vector<int32_t>& ids) { fmt::print("{}\n", nlohmann::json(ids).dump()); }
 
 void run_tokenize(const TokenizeOptions& options) {
-  const Tokenizer tokenizer = Tokenizer::load(options.model_dir.empty() ? options.tokenizer_path : options.model_dir);
+  const Tokenizer tokenizer =
+      Tokenizer::load(options.model_dir.empty() ? options.tokenizer_path : resolve_model(options.model_dir));
   if (options.jsonl_path.empty()) {
     print_ids(tokenizer.encode(options.text, options.add_special_tokens));
     return;
@@ -42,7 +44,7 @@ const RegisterCommand kRegisterTokenize([](CLI::App& app) {
   auto options = std::make_shared<TokenizeOptions>();
   CLI::App* command = app.add_subcommand("tokenize", "Print the token ids of text");
   CLI::Option_group* source = command->add_option_group("source", "where the tokenizer is");
-  source->add_option("--model", options->model_dir, "model directory holding tokenizer.json");
+  add_model_option(*source, options->model_dir, "model directory holding tokenizer.json");
   source->add_option("--tokenizer", options->tokenizer_path, "tokenizer.json, or a directory holding it");
   source->require_option(1);
   CLI::Option_group* input = command->add_option_group("input", "what to tokenize");
