@@ -1,6 +1,5 @@
 #include "io/hub_download.h"
 
-#include <curl/curl.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
@@ -13,7 +12,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -23,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/sha256.h"
+#include "io/curl_library.h"
 
 namespace kiln {
 namespace fs = std::filesystem;
@@ -40,8 +39,8 @@ constexpr int kMaxRedirects = 10;
 using Headers = std::map<std::string, std::string>;  // lower-case names, of the last response
 
 struct CurlDeleter {
-  void operator()(CURL* curl) const { curl_easy_cleanup(curl); }
-  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
+  void operator()(CURL* curl) const { libcurl().easy_cleanup(curl); }
+  void operator()(curl_slist* list) const { libcurl().slist_free_all(list); }
 };
 using CurlHandle = std::unique_ptr<CURL, CurlDeleter>;
 using CurlHeaders = std::unique_ptr<curl_slist, CurlDeleter>;
@@ -172,7 +171,7 @@ size_t write_blob(char* data, size_t size, size_t count, void* user) {
   if (!transfer.status_checked) {
     transfer.status_checked = true;
     long status = 0;
-    curl_easy_getinfo(transfer.curl, CURLINFO_RESPONSE_CODE, &status);
+    libcurl().easy_getinfo(transfer.curl, CURLINFO_RESPONSE_CODE, &status);
     transfer.writing = status == 200 || status == 206;
     // A 200 is the whole file: the server ignored the Range, so what the file held is replaced.
     if (status == 200 && transfer.bytes > 0) restart_transfer(transfer);
@@ -211,8 +210,7 @@ class HubClient {
  public:
   HubClient(const HubModelId& id, const HubSettings& settings, const PullListener& listener)
       : id_(id), settings_(settings), listener_(listener), cache_(settings.cache, id.repo) {
-    static std::once_flag curl_ready;
-    std::call_once(curl_ready, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+    libcurl();  // loaded (or its absence reported) before anything is asked of the hub
   }
 
   PulledModel pull() {
@@ -265,29 +263,29 @@ class HubClient {
   // Options every request shares; the token goes to the endpoint only (libcurl never sends an
   // Authorization header to the host a redirect leads to, as the hub's CDN is).
   CurlHandle start(const std::string& url, Response& response, CurlHeaders& request_headers) const {
-    CurlHandle curl(curl_easy_init());
+    CurlHandle curl(libcurl().easy_init());
     if (!curl) fail("{}: cannot start libcurl", id_.to_string());
     if (settings_.token)
-      request_headers.reset(curl_slist_append(nullptr, ("Authorization: Bearer " + *settings_.token).c_str()));
-    curl_easy_setopt(curl.get(), CURLOPT_URL, url.c_str());
-    curl_easy_setopt(curl.get(), CURLOPT_HTTPHEADER, request_headers.get());
-    curl_easy_setopt(curl.get(), CURLOPT_USERAGENT, "kiln/0.1.0");
-    curl_easy_setopt(curl.get(), CURLOPT_HEADERFUNCTION, collect_header);
-    curl_easy_setopt(curl.get(), CURLOPT_HEADERDATA, &response.headers);
-    curl_easy_setopt(curl.get(), CURLOPT_NOSIGNAL, 1L);
+      request_headers.reset(libcurl().slist_append(nullptr, ("Authorization: Bearer " + *settings_.token).c_str()));
+    libcurl().easy_setopt(curl.get(), CURLOPT_URL, url.c_str());
+    libcurl().easy_setopt(curl.get(), CURLOPT_HTTPHEADER, request_headers.get());
+    libcurl().easy_setopt(curl.get(), CURLOPT_USERAGENT, "kiln/0.1.0");
+    libcurl().easy_setopt(curl.get(), CURLOPT_HEADERFUNCTION, collect_header);
+    libcurl().easy_setopt(curl.get(), CURLOPT_HEADERDATA, &response.headers);
+    libcurl().easy_setopt(curl.get(), CURLOPT_NOSIGNAL, 1L);
     // huggingface_hub's 10 s to connect; a transfer stalled for 30 s fails and is resumed.
-    curl_easy_setopt(curl.get(), CURLOPT_CONNECTTIMEOUT, 10L);
-    curl_easy_setopt(curl.get(), CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(curl.get(), CURLOPT_LOW_SPEED_TIME, 30L);
+    libcurl().easy_setopt(curl.get(), CURLOPT_CONNECTTIMEOUT, 10L);
+    libcurl().easy_setopt(curl.get(), CURLOPT_LOW_SPEED_LIMIT, 1L);
+    libcurl().easy_setopt(curl.get(), CURLOPT_LOW_SPEED_TIME, 30L);
     return curl;
   }
 
   void perform(CURL* curl, Response& response) const {
     char error[CURL_ERROR_SIZE] = {};
-    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
-    response.result = curl_easy_perform(curl);
-    if (response.result != CURLE_OK) response.curl_error = *error ? error : curl_easy_strerror(response.result);
-    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
+    libcurl().easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
+    response.result = libcurl().easy_perform(curl);
+    if (response.result != CURLE_OK) response.curl_error = *error ? error : libcurl().easy_strerror(response.result);
+    libcurl().easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
   }
 
   [[noreturn]] void fail_unreachable(const std::string& what, const std::string& url, const Response& response) const {
@@ -334,10 +332,10 @@ class HubClient {
     Response response;
     CurlHeaders request_headers;
     CurlHandle curl = start(url, response, request_headers);
-    curl_easy_setopt(curl.get(), CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(curl.get(), CURLOPT_MAXREDIRS, static_cast<long>(kMaxRedirects));
-    curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, append_bounded);
-    curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &response.body);
+    libcurl().easy_setopt(curl.get(), CURLOPT_FOLLOWLOCATION, 1L);
+    libcurl().easy_setopt(curl.get(), CURLOPT_MAXREDIRS, static_cast<long>(kMaxRedirects));
+    libcurl().easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, append_bounded);
+    libcurl().easy_setopt(curl.get(), CURLOPT_WRITEDATA, &response.body);
     perform(curl.get(), response);
     if (response.result != CURLE_OK) fail_unreachable("the file list", url, response);
     if (response.status != 200) fail_status("the file list", url, response);
@@ -361,7 +359,7 @@ class HubClient {
       response = Response();
       CurlHeaders request_headers;
       CurlHandle curl = start(url, response, request_headers);
-      curl_easy_setopt(curl.get(), CURLOPT_NOBODY, 1L);
+      libcurl().easy_setopt(curl.get(), CURLOPT_NOBODY, 1L);
       perform(curl.get(), response);
       if (response.result != CURLE_OK) fail_unreachable(name, url, response);
       const std::string location = header(response.headers, "location");
@@ -456,16 +454,16 @@ class HubClient {
       Response response;
       CurlHeaders request_headers;
       CurlHandle curl = start(file.url, response, request_headers);
-      curl_easy_setopt(curl.get(), CURLOPT_FOLLOWLOCATION, 1L);
-      curl_easy_setopt(curl.get(), CURLOPT_MAXREDIRS, static_cast<long>(kMaxRedirects));
+      libcurl().easy_setopt(curl.get(), CURLOPT_FOLLOWLOCATION, 1L);
+      libcurl().easy_setopt(curl.get(), CURLOPT_MAXREDIRS, static_cast<long>(kMaxRedirects));
       const std::string range = fmt::format("{}-", transfer.bytes);
-      if (transfer.bytes > 0) curl_easy_setopt(curl.get(), CURLOPT_RANGE, range.c_str());
+      if (transfer.bytes > 0) libcurl().easy_setopt(curl.get(), CURLOPT_RANGE, range.c_str());
       transfer.curl = curl.get();
       transfer.status_checked = false;
       transfer.error_body.clear();
       transfer.progress.resumed_from = transfer.bytes;
-      curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, write_blob);
-      curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &transfer);
+      libcurl().easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, write_blob);
+      libcurl().easy_setopt(curl.get(), CURLOPT_WRITEDATA, &transfer);
       perform(curl.get(), response);
       if (transfer.write_errno)
         fail("{}: {}: cannot write {}: {}", id_.to_string(), file.name, incomplete.string(),
