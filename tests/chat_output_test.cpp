@@ -62,6 +62,7 @@ ChatOutput parse_every_way(ChatOutputSyntax syntax, const std::string& text, boo
 constexpr ChatOutputSyntax kQwen3{ToolCallSyntax::Hermes, true};
 constexpr ChatOutputSyntax kQwen35{ToolCallSyntax::QwenXml, true};
 constexpr ChatOutputSyntax kLlama{ToolCallSyntax::LlamaJson, false};
+constexpr ChatOutputSyntax kMiniCpm{ToolCallSyntax::MiniCpmXml, true};
 
 TEST(ChatOutput, HermesCallsAfterReasoningAndText) {
   const ChatOutput out = parse_every_way(kQwen3,
@@ -89,6 +90,27 @@ TEST(ChatOutput, QwenXmlValuesAreTypedByTheToolSchema) {
   EXPECT_EQ(json::parse(out.tool_calls[0].arguments),
             json::parse(R"({"city": "New York", "days": 3, "metric": true, "hours": [1, 2], "code": "007",
                            "note": "multi\nline"})"));
+}
+
+TEST(ChatOutput, MiniCpmXmlCallsWithCdataValuesTypedByTheToolSchema) {
+  const ChatOutput out = parse_every_way(kMiniCpm,
+      "<think>\nweather first\n</think>\n\nChecking.\n"
+      R"(<function name="get_weather"><param name="city">Paris</param><param name="days">2</param>)"
+      R"(<param name="code"><![CDATA[a < b & </param></function> "c"]]></param></function>)"
+      "\n<function name='get_weather'><param name='note'><![CDATA[two\nlines]]></param></function>");
+  EXPECT_EQ(out.reasoning, "\nweather first\n");
+  EXPECT_EQ(out.content, "Checking.\n");
+  ASSERT_EQ(out.tool_calls.size(), 2u);
+  EXPECT_EQ(out.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(json::parse(out.tool_calls[0].arguments),
+            json::parse(R"({"city": "Paris", "days": 2, "code": "a < b & </param></function> \"c\""})"));
+  EXPECT_EQ(json::parse(out.tool_calls[1].arguments), json::parse(R"({"note": "two\nlines"})"));
+  const std::string broken = R"(<function name="get_weather"><param name="city">Paris</function>)";
+  const ChatOutput text = parse_every_way(kMiniCpm, broken);
+  EXPECT_TRUE(text.tool_calls.empty());
+  EXPECT_EQ(text.content, broken);
+  const std::string unfinished = R"(<function name="get_weather"><param name="city"><![CDATA[Par)";
+  EXPECT_EQ(parse_every_way(kMiniCpm, unfinished).content, unfinished);
 }
 
 TEST(ChatOutput, ReasoningOpenedByThePromptEndsAtItsClosingTag) {
@@ -143,10 +165,16 @@ TEST(ChatOutput, SyntaxComesFromTheChatTemplate) {
   EXPECT_EQ(chat_output_syntax("<tool_call>\\n<function=example_function_name>\\n<parameter=x>").tool_calls,
             ToolCallSyntax::QwenXml);
   EXPECT_EQ(chat_output_syntax("{{- '<|python_tag|>' }}").tool_calls, ToolCallSyntax::LlamaJson);
+  // MiniCPM5's template (openbmb/MiniCPM5-1B) describes its calls in these words.
+  EXPECT_EQ(chat_output_syntax("return an XML object within <function ... </function> using:\\n<function "
+                               "name=\"function-name\"><param name=\"param-name\">param-value</param></function>")
+                .tool_calls,
+            ToolCallSyntax::MiniCpmXml);
   const ChatOutputSyntax plain = chat_output_syntax("{% for m in messages %}{{ m.content }}{% endfor %}");
   EXPECT_EQ(plain.tool_calls, ToolCallSyntax::None);
   EXPECT_FALSE(plain.reasoning);
   EXPECT_STREQ(tool_call_syntax_name(ToolCallSyntax::QwenXml), "qwen_xml");
+  EXPECT_STREQ(tool_call_syntax_name(ToolCallSyntax::MiniCpmXml), "minicpm_xml");
 }
 
 }  // namespace

@@ -8,6 +8,32 @@ namespace {
 
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kCallOpen = "<tool_call>", kCallClose = "</tool_call>";
+// MiniCPM5's calls have no wrapper: the function element itself is the call.
+constexpr std::string_view kFunctionOpen = "<function name=", kFunctionClose = "</function>";
+constexpr std::string_view kCdataOpen = "<![CDATA[", kCdataClose = "]]>";
+
+// The markers that open and close a call in `syntax` (empty for untagged syntaxes).
+std::string_view call_open(ToolCallSyntax syntax) {
+  if (syntax == ToolCallSyntax::Hermes || syntax == ToolCallSyntax::QwenXml) return kCallOpen;
+  if (syntax == ToolCallSyntax::MiniCpmXml) return kFunctionOpen;
+  return {};
+}
+std::string_view call_close(ToolCallSyntax syntax) {
+  return syntax == ToolCallSyntax::MiniCpmXml ? kFunctionClose : kCallClose;
+}
+
+// Where `close` first stands in `text` outside CDATA sections (a MiniCPM value may hold anything
+// in one), or npos.
+size_t find_outside_cdata(std::string_view text, std::string_view close) {
+  size_t from = 0;
+  while (true) {
+    const size_t at = text.find(close, from), cdata = text.find(kCdataOpen, from);
+    if (at == std::string_view::npos || cdata == std::string_view::npos || at < cdata) return at;
+    const size_t cdata_end = text.find(kCdataClose, cdata + kCdataOpen.size());
+    if (cdata_end == std::string_view::npos) return std::string_view::npos;
+    from = cdata_end + kCdataClose.size();
+  }
+}
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -102,12 +128,61 @@ std::optional<ToolCall> qwen_xml_call(std::string_view body, const nlohmann::ord
   return ToolCall{function->name, typed_xml_arguments(parameters, tools, function->name).dump()};
 }
 
+// A quoted attribute value at `at` ("…" or '…'): the value and the position past its closing quote.
+std::optional<std::pair<std::string, size_t>> quoted(std::string_view text, size_t at) {
+  if (at >= text.size() || (text[at] != '"' && text[at] != '\'')) return std::nullopt;
+  const size_t end = text.find(text[at], at + 1);
+  if (end == std::string_view::npos) return std::nullopt;
+  return std::pair{std::string(text.substr(at + 1, end - at - 1)), end + 1};
+}
+
+size_t skip_spaces(std::string_view text, size_t at) {
+  while (at < text.size() && is_space(text[at])) ++at;
+  return at;
+}
+
+// A MiniCPM call's body: what follows `<function name=` up to its `</function>`, i.e.
+// "N"><param name="K">V</param>…
+std::optional<ToolCall> minicpm_xml_call(std::string_view body, const nlohmann::ordered_json& tools) {
+  const auto name = quoted(body, 0);
+  if (!name || name->first.empty() || name->second >= body.size() || body[name->second] != '>') return std::nullopt;
+  constexpr std::string_view kParamOpen = "<param name=", kParamClose = "</param>";
+  std::vector<std::pair<std::string, std::string>> parameters;
+  size_t at = skip_spaces(body, name->second + 1);
+  while (at < body.size()) {
+    if (body.substr(at, kParamOpen.size()) != kParamOpen) return std::nullopt;
+    const auto key = quoted(body, at + kParamOpen.size());
+    if (!key || key->second >= body.size() || body[key->second] != '>') return std::nullopt;
+    size_t value_start = key->second + 1;
+    std::string value;
+    if (body.substr(value_start, kCdataOpen.size()) == kCdataOpen) {
+      const size_t cdata_end = body.find(kCdataClose, value_start + kCdataOpen.size());
+      if (cdata_end == std::string_view::npos) return std::nullopt;
+      value = std::string(body.substr(value_start + kCdataOpen.size(), cdata_end - value_start - kCdataOpen.size()));
+      value_start = cdata_end + kCdataClose.size();
+      if (body.substr(value_start, kParamClose.size()) != kParamClose) return std::nullopt;
+      at = value_start + kParamClose.size();
+    } else {
+      const size_t close = body.find(kParamClose, value_start);
+      if (close == std::string_view::npos) return std::nullopt;
+      value = std::string(body.substr(value_start, close - value_start));
+      at = close + kParamClose.size();
+    }
+    parameters.emplace_back(key->first, std::move(value));
+    at = skip_spaces(body, at);
+  }
+  return ToolCall{name->first, typed_xml_arguments(parameters, tools, name->first).dump()};
+}
+
 }  // namespace
 
 ChatOutputSyntax chat_output_syntax(std::string_view chat_template) {
   ChatOutputSyntax syntax;
   syntax.reasoning = chat_template.find(kThinkOpen) != std::string_view::npos;
-  if (chat_template.find(kCallOpen) != std::string_view::npos)
+  if (chat_template.find(kFunctionOpen) != std::string_view::npos &&
+      chat_template.find("<param name=") != std::string_view::npos)
+    syntax.tool_calls = ToolCallSyntax::MiniCpmXml;
+  else if (chat_template.find(kCallOpen) != std::string_view::npos)
     syntax.tool_calls = chat_template.find("<function=") != std::string_view::npos ? ToolCallSyntax::QwenXml
                                                                                     : ToolCallSyntax::Hermes;
   else if (chat_template.find("<|python_tag|>") != std::string_view::npos ||
@@ -122,6 +197,7 @@ const char* tool_call_syntax_name(ToolCallSyntax syntax) {
     case ToolCallSyntax::Hermes: return "hermes";
     case ToolCallSyntax::QwenXml: return "qwen_xml";
     case ToolCallSyntax::LlamaJson: return "llama_json";
+    case ToolCallSyntax::MiniCpmXml: return "minicpm_xml";
   }
   return "?";
 }
@@ -189,6 +265,7 @@ std::optional<ToolCall> ChatOutputParser::parse_call(std::string_view body) cons
     case ToolCallSyntax::Hermes: return json_call(body, {"arguments", "parameters"});
     case ToolCallSyntax::QwenXml: return qwen_xml_call(body, tools_);
     case ToolCallSyntax::LlamaJson: return json_call(body, {"parameters", "arguments"});
+    case ToolCallSyntax::MiniCpmXml: return minicpm_xml_call(body, tools_);
   }
   return std::nullopt;
 }
@@ -196,19 +273,20 @@ std::optional<ToolCall> ChatOutputParser::parse_call(std::string_view body) cons
 std::vector<ChatOutputEvent> ChatOutputParser::push(std::string_view text) {
   pending_ += text;
   std::vector<ChatOutputEvent> events;
-  const bool tagged_calls = syntax_.tool_calls == ToolCallSyntax::Hermes || syntax_.tool_calls == ToolCallSyntax::QwenXml;
+  const std::string_view open = call_open(syntax_.tool_calls), close = call_close(syntax_.tool_calls);
   while (true) {
     if (state_ == State::WholeReply) return events;
     if (state_ == State::ToolCall) {
-      const size_t close = pending_.find(kCallClose);
-      if (close == std::string::npos) return events;
-      const std::string body = pending_.substr(0, close);
-      pending_.erase(0, close + kCallClose.size());
+      const size_t at = syntax_.tool_calls == ToolCallSyntax::MiniCpmXml ? find_outside_cdata(pending_, close)
+                                                                          : pending_.find(close);
+      if (at == std::string::npos) return events;
+      const std::string body = pending_.substr(0, at);
+      pending_.erase(0, at + close.size());
       if (auto call = parse_call(body)) {
         emit_call(events, std::move(*call));
         skip_spaces_ = true;
       } else {
-        emit(events, ChatOutputEvent::Kind::Content, std::string(kCallOpen) + body + std::string(kCallClose));
+        emit(events, ChatOutputEvent::Kind::Content, std::string(open) + body + std::string(close));
       }
       state_ = State::Content;
       continue;
@@ -228,7 +306,7 @@ std::vector<ChatOutputEvent> ChatOutputParser::push(std::string_view text) {
       markers.push_back(kThinkClose);
     } else {
       if (syntax_.reasoning) markers.push_back(kThinkOpen);
-      if (tagged_calls) markers.push_back(kCallOpen);
+      if (!open.empty()) markers.push_back(open);
     }
     const auto kind = reasoning ? ChatOutputEvent::Kind::Reasoning : ChatOutputEvent::Kind::Content;
     const auto [at, marker] = first_marker(pending_, markers);
@@ -240,7 +318,7 @@ std::vector<ChatOutputEvent> ChatOutputParser::push(std::string_view text) {
     }
     emit(events, kind, pending_.substr(0, at));
     pending_.erase(0, at + marker.size());
-    state_ = marker == kThinkOpen ? State::Reasoning : marker == kCallOpen ? State::ToolCall : State::Content;
+    state_ = marker == kThinkOpen ? State::Reasoning : marker == open ? State::ToolCall : State::Content;
     if (marker == kThinkClose) skip_spaces_ = true;
     started_ = true;
   }
@@ -252,7 +330,7 @@ std::vector<ChatOutputEvent> ChatOutputParser::finish() {
     case State::Content: emit(events, ChatOutputEvent::Kind::Content, std::move(pending_)); break;
     case State::Reasoning: emit(events, ChatOutputEvent::Kind::Reasoning, std::move(pending_)); break;
     case State::ToolCall:
-      emit(events, ChatOutputEvent::Kind::Content, std::string(kCallOpen) + pending_);
+      emit(events, ChatOutputEvent::Kind::Content, std::string(call_open(syntax_.tool_calls)) + pending_);
       break;
     case State::WholeReply:
       if (auto call = parse_call(pending_))

@@ -8,6 +8,9 @@
 //                                      written, anything else parsed as JSON)
 //   Llama JSON  (Llama-3.1 / 3.2)      the whole reply is {"name": N, "parameters": {…}} (the
 //                                      <|python_tag|> before it is a special token, not text)
+//   MiniCPM XML (MiniCPM5)             <function name="N"><param name="K">V</param>…</function>
+//                                      (a value with <, & or a newline in <![CDATA[…]]>; typed
+//                                      by the tool's schema as Qwen XML's are)
 //
 // The parser is incremental: text goes in as it streams, and what can be told apart comes out as
 // events — content and reasoning as soon as no marker could still begin in them, a tool call once
@@ -25,7 +28,7 @@
 
 namespace kiln {
 
-enum class ToolCallSyntax { None, Hermes, QwenXml, LlamaJson };
+enum class ToolCallSyntax { None, Hermes, QwenXml, LlamaJson, MiniCpmXml };
 
 struct ChatOutputSyntax {
   ToolCallSyntax tool_calls = ToolCallSyntax::None;
@@ -34,10 +37,10 @@ struct ChatOutputSyntax {
 
 // The syntax a chat template makes its model write: Qwen XML where the template describes
 // `<function=` calls inside `<tool_call>`, Hermes where it describes `<tool_call>` alone, Llama JSON
-// where it offers tools as `{"name": …, "parameters": …}` (Llama 3.1's `<|python_tag|>` templates);
-// reasoning where it mentions `<think>`.
+// where it offers tools as `{"name": …, "parameters": …}` (Llama 3.1's `<|python_tag|>` templates),
+// MiniCPM XML where it describes `<function name=` calls; reasoning where it mentions `<think>`.
 ChatOutputSyntax chat_output_syntax(std::string_view chat_template);
-// "hermes", "qwen_xml", "llama_json", "none" (kiln inspect).
+// "hermes", "qwen_xml", "llama_json", "minicpm_xml", "none" (kiln inspect).
 const char* tool_call_syntax_name(ToolCallSyntax syntax);
 
 struct ToolCall {
@@ -73,8 +76,8 @@ class ChatOutputParser {
   // Everything the events so far said.
   const ChatOutput& output() const { return output_; }
 
-  // One call's body (the text between <tool_call> and </tool_call>, or a Llama reply) as a call,
-  // or nothing when it does not parse.
+  // One call's body (the text between the call's opening and closing markers, or a Llama reply)
+  // as a call, or nothing when it does not parse.
   std::optional<ToolCall> parse_call(std::string_view body) const;
 
  private:
