@@ -50,6 +50,7 @@ struct ServeCommand {
   bool no_loopback_origins = false;
   std::string log_format = "text";
   std::string config_file;
+  bool no_prefix_cache = false;
 };
 
 std::string read_text_file(const std::string& path) {
@@ -145,6 +146,7 @@ void serve(const ServeCommand& options) {
   scheduler_options.context_tokens = context;
   scheduler_options.max_queue = options.max_queue;
   scheduler_options.prefill_chunk = options.sizes.prefill_chunk;
+  scheduler_options.prefix_cache = !options.no_prefix_cache;
 
   server::ServerOptions server_options;
   server_options.http.host = options.host;
@@ -265,6 +267,8 @@ RegisterCommand register_serve([](CLI::App& app) {
   command->add_option("--allowed-origins", options->allowed_origins,
                       "Web origins whose pages may call the server (CORS), e.g. https://app.example; * for any")
       ->delimiter(',');
+  command->add_flag("--no-prefix-cache", options->no_prefix_cache,
+                    "Prefill every prompt in full instead of reusing a cache slot's tokens as its prefix");
   command->add_flag("--no-loopback-origins", options->no_loopback_origins,
                     "Refuse pages served from this machine (localhost, 127.0.0.1, [::1]) too, unless listed");
   command->add_option("--log-format", options->log_format, "The per-request log line: text, or one JSON object")

@@ -47,6 +47,7 @@ struct GenerationCore::Sequence {
   int64_t prefilled = 0;    // prompt tokens already in the cache
   int32_t next_input = -1;  // the last sampled token, fed at the next decode step
   int64_t generated = 0;
+  std::vector<int32_t> generated_tokens;  // every token sampled, in order
   uint64_t id = 0;  // unique among the core's requests: names its rows in a step in flight
 
   int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
@@ -82,7 +83,7 @@ TokenEvent final_event(FinishReason reason, std::string error) {
 }  // namespace
 
 GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
-                               int64_t step_token_budget)
+                               int64_t step_token_budget, bool prefix_cache)
     : model_(model), prefill_chunk_(prefill_chunk), step_token_budget_(step_token_budget) {
   // Decode steps run as captured graphs where the backend can; their padded rows need the spare
   // slots of decode_bucket(slots) (engine/decode_graph.h), which requests never hold.
@@ -90,18 +91,47 @@ GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_toke
   cache_ = model_.make_cache(graphs ? decode_bucket(slots) : slots, context_tokens);
   if (graphs) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, *cache_);
   for (int32_t slot = slots - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+  prefix_cache_ = prefix_cache && cache_->resumes_at_any_position();
+  slot_tokens_.resize(static_cast<size_t>(slots));
+  slot_released_.assign(static_cast<size_t>(slots), 0);
 }
 
 GenerationCore::~GenerationCore() = default;
 
 void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStream> stream) {
   if (free_slots_.empty()) fail("no free cache slot for a new request");
+  const std::vector<int32_t>& prompt = request.prompt;
+  // The free slot to take: the longest reusable run, else the one released longest ago.
+  size_t chosen = 0;
+  int64_t reused = 0;
+  for (size_t i = 0; i < free_slots_.size(); ++i) {
+    const std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(free_slots_[i])];
+    int64_t run = 0;
+    if (prefix_cache_) {
+      const auto limit = static_cast<int64_t>(std::min(held.size(), prompt.size() - 1));
+      while (run < limit && held[static_cast<size_t>(run)] == prompt[static_cast<size_t>(run)]) ++run;
+      run -= run % kPrefixBlock;
+    }
+    const bool older = slot_released_[static_cast<size_t>(free_slots_[i])] <
+                       slot_released_[static_cast<size_t>(free_slots_[chosen])];
+    if (run > reused || (run == reused && reused == 0 && older)) {
+      chosen = i;
+      reused = run;
+    }
+  }
+  const int32_t slot = free_slots_[chosen];
+  free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(chosen));
+  slot_tokens_[static_cast<size_t>(slot)].clear();
+  if (reused == 0) cache_->reset_slot(slot);
+  prefix_query_tokens_ += static_cast<int64_t>(prompt.size());
+  prefix_hit_tokens_ += reused;
+  stream->cached_tokens_.store(reused);
+
   Sampler sampler(request.sampling);
-  auto sequence = std::make_unique<Sequence>(
-      Sequence{std::move(request), std::move(stream), std::move(sampler), free_slots_.back()});
-  free_slots_.pop_back();
+  auto sequence =
+      std::make_unique<Sequence>(Sequence{std::move(request), std::move(stream), std::move(sampler), slot});
+  sequence->prefilled = reused;
   sequence->id = ++admitted_;
-  cache_->reset_slot(sequence->slot);
   running_.push_back(std::move(sequence));
 }
 
@@ -117,6 +147,15 @@ void GenerationCore::cancel_all(const std::string& why) {
 
 void GenerationCore::end(Sequence& sequence, TokenEvent event) {
   sequence.stream->push(std::move(event));
+  // What the slot now holds for sure: the prompt as far as it was prefilled, then every sampled
+  // token but the last, which no step has fed yet (a step in flight may have written it, and
+  // rows past what is recorded are never read before being written again).
+  std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(sequence.slot)];
+  const std::vector<int32_t>& prompt = sequence.request.prompt;
+  held.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(sequence.prefilled));
+  if (sequence.prefilled == sequence.prompt_length() && !sequence.generated_tokens.empty())
+    held.insert(held.end(), sequence.generated_tokens.begin(), sequence.generated_tokens.end() - 1);
+  slot_released_[static_cast<size_t>(sequence.slot)] = ++releases_;
   free_slots_.push_back(sequence.slot);
 }
 
@@ -139,7 +178,10 @@ void GenerationCore::fail_running(const std::exception& error) {
     }
   }
   in_flight_.clear();
-  for (auto& sequence : running_) end(*sequence, final_event(FinishReason::Error, error.what()));
+  for (auto& sequence : running_) {
+    end(*sequence, final_event(FinishReason::Error, error.what()));
+    slot_tokens_[static_cast<size_t>(sequence->slot)].clear();  // what the failed step wrote is unknown
+  }
   running_.clear();
 }
 
@@ -147,6 +189,7 @@ void GenerationCore::fail_running(const std::exception& error) {
 // request ends with it: at a stop id, else at max_tokens.
 bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::span<const float> row) {
   ++sequence.generated;
+  sequence.generated_tokens.push_back(token.token);
   sequence.next_input = token.token;
   TokenEvent event{token.token, token.logprob, {}, false, FinishReason::Stop, ""};
   if (sequence.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, sequence.request.top_logprobs);

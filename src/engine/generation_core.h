@@ -64,6 +64,8 @@ class RequestStream {
   void cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
   int64_t prompt_tokens() const { return prompt_tokens_; }
+  // Prompt tokens served from the prefix cache rather than prefilled (set when admitted).
+  int64_t cached_tokens() const { return cached_tokens_.load(); }
 
  private:
   friend class GenerationCore;
@@ -75,6 +77,7 @@ class RequestStream {
   std::deque<TokenEvent> events_;
   std::atomic<bool> cancelled_{false};
   int64_t prompt_tokens_ = 0;
+  std::atomic<int64_t> cached_tokens_{0};
 };
 
 class GenerationCore {
@@ -83,8 +86,16 @@ class GenerationCore {
   // slots of decode_bucket(slots) that padded graph rows take); each step runs at most
   // `step_token_budget` tokens, a prefilling sequence at most `prefill_chunk` of them. The sizes are
   // those of a ServingSizes that passed check_serving_sizes, and the budget its step_token_budget.
+  //
+  // With `prefix_cache`, a slot keeps the tokens its last sequence wrote, and a request is admitted
+  // to the free slot whose tokens begin its prompt for longest: it prefills only the rest. The run
+  // it reuses is cut to a multiple of kPrefixBlock (the split points at which chunked prefill is
+  // bit-identical to a one-shot one) and leaves at least one prompt token to prefill (the first
+  // sampled token needs its logits), so a cached answer is bit-identical to an uncached one. Only
+  // caches that resume at any position (ModelCache::resumes_at_any_position) reuse; a request that
+  // reuses nothing takes the free slot used least recently, so recent prefixes stay longest.
   GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
-                 int64_t step_token_budget);
+                 int64_t step_token_budget, bool prefix_cache = true);
   ~GenerationCore();
   GenerationCore(const GenerationCore&) = delete;
   GenerationCore& operator=(const GenerationCore&) = delete;
@@ -102,6 +113,11 @@ class GenerationCore {
   size_t running() const { return running_.size(); }
   // Cache positions the running requests hold.
   int64_t cache_tokens_used() const;
+  // Prompt tokens admitted so far, and of them those served from the prefix cache.
+  int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
+
+  static constexpr int64_t kPrefixBlock = 64;
 
  private:
   struct Sequence;
@@ -130,6 +146,14 @@ class GenerationCore {
   std::unique_ptr<DecodeGraphs> decode_graphs_;  // null on backends without GraphOps (the CPU)
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<int32_t> free_slots_;
+  bool prefix_cache_;
+  // Per slot: the tokens whose rows it holds (those its last sequence wrote, none while a sequence
+  // runs in it), and when it was last released (a count of releases).
+  std::vector<std::vector<int32_t>> slot_tokens_;
+  std::vector<uint64_t> slot_released_;
+  uint64_t releases_ = 0;
+  int64_t prefix_query_tokens_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
   // The requests (Sequence::id, in row order) of the decode step in flight: queued on the device,
   // its tokens not yet read. Empty when none is.
   std::vector<uint64_t> in_flight_;

@@ -20,7 +20,7 @@ Scheduler::Scheduler(Model& model, SchedulerOptions options) : model_(model), op
   const ServingSizes sizes{options_.max_batch, options_.context_tokens, options_.prefill_chunk};
   check_serving_sizes(sizes, model_.config());
   core_ = std::make_unique<GenerationCore>(model_, options_.max_batch, options_.context_tokens,
-                                           options_.prefill_chunk, sizes.step_token_budget());
+                                           options_.prefill_chunk, sizes.step_token_budget(), options_.prefix_cache);
   stats_.cache_tokens_total = options_.max_batch * options_.context_tokens;
   thread_ = std::thread([this] { run(); });
 }
@@ -76,6 +76,8 @@ void Scheduler::run() {
         waiting_.pop_front();
         core_->admit(std::move(request), std::move(stream));
       }
+      stats_.prefix_query_tokens = core_->prefix_query_tokens();
+      stats_.prefix_hit_tokens = core_->prefix_hit_tokens();
       stats_.waiting = static_cast<int64_t>(waiting_.size());
       stats_.running = static_cast<int64_t>(core_->running());
     }

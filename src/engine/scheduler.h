@@ -28,6 +28,7 @@ struct SchedulerOptions {
   int64_t context_tokens = 4096;   // per-sequence capacity (prompt + generation)
   int64_t max_queue = 64;          // waiting requests beyond this are refused (QueueFull)
   int64_t prefill_chunk = kDefaultPrefillChunk;  // most prompt tokens one sequence prefills per step (multiple of 64)
+  bool prefix_cache = true;  // reuse a slot's tokens as a new prompt's prefix (GenerationCore)
 };
 
 struct SchedulerStats {
@@ -36,6 +37,8 @@ struct SchedulerStats {
   int64_t cache_tokens_used = 0;
   int64_t cache_tokens_total = 0;
   int64_t steps = 0;
+  int64_t prefix_query_tokens = 0;  // prompt tokens admitted
+  int64_t prefix_hit_tokens = 0;    // of them, served from the prefix cache
 };
 
 class QueueFull : public std::runtime_error {

@@ -57,6 +57,7 @@ class KVCache final : public ModelCache {
   void reset_slot(int32_t slot) override {
     if (slot < 0 || slot >= slots_) fail("cache slot {} out of range (cache has {} slots)", slot, slots_);
   }
+  bool resumes_at_any_position() const override { return true; }
   size_t bytes() const override {
     size_t total = 0;
     for (const auto& tensor : keys) total += tensor.nbytes();

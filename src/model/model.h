@@ -27,6 +27,10 @@ class ModelCache {
   virtual int64_t capacity() const = 0;
   // Forget a slot's contents (its next sequence starts at position 0).
   virtual void reset_slot(int32_t slot) = 0;
+  // Whether a sequence may continue a slot at any position p below what the slot last held, the
+  // rows under p kept: true where the state is a KV cache (attention reads rows 0..p only), false
+  // where a recurrent state sums up the whole history (Gated DeltaNet).
+  virtual bool resumes_at_any_position() const = 0;
   virtual size_t bytes() const = 0;
 };
 

@@ -107,6 +107,7 @@ class HybridCache final : public ModelCache {
   void reset_slot(int32_t slot) override {
     if (slot < 0 || slot >= slots_) fail("cache slot {} out of range (cache has {} slots)", slot, slots_);
   }
+  bool resumes_at_any_position() const override { return false; }
   size_t bytes() const override {
     size_t total = 0;
     for (const auto* group : {&keys, &values, &conv_states, &delta_states})

@@ -98,6 +98,7 @@ class TensorParallelCache final : public ModelCache {
   void reset_slot(int32_t slot) override {
     for (auto& rank : ranks_) rank->reset_slot(slot);
   }
+  bool resumes_at_any_position() const override { return ranks_.front()->resumes_at_any_position(); }
   size_t bytes() const override {
     size_t total = 0;
     for (const auto& rank : ranks_) total += rank->bytes();

@@ -218,8 +218,13 @@ std::string anthropic_stop_reason(FinishReason finish_reason, const std::optiona
 
 namespace {
 
-json anthropic_usage(int64_t input_tokens, int64_t output_tokens) {
-  return {{"input_tokens", input_tokens}, {"output_tokens", output_tokens}};
+// Anthropic counts the prompt in parts: input_tokens are those processed now, cache_read_input_tokens
+// those read from the cache (kiln's prefix cache writes as it goes: no cache_creation charge).
+json anthropic_usage(const TokenUsage& usage) {
+  return {{"input_tokens", usage.prompt_tokens - usage.cached_tokens},
+          {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", usage.cached_tokens},
+          {"output_tokens", usage.completion_tokens}};
 }
 
 json stop_sequence_field(const TextDelta& end) { return end.stop_sequence ? json(*end.stop_sequence) : json(); }
@@ -260,7 +265,7 @@ json MessagesResponse::whole(const WholeGeneration& whole, const TokenUsage& usa
           {"content", std::move(content)},
           {"stop_reason", stop_reason_of(whole.last, output)},
           {"stop_sequence", stop_sequence_field(whole.last)},
-          {"usage", anthropic_usage(usage.prompt_tokens, usage.completion_tokens)}};
+          {"usage", anthropic_usage(usage)}};
 }
 
 std::vector<std::string> MessagesResponse::stream_start(const TokenUsage& usage) {
@@ -273,7 +278,7 @@ std::vector<std::string> MessagesResponse::stream_start(const TokenUsage& usage)
                         {"content", json::array()},
                         {"stop_reason", nullptr},
                         {"stop_sequence", nullptr},
-                        {"usage", anthropic_usage(usage.prompt_tokens, 0)}}}};
+                        {"usage", anthropic_usage({usage.prompt_tokens, 0, usage.cached_tokens})}}}};
   // Blocks open as the reply's parts arrive (the ping follows the first).
   return {sse_event("message_start", start)};
 }
@@ -341,7 +346,7 @@ std::vector<std::string> MessagesResponse::stream_delta(const TextDelta& delta, 
                               {"delta",
                                {{"stop_reason", stop_reason_of(delta, parser_.output())},
                                 {"stop_sequence", stop_sequence_field(delta)}}},
-                              {"usage", {{"output_tokens", usage.completion_tokens}}}}) +
+                              {"usage", anthropic_usage(usage)}}) +
                    sse_event("message_stop", {{"type", "message_stop"}}));
   return events;
 }

@@ -16,6 +16,7 @@ namespace kiln::server {
 struct TokenUsage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of the prompt's, served from the prefix cache (known once admitted)
 };
 
 // A non-streamed generation run to its end: the whole text, its tokens, and the last delta (its

@@ -149,6 +149,11 @@ std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
                                                  : 0.0);
   append_metric(text, "kiln_scheduler_steps_total", "counter", "Batched forward steps run.",
                 static_cast<double>(scheduler.steps));
+  append_metric(text, "kiln_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+                static_cast<double>(scheduler.prefix_query_tokens));
+  append_metric(text, "kiln_prefix_cache_hits_total", "counter",
+                "Prompt tokens served from the prefix cache instead of prefilled.",
+                static_cast<double>(scheduler.prefix_hit_tokens));
   text += time_to_first_token_.render("kiln_time_to_first_token_seconds",
                                       "Time from a request's arrival to its first generated token.");
   text += inter_token_latency_.render("kiln_inter_token_latency_seconds", "Time between consecutive generated tokens.");

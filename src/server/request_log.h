@@ -24,8 +24,7 @@ struct RequestRecord {
   // Set once a generation was accepted.
   std::optional<int64_t> prompt_tokens;
   std::optional<int64_t> generated_tokens;
-  // Prompt tokens served from a cache rather than prefilled: kiln has no prefix cache yet (issue
-  // 30), so an accepted generation reports 0.
+  // Prompt tokens served from the prefix cache rather than prefilled.
   std::optional<int64_t> cached_tokens;
   std::optional<double> time_to_first_token_seconds;
 };

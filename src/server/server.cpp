@@ -388,12 +388,14 @@ void Server::run(HttpExchange& exchange, RequestRecord& record, const std::strin
     ~RecordUsage() {
       record.prompt_tokens = generation.prompt_tokens();
       record.generated_tokens = generation.completion_tokens();
-      record.cached_tokens = 0;
+      record.cached_tokens = generation.cached_tokens();
       record.time_to_first_token_seconds = generation.time_to_first_token();
     }
   } record_usage{record, generation};
   const auto client_gone = [&] { return exchange.client_gone(); };
-  const auto usage = [&] { return TokenUsage{generation.prompt_tokens(), generation.completion_tokens()}; };
+  const auto usage = [&] {
+    return TokenUsage{generation.prompt_tokens(), generation.completion_tokens(), generation.cached_tokens()};
+  };
 
   if (!stream) {
     after_acceptance([&] {

@@ -65,6 +65,8 @@ class TextGeneration {
 
   int64_t prompt_tokens() const { return static_cast<int64_t>(prompt_tokens_); }
   int64_t completion_tokens() const { return completion_tokens_; }
+  // Prompt tokens served from the prefix cache (0 until the scheduler admits the request).
+  int64_t cached_tokens() const { return stream_->cached_tokens(); }
   // Seconds from the request's arrival to its first generated token, once there is one.
   std::optional<double> time_to_first_token() const { return time_to_first_token_; }
 
