@@ -1,10 +1,14 @@
 #include "cli/model_options.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <thread>
 
 #include "cli/hub_progress.h"
+#include "cli/load_progress.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/hub_cache.h"
@@ -125,6 +129,13 @@ OpenedModel build_prepared_model(PreparedModel prepared) {
     const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
     opened.model = build_tensor_parallel_model(prepared.plan, ranks, prepared.load_dtype,
                                                std::max(1, threads / options.tensor_parallel));
+  } else if (planned_weight_bytes(prepared.plan, prepared.load_dtype) >= kLoadProgressMinBytes) {
+    LoadProgressPrinter printer(stderr, ::isatty(STDERR_FILENO) == 1);
+    const auto start = std::chrono::steady_clock::now();
+    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    opened.model = build_model(prepared.plan, *prepared.backend, prepared.load_dtype,
+                               [&](const LoadProgress& progress) { printer.update(progress, seconds()); });
+    printer.finish(seconds());
   } else {
     opened.model = build_model(prepared.plan, *prepared.backend, prepared.load_dtype);
   }
