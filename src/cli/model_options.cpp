@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "cli/hub_progress.h"
@@ -164,6 +166,15 @@ void add_serving_size_options(CLI::App& command, ServingSizes& sizes) {
 void add_prefill_chunk_option(CLI::App& command, ServingSizes& sizes) {
   command.add_option("--prefill-chunk", sizes.prefill_chunk,
                      "Most prompt tokens a sequence prefills per step (a positive multiple of 64)");
+}
+
+std::optional<std::string> read_chat_template(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("--chat-template {}: cannot open the file", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 std::vector<int32_t> parse_token_ids(const std::string& text) {
