@@ -70,7 +70,8 @@ TEST(ChatCli, AnswersAsTheLibraryDoesForTheSameConversation) {
 
   // kiln generate --chat answers the first message alike.
   const CommandResult generate = run_command(kiln_command(
-      "generate --model " + stories_dir().string() + " --chat 'Once upon a time' --temperature 0 --max-tokens 40 2>/dev/null"));
+      "generate --model " + stories_dir().string() +
+      " --chat 'Once upon a time' --temperature 0 --max-tokens 40 2>/dev/null"));
   ASSERT_EQ(generate.exit_code, 0) << generate.output;
   EXPECT_EQ(generate.output, first + "\n");
 }

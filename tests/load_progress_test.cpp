@@ -19,7 +19,8 @@ namespace {
 std::vector<LoadProgress> load_reports(const ModelPlan& plan, std::optional<DType> dtype) {
   std::unique_ptr<Backend> backend = make_cpu_backend();
   std::vector<LoadProgress> reports;
-  const auto model = build_model(plan, *backend, dtype, [&](const LoadProgress& progress) { reports.push_back(progress); });
+  const auto model =
+      build_model(plan, *backend, dtype, [&](const LoadProgress& progress) { reports.push_back(progress); });
   EXPECT_NE(model, nullptr);
   return reports;
 }
@@ -92,7 +93,8 @@ TEST(LoadProgress, LogsALineEachTenthOrEveryFewSeconds) {
   EXPECT_TRUE(log.ends_with("kiln: loaded 101 tensors, 10.0 GB in 20.0 s (0.5 GB/s)\n")) << log;
 
   // Slow tensors: a line every kLoadProgressLogInterval seconds even within a tenth.
-  const std::string slow = printed(false, {{{1, 1000, 1'000'000, total}, 1.0}, {{2, 1000, 2'000'000, total}, 7.0}}, 8.0);
+  const std::string slow =
+      printed(false, {{{1, 1000, 1'000'000, total}, 1.0}, {{2, 1000, 2'000'000, total}, 7.0}}, 8.0);
   EXPECT_EQ(std::count(slow.begin(), slow.end(), '\n'), 2) << slow;
   // A load over within the first second prints nothing.
   EXPECT_EQ(printed(false, {{{1, 2, total / 2, total}, 0.2}, {{2, 2, total, total}, 0.4}}, 0.5), "");

@@ -243,7 +243,8 @@ class Conversation {
 
 RegisterCommand register_chat([](CLI::App& app) {
   auto options = std::make_shared<ChatCommand>();
-  CLI::App* command = app.add_subcommand("chat", "Chat with a model in the terminal (its chat template over the conversation)");
+  CLI::App* command =
+      app.add_subcommand("chat", "Chat with a model in the terminal (its chat template over the conversation)");
   options->model.add_to(*command);
   command->add_option("--chat-template", options->chat_template, "A Jinja chat template file replacing the model's");
   command->add_option("--system", options->system, "The system prompt (/system changes it)");

@@ -134,7 +134,9 @@ OpenedModel build_prepared_model(PreparedModel prepared) {
   } else if (planned_weight_bytes(prepared.plan, prepared.load_dtype) >= kLoadProgressMinBytes) {
     LoadProgressPrinter printer(stderr, ::isatty(STDERR_FILENO) == 1);
     const auto start = std::chrono::steady_clock::now();
-    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    const auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
     opened.model = build_model(prepared.plan, *prepared.backend, prepared.load_dtype,
                                [&](const LoadProgress& progress) { printer.update(progress, seconds()); });
     printer.finish(seconds());
