@@ -113,6 +113,13 @@ TEST(ChatOutput, MiniCpmXmlCallsWithCdataValuesTypedByTheToolSchema) {
   EXPECT_EQ(parse_every_way(kMiniCpm, unfinished).content, unfinished);
 }
 
+TEST(ChatOutput, APromptEndingInsideThinkOpensTheReplyAsReasoning) {
+  EXPECT_TRUE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
+  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_TRUE(prompt_opens_reasoning("<think>a</think> earlier turn <think>\n"));
+  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
+}
+
 TEST(ChatOutput, ReasoningOpenedByThePromptEndsAtItsClosingTag) {
   const ChatOutput out = parse_every_way(kQwen35, "weighing options\n</think>\n\nThe answer is 4.", true);
   EXPECT_EQ(out.reasoning, "weighing options\n");

@@ -102,7 +102,7 @@ TEST(Cli, SizesAreCheckedBeforeAnyWeightIsRead) {
 
 TEST(Cli, EveryCommandHasHelp) {
   for (const char* command :
-       {"generate", "logits", "bench", "synth", "inspect", "tokenize", "render", "serve", "fit", "pull"}) {
+       {"generate", "chat", "logits", "bench", "synth", "inspect", "tokenize", "render", "serve", "fit", "pull"}) {
     const CommandResult result = run_command(kiln_command(std::string(command) + " --help"));
     EXPECT_EQ(result.exit_code, 0) << command;
     EXPECT_NE(result.output.find("Usage"), std::string::npos) << command;

@@ -1,10 +1,16 @@
 #include "cli/model_options.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "cli/hub_progress.h"
+#include "cli/load_progress.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/hub_cache.h"
@@ -125,6 +131,15 @@ OpenedModel build_prepared_model(PreparedModel prepared) {
     const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
     opened.model = build_tensor_parallel_model(prepared.plan, ranks, prepared.load_dtype,
                                                std::max(1, threads / options.tensor_parallel));
+  } else if (planned_weight_bytes(prepared.plan, prepared.load_dtype) >= kLoadProgressMinBytes) {
+    LoadProgressPrinter printer(stderr, ::isatty(STDERR_FILENO) == 1);
+    const auto start = std::chrono::steady_clock::now();
+    const auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    opened.model = build_model(prepared.plan, *prepared.backend, prepared.load_dtype,
+                               [&](const LoadProgress& progress) { printer.update(progress, seconds()); });
+    printer.finish(seconds());
   } else {
     opened.model = build_model(prepared.plan, *prepared.backend, prepared.load_dtype);
   }
@@ -153,6 +168,15 @@ void add_serving_size_options(CLI::App& command, ServingSizes& sizes) {
 void add_prefill_chunk_option(CLI::App& command, ServingSizes& sizes) {
   command.add_option("--prefill-chunk", sizes.prefill_chunk,
                      "Most prompt tokens a sequence prefills per step (a positive multiple of 64)");
+}
+
+std::optional<std::string> read_chat_template(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("--chat-template {}: cannot open the file", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 std::vector<int32_t> parse_token_ids(const std::string& text) {

@@ -75,6 +75,9 @@ PreparedModel prepare_model(const ModelOptions& options, const ServingSizes& siz
 // prepare_model with `sizes`, then build_prepared_model.
 OpenedModel open_model(const ModelOptions& options, const ServingSizes& sizes);
 
+// The text of --chat-template FILE, or nothing when no file is named (the model's own template).
+std::optional<std::string> read_chat_template(const std::string& path);
+
 // "1,2,3" → {1, 2, 3}; an error names the bad element.
 std::vector<int32_t> parse_token_ids(const std::string& text);
 

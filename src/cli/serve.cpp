@@ -53,14 +53,6 @@ struct ServeCommand {
   bool no_prefix_cache = false;
 };
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("--chat-template {}: cannot open the file", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // --config FILE: `name = value` lines (TOML, or INI; read by CLI11's reader), a serve flag's long
 // name each, with or without a [serve] section. A flag the command line or the environment gave
 // keeps that value. (CLI11 2.1 reads config files for the top-level app only, hence this.)
@@ -135,9 +127,7 @@ void serve(const ServeCommand& options) {
   // The KV cache is slots x context: the model's context, or less when --max-context asks.
   const int64_t context = options.sizes.context(prepared.plan.config);
   refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
-  std::optional<std::string> chat_template;
-  if (!options.chat_template.empty()) chat_template = read_text_file(options.chat_template);
-  const TokenizerCodec codec(options.model.model_dir, chat_template);
+  const TokenizerCodec codec(options.model.model_dir, read_chat_template(options.chat_template));
   const int64_t vocab_size = prepared.plan.config.vocab_size;
   codec.tokenizer().check_fits_model(vocab_size);
 

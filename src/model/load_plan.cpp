@@ -359,7 +359,7 @@ Tensor WeightMap::take(const std::string& canonical, const Shape& shape) {
     fail("{}: tensor '{}': wrong shape: config implies {} but the checkpoint has {}",
          source_files_.at(canonical).string(), sources_.at(canonical), shape_string(shape),
          shape_string(found->second.shape()));
-  used_.insert(canonical);
+  mark_used(canonical);
   return found->second;
 }
 
@@ -371,7 +371,7 @@ Weight WeightMap::take_weight(const std::string& canonical, const Shape& shape) 
   auto part = [&](const std::string& name) {
     const auto found = tensors_.find(name);
     if (found == tensors_.end()) fail("{}: its quantization part '{}' is not planned", where, name);
-    used_.insert(name);
+    mark_used(name);
     return found->second;
   };
   Weight weight;
@@ -402,7 +402,7 @@ Weight WeightMap::take_stacked_weight(const std::string& canonical, const Shape&
     if (found->second.ndim() != 3 || found->second.dim(0) != experts)
       fail("{}: its part '{}' is {}, not a stack of {} experts", where, name, shape_string(found->second.shape()),
            experts);
-    used_.insert(name);
+    mark_used(name);
     return found->second.reshape({experts * found->second.dim(1), found->second.dim(2)});
   };
   if (parts.format == WeightFormat::Fp8Block && rows % parts.block_rows != 0)
@@ -420,6 +420,24 @@ Weight WeightMap::take_stacked_weight(const std::string& canonical, const Shape&
     fail("{}: wrong shape: config implies {} but the checkpoint's {} experts are [{}, {}, {}]", where,
          shape_string(shape), weight.describe(), experts, weight.dim(0) / experts, weight.dim(1));
   return weight;
+}
+
+void WeightMap::report_progress(LoadProgressCallback on_progress) {
+  on_progress_ = std::move(on_progress);
+  progress_ = {0, static_cast<int64_t>(tensors_.size()), 0, bytes()};
+}
+
+uint64_t WeightMap::bytes() const {
+  uint64_t total = 0;
+  for (const auto& [canonical, tensor] : tensors_) total += tensor.nbytes();
+  return total;
+}
+
+void WeightMap::mark_used(const std::string& canonical) {
+  if (!used_.insert(canonical).second || !on_progress_) return;
+  ++progress_.tensors_done;
+  progress_.bytes_done += tensors_.at(canonical).nbytes();
+  on_progress_(progress_);
 }
 
 const std::string& WeightMap::source_name(const std::string& canonical) const {

@@ -119,6 +119,18 @@ struct TensorShard {
 };
 using ShardRule = std::function<TensorShard(const std::string& canonical, const Shape& shape)>;
 
+// How far a load has come. A tensor counts as done once the model's construction has taken it (a
+// GPU backend uploads each tensor right after taking it); bytes are the tensors' as held once
+// loaded (after --dtype conversion and a rank's shard).
+struct LoadProgress {
+  int64_t tensors_done = 0;
+  int64_t tensors_total = 0;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+// Called on the loading thread; it must not throw.
+using LoadProgressCallback = std::function<void(const LoadProgress& progress)>;
+
 // The canonical weights of one model, with use tracking: the graph takes each tensor it needs
 // (shape-checked), and construction fails when the checkpoint holds tensors nobody took.
 class WeightMap {
@@ -137,6 +149,11 @@ class WeightMap {
   // convert_to, so that only the shard is converted): a single row block stays a zero-copy view of
   // the mapped file; several row blocks or a column range are copied, reading only their bytes.
   void shard(const ShardRule& shard_of);
+  // Reports every tensor the graph takes from now on to `on_progress` (call it after convert_to
+  // and shard, whose tensors it counts).
+  void report_progress(LoadProgressCallback on_progress);
+  // The bytes of every planned tensor as held now (a shapes_only map: as they will be held).
+  uint64_t bytes() const;
 
   bool contains(const std::string& canonical) const { return tensors_.count(canonical) != 0; }
   // The tensor, checked against `shape`; marks it used. Errors name the checkpoint tensor.
@@ -158,6 +175,8 @@ class WeightMap {
   // Checks the plan against the checkpoint and keeps what `materialise` makes of each planned tensor.
   using Materialise = std::function<Tensor(const PlannedTensor& planned, const TensorInfo& info)>;
   WeightMap(const Checkpoint& checkpoint, const LoadPlan& plan, const Materialise& materialise);
+  // Marks a tensor used, reporting it the first time.
+  void mark_used(const std::string& canonical);
 
   std::map<std::string, Tensor> tensors_;
   std::map<std::string, QuantizedParts> quantized_;  // canonical values tensor → its layout
@@ -167,6 +186,8 @@ class WeightMap {
   std::vector<std::string> unplanned_;  // "'name' in <file>" for tensors the plan ignores
   std::set<std::string> used_;
   std::string checkpoint_name_;
+  LoadProgressCallback on_progress_;
+  LoadProgress progress_;
 };
 
 // The identity plan (every tensor under its own name), for checkpoints already in canonical form.

@@ -52,7 +52,8 @@ ModelPlan plan_model(const std::filesystem::path& model_dir, Device device, bool
                    std::move(load_plan)};
 }
 
-std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std::optional<DType> dtype) {
+std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std::optional<DType> dtype,
+                                   const LoadProgressCallback& on_progress) {
   const ModelImplementation& implementation = *plan.implementation;
   const std::string& profile = plan.resolved.profile.id();
   if (backend.device() != plan.device)
@@ -60,6 +61,7 @@ std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std:
          device_name(plan.device), backend.name());
   WeightMap weights(plan.checkpoint, plan.load_plan);
   if (dtype) weights.convert_to(*dtype);
+  if (on_progress) weights.report_progress(on_progress);
   // The construction seam: the resolved profile is checked again against the config it builds,
   // and the implementation against the profile (as selection did).
   check_resolved_profile(plan.config, plan.resolved);
@@ -70,6 +72,10 @@ std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std:
          plan.model_dir.string());
   weights.require_all_used();
   return model;
+}
+
+uint64_t planned_weight_bytes(const ModelPlan& plan, std::optional<DType> dtype) {
+  return WeightMap::shapes_only(plan.checkpoint, plan.load_plan, dtype).bytes();
 }
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, Backend& backend,

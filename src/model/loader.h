@@ -78,8 +78,14 @@ ModelPlan plan_model(const std::filesystem::path& model_dir, Device device, bool
 
 // Materialises the plan's weights (converted to `dtype` when given) and constructs the model
 // with the plan's implementation on `backend`, which must be the plan's device. The weights are
-// borrowed by the construction; every tensor the plan maps must be taken by it.
-std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std::optional<DType> dtype = std::nullopt);
+// borrowed by the construction; every tensor the plan maps must be taken by it. `on_progress`, when
+// given, hears of each tensor as the construction takes it (the loader itself prints nothing).
+std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std::optional<DType> dtype = std::nullopt,
+                                   const LoadProgressCallback& on_progress = {});
+
+// The bytes build_model will hold of the plan's weights (converted to `dtype` when given), before
+// any weight is read.
+uint64_t planned_weight_bytes(const ModelPlan& plan, std::optional<DType> dtype = std::nullopt);
 
 // plan_model on `backend`'s device, then build_model.
 std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, Backend& backend,

@@ -342,8 +342,7 @@ Server::ChatPrompt Server::chat_prompt(const json& messages, const ChatPromptOpt
   ChatOutputSyntax syntax = codec_->chat_output_syntax();
   const bool tools = options.tools.is_array() && !options.tools.empty();
   if (!tools) syntax.tool_calls = ToolCallSyntax::None;
-  const size_t opened = text.rfind("<think>"), closed = text.rfind("</think>");
-  const bool in_reasoning = opened != std::string::npos && (closed == std::string::npos || closed < opened);
+  const bool in_reasoning = prompt_opens_reasoning(text);
   // The template writes the special tokens (BOS) itself.
   return {codec_->encode(text, false), ChatOutputParser(syntax, tools ? options.tools : json(), in_reasoning)};
 }

@@ -191,6 +191,11 @@ ChatOutputSyntax chat_output_syntax(std::string_view chat_template) {
   return syntax;
 }
 
+bool prompt_opens_reasoning(std::string_view prompt) {
+  const size_t opened = prompt.rfind("<think>"), closed = prompt.rfind("</think>");
+  return opened != std::string_view::npos && (closed == std::string_view::npos || closed < opened);
+}
+
 const char* tool_call_syntax_name(ToolCallSyntax syntax) {
   switch (syntax) {
     case ToolCallSyntax::None: return "none";

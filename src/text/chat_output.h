@@ -40,6 +40,10 @@ struct ChatOutputSyntax {
 // where it offers tools as `{"name": …, "parameters": …}` (Llama 3.1's `<|python_tag|>` templates),
 // MiniCPM XML where it describes `<function name=` calls; reasoning where it mentions `<think>`.
 ChatOutputSyntax chat_output_syntax(std::string_view chat_template);
+// Whether a rendered chat prompt ends inside reasoning (its last <think> is not closed): the
+// template opened it for the model, whose reply then starts as reasoning (ChatOutputParser's
+// `in_reasoning`).
+bool prompt_opens_reasoning(std::string_view prompt);
 // "hermes", "qwen_xml", "llama_json", "minicpm_xml", "none" (kiln inspect).
 const char* tool_call_syntax_name(ToolCallSyntax syntax);
 
