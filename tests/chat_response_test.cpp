@@ -17,6 +17,7 @@ class NoCodec final : public TextCodec {
   std::vector<int32_t> encode(std::string_view, bool) const override { return {}; }
   std::unique_ptr<TokenTextStream> text_stream(const std::vector<int32_t>&) const override { return nullptr; }
   std::string token_text(int32_t) const override { return ""; }
+  std::string decode(std::span<const int32_t>) const override { return ""; }
   bool has_chat_template() const override { return true; }
   std::string render_chat(const nlohmann::ordered_json&, const ChatPromptOptions&) const override { return ""; }
   std::vector<int32_t> stop_token_ids() const override { return {}; }
@@ -79,7 +80,7 @@ TEST(ChatResponse, OpenAiWholeSplitsReasoningContentAndToolCalls) {
   NoCodec codec;
   ChatCompletionRequest request;
   ChatCompletionResponse response(request, "m", codec, qwen3_parser());
-  const json body = response.whole(whole_of(kReply), {});
+  const json body = response.whole(std::vector{whole_of(kReply)}, {});
   const json& choice = body["choices"][0];
   EXPECT_EQ(choice["finish_reason"], "tool_calls");
   EXPECT_EQ(choice["message"]["reasoning_content"], "\nweather asked\n");
@@ -100,7 +101,8 @@ TEST(ChatResponse, OpenAiStreamCarriesTheSameSplitAtAnyCut) {
     ChatCompletionResponse response(request, "m", codec, qwen3_parser());
     std::vector<std::string> writes = response.stream_start({});
     for (const TextDelta& delta : deltas_of(kReply, step))
-      for (std::string& write : response.stream_delta(delta, {})) writes.push_back(std::move(write));
+      for (std::string& write : response.stream_delta(0, delta, {})) writes.push_back(std::move(write));
+    for (std::string& write : response.stream_end({})) writes.push_back(std::move(write));
     std::string reasoning, content, finish;
     std::vector<json> calls;
     for (const auto& [name, chunk] : payloads(writes)) {
@@ -127,12 +129,12 @@ TEST(ChatResponse, ACallCutByTheLengthLimitIsText) {
   ChatCompletionRequest request;
   ChatCompletionResponse response(request, "m", codec, qwen3_parser());
   const std::string cut = "Sure.\n<tool_call>\n{\"name\": \"get_wea";
-  const json body = response.whole(whole_of(cut, FinishReason::Length), {});
+  const json body = response.whole(std::vector{whole_of(cut, FinishReason::Length)}, {});
   EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(body["choices"][0]["message"]["content"], cut);
   EXPECT_FALSE(body["choices"][0]["message"].contains("tool_calls"));
   MessagesResponse messages("m", qwen3_parser());
-  const json message = messages.whole(whole_of(cut, FinishReason::Length), {});
+  const json message = messages.whole(std::vector{whole_of(cut, FinishReason::Length)}, {});
   EXPECT_EQ(message["stop_reason"], "max_tokens");
   ASSERT_EQ(message["content"].size(), 1u);
   EXPECT_EQ(message["content"][0]["text"], cut);
@@ -140,7 +142,7 @@ TEST(ChatResponse, ACallCutByTheLengthLimitIsText) {
 
 TEST(ChatResponse, AnthropicWholeHasThinkingTextAndToolUseBlocks) {
   MessagesResponse response("m", qwen3_parser());
-  const json body = response.whole(whole_of(kReply), {});
+  const json body = response.whole(std::vector{whole_of(kReply)}, {});
   EXPECT_EQ(body["stop_reason"], "tool_use");
   const json& content = body["content"];
   ASSERT_EQ(content.size(), 4u);
@@ -159,7 +161,8 @@ TEST(ChatResponse, AnthropicStreamOpensEachBlockInTurn) {
     MessagesResponse response("m", qwen3_parser());
     std::vector<std::string> writes = response.stream_start({});
     for (const TextDelta& delta : deltas_of(kReply, step))
-      for (std::string& write : response.stream_delta(delta, {})) writes.push_back(std::move(write));
+      for (std::string& write : response.stream_delta(0, delta, {})) writes.push_back(std::move(write));
+    for (std::string& write : response.stream_end({})) writes.push_back(std::move(write));
     std::vector<std::string> starts;
     std::string thinking, text, stop_reason;
     std::vector<json> inputs;
@@ -202,7 +205,7 @@ TEST(ChatResponse, WithoutToolsOrThinkingTheReplyIsPlainContent) {
   NoCodec codec;
   ChatCompletionRequest request;
   ChatCompletionResponse response(request, "m", codec, ChatOutputParser({}, json()));
-  const json body = response.whole(whole_of(kReply), {});
+  const json body = response.whole(std::vector{whole_of(kReply)}, {});
   EXPECT_EQ(body["choices"][0]["message"]["content"], kReply);
   EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
   EXPECT_FALSE(body["choices"][0]["message"].contains("reasoning_content"));

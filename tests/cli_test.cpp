@@ -44,6 +44,32 @@ TEST(Cli, GenerateStopsAtAStopString) {
   EXPECT_EQ(result.output, "Once upon a time, there was a little girl named Lily. She loved to play outside in the \n");
 }
 
+// kiln generate takes the generation config's sampling defaults and max_new_tokens where its flags
+// are not given; --generation-config none and the flags override them; a bad value names the file.
+TEST(Cli, GenerateTakesTheGenerationConfigDefaults) {
+  const auto stories = stories_dir();
+  TempDir model;
+  for (const auto& entry : std::filesystem::directory_iterator(stories))
+    if (entry.is_regular_file() && entry.path().filename() != "generation_config.json")
+      std::filesystem::create_symlink(entry.path(), model.path() / entry.path().filename());
+  std::ofstream(model.path() / "generation_config.json")
+      << R"({"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.0, "max_new_tokens": 12})";
+  auto generate = [](const std::filesystem::path& dir, const std::string& flags) {
+    const CommandResult result = run_command(
+        kiln_command("generate --model " + dir.string() + " --prompt 'Once upon a time' " + flags + " 2>/dev/null"));
+    EXPECT_EQ(result.exit_code, 0) << flags << ": " << result.output;
+    return result.output;
+  };
+  const std::string greedy = generate(stories, "--temperature 0 --max-tokens 12");
+  EXPECT_EQ(generate(model.path(), "--seed 1"), greedy);
+  EXPECT_EQ(generate(model.path(), "--seed 2"), greedy);
+  EXPECT_NE(generate(model.path(), "--generation-config none --seed 1 --max-tokens 12"), greedy);
+  EXPECT_NE(generate(model.path(), "--temperature 1 --seed 1"), greedy);
+  std::ofstream(model.path() / "generation_config.json", std::ios::trunc) << R"({"top_p": 0})";
+  expect_one_line_error(
+      {"generate --model " + model.path().string() + " --prompt 'Once'", "generation_config.json: top_p must be in (0, 1]"});
+}
+
 // "1,2,...,count"
 std::string counting_ids(int count) {
   std::string ids = "1";

@@ -189,6 +189,18 @@ TEST(SamplerStream, SampleTakesExactlyOneDrawPerSampledToken) {
 // The scheduler runs a step through DecodeGraphs only when every sequence decodes one token (a
 // sequence whose last prompt chunk is in the step is not decoding yet); with padding (3 slots,
 // bucket 4), joins mid-flight, sampling and top logprobs, each request equals its solo run.
+// Requests with a bias or penalties are sampled on the host from the graph step's logits (the device
+// sampler applies none); batched with device-sampled ones, each equals its solo run.
+TEST_F(DecodeGraphsWithReplayingBackend, PenalisedSchedulerRequestsEqualTheirSoloRuns) {
+  auto model = load_replaying_f32("qwen3-tiny");
+  const std::vector<int32_t> prompt = fixture_prompt(fixture("qwen3-tiny"));
+  const std::vector<GenerationRequest> requests = penalised_scheduler_requests(prompt, 10);
+  const std::vector<std::vector<int32_t>> solo = solo_tokens(*model, requests);
+  const int solo_replays = backend.replays;
+  expect_solo_results(scheduled_events(*model, requests, 512), requests, solo);
+  EXPECT_GT(backend.replays, solo_replays) << "the scheduler's decode steps replayed captured work";
+}
+
 TEST_F(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
   auto model = load_replaying_f32("qwen3-tiny");
   const std::vector<int32_t> prompt = fixture_prompt(fixture("qwen3-tiny"));

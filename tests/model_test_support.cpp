@@ -123,6 +123,20 @@ std::vector<GenerationRequest> mixed_scheduler_requests(const std::vector<int32_
   return requests;
 }
 
+std::vector<GenerationRequest> penalised_scheduler_requests(const std::vector<int32_t>& prompt,
+                                                            int64_t base_max_tokens) {
+  std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, base_max_tokens);
+  requests[0].sampling.repetition_penalty = 1.3f;
+  requests[0].sampling.logit_bias = {{prompt[3], 2.0f}};
+  requests[1].sampling.presence_penalty = 1.0f;
+  requests[1].sampling.frequency_penalty = 0.5f;
+  requests[2].sampling.frequency_penalty = 1.5f;
+  requests[5].sampling.repetition_penalty = 0.9f;
+  requests[5].sampling.presence_penalty = -0.5f;
+  requests[5].sampling.logit_bias = {{prompt[0], -100.0f}, {prompt[1], 5.0f}};
+  return requests;
+}
+
 std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<GenerationRequest>& requests) {
   std::vector<std::vector<int32_t>> solo;
   for (const auto& request : requests) {
@@ -181,6 +195,9 @@ void expect_solo_results(const std::vector<std::vector<TokenEvent>>& events,
     for (const TokenEvent& event : events[i]) {
       if (event.token < 0) continue;
       ASSERT_EQ(event.top_logprobs.size(), 3u) << "request " << i;
+      // Both are the raw distribution's, so the logprob is the top one's or below it.
+      EXPECT_LE(event.logprob, event.top_logprobs.front().second + 1e-5f) << "request " << i;
+      if (requests[i].sampling.processes_logits()) continue;  // penalised, greedy takes another token
       EXPECT_EQ(event.top_logprobs.front().first, event.token) << "greedy: the token is the top alternative";
       EXPECT_NEAR(event.top_logprobs.front().second, event.logprob, 1e-5);
     }

@@ -55,6 +55,10 @@ AloneAndBatched alone_and_in_a_batch_of_three(Model& model, const std::vector<in
 // top-k / top-p / min-p, and top logprobs on request 2: each must equal its solo generate() run
 // however the scheduler batches it. max_tokens is base_max_tokens + i.
 std::vector<GenerationRequest> mixed_scheduler_requests(const std::vector<int32_t>& prompt, int64_t base_max_tokens);
+// mixed_scheduler_requests with logit bias and penalties on four of them (greedy and sampled, with
+// and without top logprobs), which the host sampler applies on every backend: the same rule.
+std::vector<GenerationRequest> penalised_scheduler_requests(const std::vector<int32_t>& prompt,
+                                                            int64_t base_max_tokens);
 
 // Each request's tokens from generate() on its own (the reference a scheduled run must equal).
 std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<GenerationRequest>& requests);

@@ -64,6 +64,19 @@ TEST(Scheduler, ConcurrentRequestsEqualTheirSoloRuns) {
   for (size_t i = 0; i < streams.size(); ++i) EXPECT_EQ(collect(*streams[i]), solo[i]) << "request " << i;
 }
 
+// Bias and penalties read each request's own prompt and tokens: batched, a penalised request equals
+// its solo run, and the penalties do change what it generates.
+TEST(Scheduler, PenalisedRequestsEqualTheirSoloRuns) {
+  const auto fixture = fixtures_dir() / "qwen3-tiny";
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  const std::vector<GenerationRequest> requests = penalised_scheduler_requests(prompt, 12);
+  const std::vector<std::vector<int32_t>> solo = solo_tokens(*loaded.model, requests);
+  expect_solo_results(scheduled_events(*loaded.model, requests, 512), requests, solo);
+  const std::vector<std::vector<int32_t>> plain = solo_tokens(*loaded.model, mixed_scheduler_requests(prompt, 12));
+  for (size_t i : {0, 1, 5}) EXPECT_NE(solo[i], plain[i]) << "request " << i << ": the penalties changed nothing";
+}
+
 TEST(Scheduler, CancelledRequestFreesItsSlot) {
   const auto fixture = fixtures_dir() / "llama3-tiny";
   TestModel loaded = open_cpu_model(fixture / "f32");
@@ -95,6 +108,9 @@ TEST(Scheduler, RefusesInvalidRequestsAndAFullQueue) {
   EXPECT_THROW(scheduler.submit(make_request({}, 4, 0, 1)), Error);
   EXPECT_THROW(scheduler.submit(make_request(std::vector<int32_t>(64, 5), 4, 0, 1)), Error);
   EXPECT_THROW(scheduler.submit(make_request({5, 100000}, 4, 0, 1)), Error);
+  GenerationRequest biased = make_request({5, 6}, 4, 0, 1);
+  biased.sampling.logit_bias = {{static_cast<int32_t>(loaded.model->config().vocab_size), 1.0f}};
+  expect_error_mentions([&] { scheduler.submit(biased); }, {"logit_bias", "outside the vocabulary"});
   // One request runs, one waits; the third finds the queue full.
   auto running = scheduler.submit(make_request({5, 6}, 60, 0, 1));
   ASSERT_TRUE(running->next(30s).has_value());

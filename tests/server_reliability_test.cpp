@@ -370,6 +370,7 @@ class FailingStreamCodec final : public TextCodec {
     return std::make_unique<FailingStream>();
   }
   std::string token_text(int32_t id) const override { return stories_.token_text(id); }
+  std::string decode(std::span<const int32_t> ids) const override { return stories_.decode(ids); }
   bool has_chat_template() const override { return true; }
   std::string render_chat(const json& messages, const ChatPromptOptions& options) const override {
     return stories_.render_chat(messages, options);

@@ -303,11 +303,21 @@ TEST(ServerValidation, ChatRequestsAreCheckedFieldByField) {
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"top_logprobs":2})", 400, "top_logprobs"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21})", 400,
        "top_logprobs"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":2})", 400, "n"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":2,"logit_bias":{"5":10,"7":-100},"presence_penalty":0.5,"frequency_penalty":-2,"repetition_penalty":1.1,"safety_identifier":"s","prompt_cache_key":"k"})",
+       200, ""},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi","name":"ann"}],"user":"u","metadata":{"a":"b"},"store":false,"service_tier":"auto","parallel_tool_calls":true,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false}})",
+       200, ""},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":0})", 400, "n"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"n":129})", 400, "n"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"x":1}})", 400, "logit_bias.x"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"-1":1}})", 400, "logit_bias.-1"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":101}})", 400, "logit_bias.5"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":"up"}})", 400, "logit_bias.5"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":[1]})", 400, "logit_bias"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"frequency_penalty":2.5})", 400, "frequency_penalty"},
+      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"repetition_penalty":0})", 400, "repetition_penalty"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{}}})",
        400, "response_format"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logit_bias":{"5":10}})", 400, "logit_bias"},
-      {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"presence_penalty":0.5})", 400, "presence_penalty"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tool_choice":"required","tools":[{"type":"function","function":{"name":"f"}}]})",
        400, "tool_choice"},
       {R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{}}]})", 400,
@@ -339,6 +349,14 @@ TEST(ServerValidation, CompletionAndMessagesRequests) {
       {"completions", {R"({"model":"m","prompt":"x","logprobs":6})", 400, "logprobs"}},
       {"completions", {R"({"model":"m","prompt":"x","echo":true})", 400, "echo"}},
       {"completions", {R"({"model":"m","prompt":"x","best_of":3})", 400, "best_of"}},
+      {"completions", {R"({"model":"m","prompt":"x","best_of":3,"n":2})", 400, "best_of"}},
+      {"completions", {R"({"model":"m","prompt":"x","best_of":2,"n":2,"presence_penalty":1,"logit_bias":{"3":5}})", 200, ""}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"presence_penalty":1})", 400,
+        "presence_penalty"}},
+      {"messages",
+       {R"({"model":"m","max_tokens":5,"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}],"tools":[{"name":"f","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral"}}]})",
+        200, ""}},
       {"messages",
        {R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"system":"be brief","stop_sequences":["x"],"temperature":1,"top_k":5,"stream":true,"metadata":{"user_id":"u"}})",
         200, ""}},
@@ -585,6 +603,211 @@ struct BadRequest {
   std::string param;  // expected `param` (OpenAI), "" to skip the check
 };
 
+// The `data:` payloads of an SSE body, in order, with [DONE] counted apart.
+std::vector<json> sse_payloads(const std::string& body, int* done = nullptr) {
+  std::vector<json> payloads;
+  size_t start = 0;
+  while ((start = body.find("data: ", start)) != std::string::npos) {
+    const size_t end = body.find("\n\n", start);
+    const std::string data = body.substr(start + 6, end - start - 6);
+    start = end;
+    if (data == "[DONE]") {
+      if (done) ++*done;
+      continue;
+    }
+    payloads.push_back(json::parse(data));
+  }
+  return payloads;
+}
+
+// n choices: indexes 0..n-1, each its own stream from (seed, index), so the same request gives the
+// same choices, choice 0 is the request without n, and the stream carries each choice's deltas
+// under its index; usage counts the prompt once.
+TEST_F(ServerEndToEnd, NChoicesAreSeededPerChoiceAndStreamedByIndex) {
+  const json request = {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 12},
+                        {"ignore_eos", true},     {"temperature", 1.0},               {"seed", 7},
+                        {"n", 3}};
+  auto first = post(port_, "/v1/completions", request);
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200) << first->body;
+  const json body = json::parse(first->body);
+  ASSERT_EQ(body["choices"].size(), 3u);
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(body["choices"][i]["index"], i);
+    EXPECT_EQ(body["choices"][i]["finish_reason"], "length");
+    texts.push_back(body["choices"][i]["text"]);
+  }
+  EXPECT_FALSE(texts[0] == texts[1] && texts[1] == texts[2]) << "every choice drew the same stream";
+  const int64_t prompt_tokens = body["usage"]["prompt_tokens"];
+  EXPECT_EQ(body["usage"]["completion_tokens"], 36);
+  EXPECT_EQ(body["usage"]["total_tokens"], prompt_tokens + 36);
+
+  auto again = post(port_, "/v1/completions", request);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(json::parse(again->body)["choices"], body["choices"]) << "the same request and seed gave other choices";
+  json single = request;
+  single.erase("n");
+  auto one = post(port_, "/v1/completions", single);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(json::parse(one->body)["choices"][0]["text"], texts[0]);
+
+  json streamed = request;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  auto stream = post(port_, "/v1/completions", streamed);
+  ASSERT_TRUE(stream);
+  ASSERT_EQ(stream->status, 200) << stream->body;
+  int done = 0;
+  std::vector<std::string> pieces(3);
+  std::vector<int> finishes(3, 0);
+  json usage;
+  for (const json& chunk : sse_payloads(stream->body, &done)) {
+    if (!chunk["usage"].is_null()) usage = chunk["usage"];
+    for (const json& choice : chunk["choices"]) {
+      const size_t index = choice["index"];
+      ASSERT_LT(index, 3u);
+      pieces[index] += choice["text"].get<std::string>();
+      if (!choice["finish_reason"].is_null()) ++finishes[index];
+    }
+  }
+  EXPECT_EQ(pieces, texts);
+  EXPECT_EQ(finishes, std::vector<int>(3, 1));
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(usage["completion_tokens"], 36);
+
+  auto chat = post(port_, "/v1/chat/completions",
+                   chat_body("The cat", 6, {{"n", 2}, {"temperature", 0.9}, {"seed", 3}, {"ignore_eos", true}, {"stream", true}}));
+  ASSERT_TRUE(chat);
+  std::vector<int> roles(2, 0), chat_finishes(2, 0);
+  for (const json& chunk : sse_payloads(chat->body)) {
+    ASSERT_EQ(chunk["choices"].size(), 1u) << chunk.dump();
+    const json& choice = chunk["choices"][0];
+    const size_t index = choice["index"];
+    ASSERT_LT(index, 2u);
+    if (choice["delta"].contains("role")) ++roles[index];
+    if (!choice["finish_reason"].is_null()) ++chat_finishes[index];
+  }
+  EXPECT_EQ(roles, std::vector<int>(2, 1));
+  EXPECT_EQ(chat_finishes, std::vector<int>(2, 1));
+}
+
+// logit_bias and the penalties through the server: a +100 bias makes greedy decoding repeat the
+// token while its logprob stays the unprocessed distribution's; a penalised seeded request gives
+// the same text alone and among others.
+TEST_F(ServerEndToEnd, LogitBiasAndPenaltiesKeepTheSeedContract) {
+  auto tokenized = post(port_, "/tokenize", {{"prompt", " dog"}, {"add_special_tokens", false}});
+  ASSERT_TRUE(tokenized);
+  ASSERT_EQ(tokenized->status, 200) << tokenized->body;
+  const int32_t dog = json::parse(tokenized->body)["tokens"].back();
+  auto biased = post(port_, "/v1/completions",
+                     {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 5}, {"ignore_eos", true},
+                      {"temperature", 0}, {"logprobs", 1}, {"logit_bias", {{std::to_string(dog), 100}}}});
+  ASSERT_TRUE(biased);
+  ASSERT_EQ(biased->status, 200) << biased->body;
+  const json logprobs = json::parse(biased->body)["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["tokens"].size(), 5u);
+  double lowest = 0;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(logprobs["tokens"][i], logprobs["tokens"][0]);
+    lowest = std::min(lowest, logprobs["token_logprobs"][i].get<double>());
+  }
+  EXPECT_LT(lowest, -0.01) << "the logprobs are the biased distribution's, not the model's";
+
+  const json penalised = {{"model", "stories260K"}, {"prompt", "The little dog"}, {"max_tokens", 40},
+                          {"ignore_eos", true},     {"temperature", 0.8},       {"seed", 11},
+                          {"presence_penalty", 1.0}, {"frequency_penalty", 0.5}, {"repetition_penalty", 1.3},
+                          {"logit_bias", {{std::to_string(dog), 3}}}};
+  auto alone = post(port_, "/v1/completions", penalised);
+  ASSERT_TRUE(alone);
+  ASSERT_EQ(alone->status, 200) << alone->body;
+  const std::string text = json::parse(alone->body)["choices"][0]["text"];
+  json plain = penalised;
+  for (const char* field : {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"})
+    plain.erase(field);
+  auto unpenalised = post(port_, "/v1/completions", plain);
+  ASSERT_TRUE(unpenalised);
+  EXPECT_NE(json::parse(unpenalised->body)["choices"][0]["text"], text) << "the penalties changed nothing";
+
+  std::vector<std::thread> others;
+  for (int i = 0; i < 3; ++i)
+    others.emplace_back([&, i] {
+      post(port_, "/v1/completions",
+           {{"model", "stories260K"}, {"prompt", "A cat " + std::to_string(i)}, {"max_tokens", 60}, {"ignore_eos", true},
+            {"temperature", 1.0}, {"presence_penalty", 0.5}});
+    });
+  auto batched = post(port_, "/v1/completions", penalised);
+  for (auto& other : others) other.join();
+  ASSERT_TRUE(batched);
+  EXPECT_EQ(json::parse(batched->body)["choices"][0]["text"], text) << "batched, the penalised request changed";
+}
+
+TEST_F(ServerEndToEnd, TokenizeDetokenizeAndCountTokens) {
+  KILN_REQUIRE_STORIES(dir);
+  std::ifstream template_file(stories_dir() / "chat_template.jinja");
+  const TokenizerCodec codec(dir, std::string(std::istreambuf_iterator<char>(template_file), {}));
+  const std::string text = "The cat sat on the mat.";
+  auto tokenized = post(port_, "/tokenize", {{"model", "stories260K"}, {"prompt", text}});
+  ASSERT_TRUE(tokenized);
+  ASSERT_EQ(tokenized->status, 200) << tokenized->body;
+  json body = json::parse(tokenized->body);
+  const std::vector<int32_t> with_specials = codec.encode(text, true);
+  EXPECT_EQ(body["tokens"].get<std::vector<int32_t>>(), with_specials);
+  EXPECT_EQ(body["count"], with_specials.size());
+  EXPECT_EQ(body["max_model_len"], 512);
+
+  auto bare = post(port_, "/tokenize", {{"prompt", text}, {"add_special_tokens", false}, {"return_token_strs", true}});
+  ASSERT_TRUE(bare);
+  body = json::parse(bare->body);
+  const std::vector<int32_t> ids = codec.encode(text, false);
+  EXPECT_EQ(body["tokens"].get<std::vector<int32_t>>(), ids);
+  ASSERT_EQ(body["token_strs"].size(), ids.size());
+  EXPECT_EQ(body["token_strs"][1], codec.token_text(ids[1]));
+
+  const json messages = {{{"role", "system"}, {"content", "A story."}}, {{"role", "user"}, {"content", "The dog ran"}}};
+  const size_t chat_tokens = codec.encode(codec.render_chat(messages, {}), false).size();
+  auto conversation = post(port_, "/tokenize", {{"messages", messages}});
+  ASSERT_TRUE(conversation);
+  ASSERT_EQ(conversation->status, 200) << conversation->body;
+  EXPECT_EQ(json::parse(conversation->body)["count"], chat_tokens);
+
+  auto detokenized = post(port_, "/detokenize", {{"tokens", ids}});
+  ASSERT_TRUE(detokenized);
+  ASSERT_EQ(detokenized->status, 200) << detokenized->body;
+  EXPECT_EQ(json::parse(detokenized->body)["prompt"], codec.decode(ids));
+  EXPECT_NE(json::parse(detokenized->body)["prompt"].get<std::string>().find("cat sat on the mat."), std::string::npos);
+
+  auto counted = post(port_, "/v1/messages/count_tokens",
+                      {{"model", "stories260K"},
+                       {"system", "A story."},
+                       {"messages", {{{"role", "user"}, {"content", "The dog ran"}}}}});
+  ASSERT_TRUE(counted);
+  ASSERT_EQ(counted->status, 200) << counted->body;
+  EXPECT_EQ(json::parse(counted->body), json({{"input_tokens", chat_tokens}}));
+
+  const std::vector<BadRequest> bad = {
+      {"/tokenize", R"({"model":"stories260K"})", 400, "prompt"},
+      {"/tokenize", R"({"prompt":"a","messages":[{"role":"user","content":"b"}]})", 400, "messages"},
+      {"/tokenize", R"({"prompt":"a","model":"other"})", 404, "model"},
+      {"/detokenize", R"({"tokens":[1,99999]})", 400, "tokens[1]"},
+      {"/detokenize", R"({"tokens":"1"})", 400, "tokens"},
+      {"/v1/messages/count_tokens",
+       R"({"model":"stories260K","max_tokens":5,"messages":[{"role":"user","content":"hi"}]})", 400, ""},
+  };
+  for (const auto& test : bad) {
+    auto response = http_exchange(port_, "POST", test.path, test.body);
+    ASSERT_TRUE(response);
+    EXPECT_EQ(response->status, test.status) << test.body << "\n" << response->body;
+    const json error = json::parse(response->body);
+    if (test.path == "/v1/messages/count_tokens")
+      EXPECT_EQ(error["type"], "error") << response->body;
+    else
+      EXPECT_EQ(error["error"]["param"], test.param) << response->body;
+  }
+}
+
+
 TEST_F(ServerEndToEnd, MalformedRequestsGetClearErrorsAndNeverHurtTheServer) {
   const std::string long_prompt = [] {
     std::string text;
@@ -629,9 +852,10 @@ TEST_F(ServerEndToEnd, MalformedRequestsGetClearErrorsAndNeverHurtTheServer) {
       {chat, with(ok, "stop", json::array({"a", 1})), 400, "stop"},
       {chat, with(ok, "stream", 1), 400, "stream"},
       {chat, with(ok, "logprobs", "true"), 400, "logprobs"},
-      {chat, with(ok, "n", 3), 400, "n"},
+      {chat, with(ok, "n", 0), 400, "n"},
       {chat, with(ok, "response_format", {{"type", "json_object"}}), 400, "response_format"},
-      {chat, with(ok, "logit_bias", {{"1", 5}}), 400, "logit_bias"},
+      {chat, with(ok, "logit_bias", {{"512", 5}}), 400, "logit_bias"},
+      {chat, with(ok, "presence_penalty", 9), 400, "presence_penalty"},
       {chat, with(ok, "tools", "all"), 400, "tools"},
       {chat, with(ok, "tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}), 400, "tool_choice"},
       {chat, with(ok, "chat_template_kwargs", json::array()), 400, "chat_template_kwargs"},
@@ -733,6 +957,45 @@ TEST_F(ServerEndToEnd, AClientThatDisconnectsCancelsItsRequestAndFreesTheCache) 
   }
   for (int i = 0; i < 100 && metric_value(port_, "kiln_requests_running") != 0; ++i) std::this_thread::sleep_for(50ms);
   EXPECT_EQ(metric_value(port_, "kiln_requests_running"), 0);
+}
+
+// generation_config.json's defaults apply to what a request does not set (vLLM's behaviour), and
+// --generation-config none turns them off.
+TEST(ServerProcess, GenerationConfigDefaultsApplyUnlessTurnedOff) {
+  KILN_REQUIRE_STORIES(dir);
+  TempDir model;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.is_regular_file() && entry.path().filename() != "generation_config.json")
+      std::filesystem::create_symlink(entry.path(), model.path() / entry.path().filename());
+  std::ofstream(model.path() / "generation_config.json")
+      << R"({"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.0, "max_new_tokens": 7})";
+  const json request = {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"ignore_eos", true}};
+  auto completion = [&](uint16_t port, json body) {
+    auto response = post(port, "/v1/completions", body);
+    EXPECT_TRUE(response && response->status == 200) << (response ? response->body : "no response");
+    return response ? json::parse(response->body) : json();
+  };
+  {
+    ServeProcess server(stories_arguments(model.path(), {"--served-model-name", "stories260K"}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    EXPECT_NE(server.log().find("temperature 0"), std::string::npos) << server.log();
+    json seeded = request;
+    seeded["seed"] = 1;
+    const json first = completion(server.port(), seeded);
+    EXPECT_EQ(first["usage"]["completion_tokens"], 7) << "max_new_tokens bounds a request without max_tokens";
+    seeded["seed"] = 2;
+    json greedy = request;
+    greedy["temperature"] = 0;
+    greedy["max_tokens"] = 7;
+    EXPECT_EQ(completion(server.port(), seeded)["choices"][0]["text"], first["choices"][0]["text"]);
+    EXPECT_EQ(completion(server.port(), greedy)["choices"][0]["text"], first["choices"][0]["text"]);
+    greedy["max_tokens"] = 20;
+    EXPECT_EQ(completion(server.port(), greedy)["usage"]["completion_tokens"], 20) << "an explicit max_tokens wins";
+  }
+  ServeProcess server(
+      stories_arguments(model.path(), {"--served-model-name", "stories260K", "--generation-config", "none"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  EXPECT_EQ(completion(server.port(), request)["usage"]["completion_tokens"], 16) << "OpenAI's default of 16";
 }
 
 TEST(ServerProcess, AFullQueueGets429WithRetryAfter) {

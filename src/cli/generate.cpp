@@ -21,12 +21,17 @@ struct GenerateCommand {
   std::string prompt;
   std::string chat;
   std::vector<std::string> stops;
-  int64_t max_tokens = 256;
-  float temperature = 1.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
+  // Unset: the generation config's value (--generation-config), else kiln's default.
+  std::optional<int64_t> max_tokens;
+  std::optional<float> temperature;
+  std::optional<int32_t> top_k;
+  std::optional<float> top_p;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   std::optional<uint64_t> seed;
+  std::string generation_config = "auto";
   ServingSizes sizes{1, 0, kDefaultPrefillChunk};  // one sequence at the model's context
 };
 
@@ -45,22 +50,48 @@ RegisterCommand register_generate([](CLI::App& app) {
   ids->excludes(prompt)->excludes(chat);
   prompt->excludes(chat);
   command->add_option("--stop", options->stops, "Stop at this text (repeatable; text modes)");
-  command->add_option("--max-tokens", options->max_tokens, "Most tokens to generate")->check(CLI::NonNegativeNumber);
-  command->add_option("--temperature", options->temperature, "Sampling temperature (0: greedy)");
-  command->add_option("--top-k", options->top_k, "Keep the k most likely tokens (0: off)");
-  command->add_option("--top-p", options->top_p, "Nucleus sampling mass (1: off)");
-  command->add_option("--min-p", options->min_p, "Drop tokens below min-p × the top probability (0: off)");
+  command
+      ->add_option("--max-tokens", options->max_tokens,
+                   "Most tokens to generate (default: the generation config's max_new_tokens, else 256)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--temperature", options->temperature,
+                      "Sampling temperature (0: greedy; default: the generation config's, else 1)");
+  command->add_option("--top-k", options->top_k, "Keep the k most likely tokens (0: off; default: the generation config's)");
+  command->add_option("--top-p", options->top_p, "Nucleus sampling mass (1: off; default: the generation config's)");
+  command->add_option("--min-p", options->min_p,
+                      "Drop tokens below min-p × the top probability (0: off; default: the generation config's)");
+  command->add_option("--repetition-penalty", options->repetition_penalty,
+                      "Divide (or multiply, when negative) the logits of prompt and generated tokens (1: off; "
+                      "default: the generation config's)");
+  command->add_option("--presence-penalty", options->presence_penalty,
+                      "Subtract from the logit of every token generated so far (-2 to 2)")
+      ->capture_default_str();
+  command->add_option("--frequency-penalty", options->frequency_penalty,
+                      "Subtract this times its count from the logit of every generated token (-2 to 2)")
+      ->capture_default_str();
   command->add_option("--seed", options->seed, "Random seed (same seed, same tokens)");
+  add_generation_config_option(*command, options->generation_config);
   add_prefill_chunk_option(*command, options->sizes);
   command->callback([options, ids, prompt, chat] {
     if (!*ids && !*prompt && !*chat) fail("generate needs one of --ids, --prompt or --chat");
     if (*ids && !options->stops.empty()) fail("--stop applies to text (--prompt or --chat), not to --ids");
     options->model.resolve();
     OpenedModel opened = open_model(options->model, options->sizes);
+    // The flags win over the generation config, which wins over kiln's defaults.
+    const SamplingDefaults defaults = generation_defaults(options->generation_config, options->model.model_dir);
     GenerationOptions generation;
-    generation.max_tokens = options->max_tokens;
-    generation.sampling = {options->temperature, options->top_k, options->top_p, options->min_p, options->seed};
-    generation.sampling.validate();
+    generation.max_tokens = options->max_tokens.value_or(defaults.max_new_tokens.value_or(256));
+    generation.sampling = defaults.sampling;
+    SamplingParams& sampling = generation.sampling;
+    if (options->temperature) sampling.temperature = *options->temperature;
+    if (options->top_k) sampling.top_k = *options->top_k;
+    if (options->top_p) sampling.top_p = *options->top_p;
+    if (options->min_p) sampling.min_p = *options->min_p;
+    if (options->repetition_penalty) sampling.repetition_penalty = *options->repetition_penalty;
+    sampling.presence_penalty = options->presence_penalty;
+    sampling.frequency_penalty = options->frequency_penalty;
+    sampling.seed = options->seed;
+    sampling.validate();
     generation.prefill_chunk = options->sizes.prefill_chunk;
 
     if (*ids) {

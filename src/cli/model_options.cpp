@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <climits>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -18,6 +20,7 @@
 #include "model/family.h"
 #include "model/loader.h"
 #include "model/tensor_parallel.h"
+#include "tokenizer/tokenizer.h"
 #ifdef KILN_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -177,6 +180,42 @@ std::optional<std::string> read_chat_template(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+void add_generation_config_option(CLI::App& command, std::string& generation_config) {
+  command
+      .add_option("--generation-config", generation_config,
+                  "Sampling defaults for what is not set: auto (the model's generation_config.json), none, or a "
+                  "folder holding a generation_config.json")
+      ->capture_default_str();
+}
+
+SamplingDefaults generation_defaults(const std::string& generation_config, const std::string& model_dir) {
+  if (generation_config == "none") return {};
+  const std::filesystem::path path =
+      std::filesystem::path(generation_config == "auto" ? model_dir : generation_config) / "generation_config.json";
+  if (!std::filesystem::exists(path)) {
+    if (generation_config == "auto") return {};
+    fail("--generation-config {}: no generation_config.json in that folder (or give auto or none)", generation_config);
+  }
+  const GenerationDefaults file = read_generation_config(path);
+  SamplingDefaults defaults;
+  SamplingParams& sampling = defaults.sampling;
+  if (file.temperature) sampling.temperature = static_cast<float>(*file.temperature);
+  if (file.top_p) sampling.top_p = static_cast<float>(*file.top_p);
+  // transformers and vLLM read top_k ≤ 0 as off.
+  if (file.top_k) sampling.top_k = static_cast<int32_t>(std::clamp<int64_t>(*file.top_k, 0, INT32_MAX));
+  if (file.min_p) sampling.min_p = static_cast<float>(*file.min_p);
+  if (file.repetition_penalty) sampling.repetition_penalty = static_cast<float>(*file.repetition_penalty);
+  try {
+    sampling.validate();
+  } catch (const Error& error) {
+    fail("{}: {}", path.string(), error.what());
+  }
+  if (file.max_new_tokens && *file.max_new_tokens < 1)
+    fail("{}: max_new_tokens must be ≥ 1, got {}", path.string(), *file.max_new_tokens);
+  defaults.max_new_tokens = file.max_new_tokens;
+  return defaults;
 }
 
 std::vector<int32_t> parse_token_ids(const std::string& text) {

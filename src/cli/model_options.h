@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/backend.h"
+#include "engine/sampler.h"
 #include "engine/serving_sizes.h"
 #include "model/loader.h"
 #include "model/model.h"
@@ -77,6 +78,20 @@ OpenedModel open_model(const ModelOptions& options, const ServingSizes& sizes);
 
 // The text of --chat-template FILE, or nothing when no file is named (the model's own template).
 std::optional<std::string> read_chat_template(const std::string& path);
+
+// --generation-config auto|none|FOLDER (kiln serve, kiln generate): whose generation_config.json
+// gives the defaults of what a request (or the command line) does not set: the model folder's
+// (auto), none (kiln's own: temperature 1, no top-k, top-p or min-p), or FOLDER's.
+void add_generation_config_option(CLI::App& command, std::string& generation_config);
+struct SamplingDefaults {
+  SamplingParams sampling;                // kiln's defaults with the file's temperature, top_p, top_k,
+                                          // min_p and repetition_penalty over them (do_sample is not
+                                          // read, as vLLM does not)
+  std::optional<int64_t> max_new_tokens;  // the file's, when it has one
+};
+// The defaults `generation_config` (the option's value) names for the model in `model_dir`; a value
+// out of range is an error naming the file.
+SamplingDefaults generation_defaults(const std::string& generation_config, const std::string& model_dir);
 
 // "1,2,3" → {1, 2, 3}; an error names the bad element.
 std::vector<int32_t> parse_token_ids(const std::string& text);

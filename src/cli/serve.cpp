@@ -51,6 +51,7 @@ struct ServeCommand {
   std::string log_format = "text";
   std::string config_file;
   bool no_prefix_cache = false;
+  std::string generation_config = "auto";
 };
 
 // --config FILE: `name = value` lines (TOML, or INI; read by CLI11's reader), a serve flag's long
@@ -157,6 +158,16 @@ void serve(const ServeCommand& options) {
                  : std::filesystem::path(options.model.model_dir).lexically_normal().filename().string();
   if (server_options.model_name.empty()) server_options.model_name = "model";
   server_options.vocab_size = vocab_size;
+  const SamplingDefaults defaults = generation_defaults(options.generation_config, options.model.model_dir);
+  server_options.sampling_defaults = defaults.sampling;
+  server_options.default_max_tokens = defaults.max_new_tokens;
+  const SamplingParams& sampling = server_options.sampling_defaults;
+  fmt::print(stderr,
+             "kiln: requests that do not set them get temperature {}, top_p {}, top_k {}, min_p {}, "
+             "repetition_penalty {}{} (--generation-config {})\n",
+             sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty,
+             defaults.max_new_tokens ? fmt::format(", max_tokens ≤ {}", *defaults.max_new_tokens) : "",
+             options.generation_config);
   server_options.api_key = options.api_key;
   server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
 
@@ -263,6 +274,7 @@ RegisterCommand register_serve([](CLI::App& app) {
                     "Refuse pages served from this machine (localhost, 127.0.0.1, [::1]) too, unless listed");
   command->add_option("--log-format", options->log_format, "The per-request log line: text, or one JSON object")
       ->check(CLI::IsMember({"text", "json"}));
+  add_generation_config_option(*command, options->generation_config);
   command->add_option("--config", options->config_file,
                       "A file of serve flags, one `name = value` a line (TOML or INI): the command line and the "
                       "environment win over it")

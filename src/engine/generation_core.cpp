@@ -36,6 +36,8 @@ void bound_request(GenerationRequest& request, int64_t context_tokens, int64_t v
   for (int32_t token : request.prompt)
     if (token < 0 || token >= vocab_size)
       fail("prompt token id {} is outside the vocabulary (size {})", token, vocab_size);
+  for (const auto& [token, bias] : request.sampling.logit_bias)
+    if (token >= vocab_size) fail("logit_bias names token id {}, outside the vocabulary (size {})", token, vocab_size);
   request.max_tokens = std::min(request.max_tokens, context_tokens - prompt_length);
 }
 
@@ -51,6 +53,10 @@ struct GenerationCore::Sequence {
   uint64_t id = 0;  // unique among the core's requests: names its rows in a step in flight
 
   int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
+  // The device sampler (GraphOps::sample_tokens) applies no bias or penalty, so such a request's
+  // tokens are always chosen by its host Sampler from the step's logits, which are the same bits
+  // on either path: the one rule in every step, alone or in any batch.
+  bool samples_on_host() const { return request.sampling.processes_logits(); }
 };
 
 namespace {
@@ -127,7 +133,7 @@ void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStr
   prefix_hit_tokens_ += reused;
   stream->cached_tokens_.store(reused);
 
-  Sampler sampler(request.sampling);
+  Sampler sampler(request.sampling, request.prompt);
   auto sequence =
       std::make_unique<Sequence>(Sequence{std::move(request), std::move(stream), std::move(sampler), slot});
   sequence->prefilled = reused;
@@ -191,6 +197,7 @@ bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::
   ++sequence.generated;
   sequence.generated_tokens.push_back(token.token);
   sequence.next_input = token.token;
+  sequence.sampler.accept(token.token);
   TokenEvent event{token.token, token.logprob, {}, false, FinishReason::Stop, ""};
   if (sequence.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, sequence.request.top_logprobs);
   const auto& stops = sequence.request.stop_ids;
@@ -214,8 +221,10 @@ bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::
 std::vector<DecodeRow> GenerationCore::decode_rows(bool fed) const {
   std::vector<DecodeRow> rows;
   for (const auto& sequence : running_) {
+    // A row sampled on the host is greedy on the device: its device token is not used, and it
+    // takes no draw from the request's stream.
     DecodeRow row{sequence->slot, static_cast<int32_t>(sequence->prompt_length() + sequence->generated - 1),
-                  sequence->next_input, &sequence->sampler};
+                  sequence->next_input, sequence->samples_on_host() ? nullptr : &sequence->sampler};
     if (fed) {
       row.position += 1;
       row.fed_from = static_cast<int32_t>(std::find(in_flight_.begin(), in_flight_.end(), sequence->id) -
@@ -234,12 +243,13 @@ std::vector<uint64_t> GenerationCore::running_ids() const {
 
 // The next decode step is queued before reading the tokens of the one in flight — it takes them on
 // the device — when every running request was in that step and decodes again, none asks for
-// logits, each has room for two more tokens, and no waiting request could be admitted now (it
+// logits or samples on the host, each has room for two more tokens, and no waiting request could be admitted now (it
 // would need a prefill step first).
 bool GenerationCore::queue_next_decode(const std::function<bool()>& requests_waiting) const {
   const bool every_request_decodes_again = std::all_of(running_.begin(), running_.end(), [&](const auto& sequence) {
     return std::find(in_flight_.begin(), in_flight_.end(), sequence->id) != in_flight_.end() &&
-           sequence->request.top_logprobs == 0 && sequence->generated + 2 <= sequence->request.max_tokens;
+           sequence->request.top_logprobs == 0 && !sequence->samples_on_host() &&
+           sequence->generated + 2 <= sequence->request.max_tokens;
   });
   return every_request_decodes_again && !(has_free_slot() && requests_waiting());
 }
@@ -288,13 +298,14 @@ StepPlan GenerationCore::plan() const {
 }
 
 // A step in which every sequence decodes runs as a captured graph and samples on the device; the
-// logits come back only when a request asks for top logprobs, and otherwise the step is left in
-// flight: the next step() queues the following step before reading its tokens.
+// logits come back only when a request asks for top logprobs or samples on the host, and otherwise
+// the step is left in flight: the next step() queues the following step before reading its tokens.
 GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
   StepResult result;
   const bool on_device = decode_graphs_ && plan.every_sequence_decodes;
-  const bool wants_logits = std::any_of(running_.begin(), running_.end(),
-                                        [](const auto& sequence) { return sequence->request.top_logprobs > 0; });
+  const bool wants_logits = std::any_of(running_.begin(), running_.end(), [](const auto& sequence) {
+    return sequence->request.top_logprobs > 0 || sequence->samples_on_host();
+  });
   if (on_device && !wants_logits) {
     decode_graphs_->launch(decode_rows(false));
     in_flight_ = running_ids();
@@ -344,7 +355,8 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
             result.logits.defined()
                 ? std::span<const float>(result.logits.data<float>() + work_row * vocab, static_cast<size_t>(vocab))
                 : std::span<const float>();
-        const SampledToken token = sampled_on_device ? result.device_tokens[work_row] : sequence.sampler.sample(logits);
+        const SampledToken token = sampled_on_device && !sequence.samples_on_host() ? result.device_tokens[work_row]
+                                                                                     : sequence.sampler.sample(logits);
         if (!accept(sequence, token, logits)) continue;
       }
     }

@@ -147,13 +147,19 @@ json convert_tools(const json& tools) {
 
 }  // namespace
 
-MessagesRequest parse_messages_request(const json& body, const std::string& served_model) {
+namespace {
+
+MessagesRequest parse_messages_body(const json& body, const std::string& served_model, const SamplingParams& defaults,
+                                    bool count_tokens) {
   MessagesRequest request;
+  request.generation.sampling = defaults;
   JsonFields fields(body, "");
   check_model_field(fields, served_model);
-  const auto max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit);
-  if (!max_tokens) reject_field("max_tokens", "`max_tokens` is required");
-  request.generation.max_tokens = max_tokens;
+  if (!count_tokens) {
+    const auto max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit);
+    if (!max_tokens) reject_field("max_tokens", "`max_tokens` is required");
+    request.generation.max_tokens = max_tokens;
+  }
 
   request.messages = json::array();
   if (const json* system = fields.value("system")) {
@@ -165,9 +171,11 @@ MessagesRequest parse_messages_request(const json& body, const std::string& serv
   if (messages->empty()) reject_field("messages", "`messages` must hold at least one message");
   for (size_t i = 0; i < messages->size(); ++i) convert_message((*messages)[i], i, request.messages);
 
-  read_sampling(fields, 1.0, request.generation.sampling);
-  request.generation.stop = read_stop_strings(fields, "stop_sequences", false);
-  request.generation.stream = fields.boolean("stream").value_or(false);
+  if (!count_tokens) {
+    read_sampling(fields, 1.0, request.generation.sampling);
+    request.generation.stop = read_stop_strings(fields, "stop_sequences", false);
+    request.generation.stream = fields.boolean("stream").value_or(false);
+  }
   if (const json* tools = fields.array("tools"); tools && !tools->empty()) request.prompt.tools = convert_tools(*tools);
   if (const json* choice = fields.object("tool_choice")) {
     JsonFields choice_fields(*choice, "tool_choice");
@@ -192,10 +200,23 @@ MessagesRequest parse_messages_request(const json& body, const std::string& serv
     thinking_fields.reject_unknown();
     request.prompt.template_kwargs["enable_thinking"] = *type == "enabled";
   }
-  fields.object("metadata");
-  fields.string("service_tier");
+  if (!count_tokens) {
+    fields.object("metadata");
+    fields.string("service_tier");
+  }
   fields.reject_unknown();
   return request;
+}
+
+}  // namespace
+
+MessagesRequest parse_messages_request(const json& body, const std::string& served_model,
+                                       const SamplingParams& defaults) {
+  return parse_messages_body(body, served_model, defaults, false);
+}
+
+MessagesRequest parse_count_tokens_request(const json& body, const std::string& served_model) {
+  return parse_messages_body(body, served_model, {}, true);
 }
 
 json anthropic_error_body(int status, const std::string& message) {
@@ -248,7 +269,8 @@ json tool_use_block(const ToolCall& call) {
 
 }  // namespace
 
-json MessagesResponse::whole(const WholeGeneration& whole, const TokenUsage& usage) const {
+json MessagesResponse::whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const {
+  const WholeGeneration& whole = choices.front();
   ChatOutputParser parser = parser_;
   parser.push(whole.text);
   parser.finish();
@@ -302,7 +324,7 @@ std::string MessagesResponse::open_block(const char* type) {
   return events;
 }
 
-std::vector<std::string> MessagesResponse::stream_delta(const TextDelta& delta, const TokenUsage& usage) {
+std::vector<std::string> MessagesResponse::stream_delta(size_t, const TextDelta& delta, const TokenUsage&) {
   std::vector<std::string> events;
   std::vector<ChatOutputEvent> parsed = parser_.push(delta.text);
   if (delta.finished)
@@ -340,15 +362,17 @@ std::vector<std::string> MessagesResponse::stream_delta(const TextDelta& delta, 
   // A reply with no part at all still has its (empty) text block.
   std::string closing = blocks_ == 0 ? open_block("text") : "";
   closing += close_block();
-  events.push_back(closing +
-                   sse_event("message_delta",
-                             {{"type", "message_delta"},
-                              {"delta",
-                               {{"stop_reason", stop_reason_of(delta, parser_.output())},
-                                {"stop_sequence", stop_sequence_field(delta)}}},
-                              {"usage", anthropic_usage(usage)}}) +
-                   sse_event("message_stop", {{"type", "message_stop"}}));
+  events.push_back(closing);
+  ending_ = json{{"stop_reason", stop_reason_of(delta, parser_.output())}, {"stop_sequence", stop_sequence_field(delta)}};
   return events;
+}
+
+std::vector<std::string> MessagesResponse::stream_end(const TokenUsage& usage) {
+  if (!ending_) return {};  // the generation failed: its error event ended the stream
+  return {sse_event("message_delta", {{"type", "message_delta"},
+                                      {"delta", *ending_},
+                                      {"usage", anthropic_usage(usage)}}) +
+          sse_event("message_stop", {{"type", "message_stop"}})};
 }
 
 std::string MessagesResponse::stream_failure(const ApiError& failure) const {

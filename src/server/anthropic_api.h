@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,13 @@ struct MessagesRequest {
   GenerationFields generation;  // max_tokens is required by this API
 };
 
-// Every field is type- and range-checked; unknown fields and unsupported options are a 400.
-MessagesRequest parse_messages_request(const json& body, const std::string& served_model);
+// Every field is type- and range-checked; unknown fields and unsupported options are a 400. What
+// the request does not set of its sampling comes from `defaults` (the server's).
+MessagesRequest parse_messages_request(const json& body, const std::string& served_model,
+                                       const SamplingParams& defaults = {});
+// The body of /v1/messages/count_tokens: a Messages request without max_tokens (the conversation,
+// system, tools, tool_choice and thinking are what it counts).
+MessagesRequest parse_count_tokens_request(const json& body, const std::string& served_model);
 
 // {"type": "error", "error": {"type", "message"}}
 json anthropic_error_body(int status, const std::string& message);
@@ -42,9 +48,11 @@ std::string anthropic_stop_reason(FinishReason finish_reason, const std::optiona
 class MessagesResponse final : public GenerationResponse {
  public:
   MessagesResponse(std::string served_model, ChatOutputParser parser);
-  json whole(const WholeGeneration& whole, const TokenUsage& usage) const override;
+  // One choice: the Messages API has no `n`.
+  json whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const override;
   std::vector<std::string> stream_start(const TokenUsage& usage) override;
-  std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) override;
+  std::vector<std::string> stream_delta(size_t choice, const TextDelta& delta, const TokenUsage& usage) override;
+  std::vector<std::string> stream_end(const TokenUsage& usage) override;
   std::string stream_failure(const ApiError& failure) const override;
 
  private:
@@ -59,6 +67,9 @@ class MessagesResponse final : public GenerationResponse {
   std::string open_type_;    // the open block's type, or empty
   int64_t blocks_ = 0;       // blocks opened so far
   bool pinged_ = false;
+  // The message's end, once its generation ended normally: message_delta's stop_reason and
+  // stop_sequence (stream_end writes them with the final usage).
+  std::optional<json> ending_;
 };
 
 }  // namespace kiln::server

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,18 +32,22 @@ struct WholeGeneration {
 // its client sees.
 ApiError generation_failure(const TextDelta& end);
 
-// One request's answer in one dialect. Each string a stream method returns is written on its own,
-// in order; the server stops at the first write that fails (the client went away).
+// One request's answer in one dialect, of one or more choices (OpenAI's `n`, each its own
+// generation; usage counts the prompt once and every choice's tokens). Each string a stream method
+// returns is written on its own, in order; the server stops at the first write that fails (the
+// client went away).
 class GenerationResponse {
  public:
   virtual ~GenerationResponse() = default;
-  // The body of a non-streamed response.
-  virtual nlohmann::ordered_json whole(const WholeGeneration& whole, const TokenUsage& usage) const = 0;
+  // The body of a non-streamed response: each choice's generation, in index order.
+  virtual nlohmann::ordered_json whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const = 0;
   // What a stream opens with, right after its 200 (no token generated yet).
   virtual std::vector<std::string> stream_start(const TokenUsage& usage) = 0;
-  // What one delta adds; the finished delta also ends the stream (with an error event when the
-  // generation did not end with stop or length).
-  virtual std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) = 0;
+  // What one delta of choice `choice` adds; its finished delta ends that choice (with an error
+  // event when the generation did not end with stop or length, after which no other delta comes).
+  virtual std::vector<std::string> stream_delta(size_t choice, const TextDelta& delta, const TokenUsage& usage) = 0;
+  // What closes the stream once every choice has ended, or one failed.
+  virtual std::vector<std::string> stream_end(const TokenUsage& usage) = 0;
   // What ends a stream that failed after its 200 went out: no status can be sent any more.
   virtual std::string stream_failure(const ApiError& failure) const = 0;
 };

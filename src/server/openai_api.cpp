@@ -171,19 +171,12 @@ json checked_template_kwargs(const json& kwargs, const std::string& param) {
   return kwargs;
 }
 
-// Options OpenAI defines that this server does not implement: accepted only at their neutral value.
-void reject_unsupported_options(JsonFields& fields) {
-  if (auto n = fields.integer("n", 1, 128); n && *n != 1)
-    reject_unsupported(fields.param("n"), "n > 1 (several choices per request)");
-  if (auto best_of = fields.integer("best_of", 1, 128); best_of && *best_of != 1)
-    reject_unsupported(fields.param("best_of"), "best_of > 1");
-  if (const json* bias = fields.object("logit_bias"); bias && !bias->empty())
-    reject_unsupported(fields.param("logit_bias"), "logit_bias");
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"})
-    if (auto value = fields.number(penalty, -2.0, 2.0); value && *value != 0.0)
-      reject_unsupported(fields.param(penalty), fmt::format("a non-zero {}", penalty));
-  if (auto value = fields.number("repetition_penalty", 0.0, 100.0); value && *value != 1.0)
-    reject_unsupported(fields.param("repetition_penalty"), "a repetition_penalty other than 1");
+// `n` choices; `best_of` (legacy completions) only where it keeps every choice: kiln does not rank
+// choices to drop some.
+void read_choices(JsonFields& fields, GenerationFields& generation) {
+  generation.n = static_cast<int32_t>(fields.integer("n", 1, kMaxChoices).value_or(1));
+  if (auto best_of = fields.integer("best_of", 1, kMaxChoices); best_of && *best_of != generation.n)
+    reject_unsupported(fields.param("best_of"), "best_of other than n (choosing the best of several choices)");
 }
 
 void read_stream_fields(JsonFields& fields, GenerationFields& generation, bool& include_usage) {
@@ -198,9 +191,12 @@ void read_stream_fields(JsonFields& fields, GenerationFields& generation, bool& 
   }
 }
 
-// Fields OpenAI accepts that change nothing here (client bookkeeping); type-checked, then unused.
+// Fields OpenAI accepts that change nothing here (client bookkeeping, caching hints); type-checked,
+// then unused.
 void accept_bookkeeping_fields(JsonFields& fields) {
   fields.string("user");
+  fields.string("safety_identifier");
+  fields.string("prompt_cache_key");
   fields.object("metadata");
   fields.boolean("store");
   fields.string("service_tier");
@@ -209,8 +205,10 @@ void accept_bookkeeping_fields(JsonFields& fields) {
 
 }  // namespace
 
-ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model) {
+ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model,
+                                                    const SamplingParams& defaults) {
   ChatCompletionRequest request;
+  request.generation.sampling = defaults;
   JsonFields fields(body, "");
   check_model_field(fields, served_model);
   const json* messages = fields.array("messages");
@@ -218,6 +216,8 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
   request.messages = normalise_messages(*messages);
 
   read_sampling(fields, 2.0, request.generation.sampling);
+  read_penalties(fields, request.generation.sampling);
+  read_choices(fields, request.generation);
   const auto max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit);
   const auto max_completion_tokens = fields.integer("max_completion_tokens", 1, kMaxTokensLimit);
   if (max_tokens && max_completion_tokens && *max_tokens != *max_completion_tokens)
@@ -259,14 +259,15 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
     request.prompt.template_kwargs = checked_template_kwargs(*kwargs, "chat_template_kwargs");
   request.prompt.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
 
-  reject_unsupported_options(fields);
   accept_bookkeeping_fields(fields);
   fields.reject_unknown();
   return request;
 }
 
-CompletionRequest parse_completion_request(const json& body, const std::string& served_model, int64_t vocab_size) {
+CompletionRequest parse_completion_request(const json& body, const std::string& served_model, int64_t vocab_size,
+                                           const SamplingParams& defaults) {
   CompletionRequest request;
+  request.generation.sampling = defaults;
   JsonFields fields(body, "");
   check_model_field(fields, served_model);
   const json* prompt = fields.value("prompt");
@@ -296,8 +297,11 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
   }
 
   read_sampling(fields, 2.0, request.generation.sampling);
+  read_penalties(fields, request.generation.sampling);
+  read_choices(fields, request.generation);
+  request.generation.max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit);
   // OpenAI's legacy API generates 16 tokens when max_tokens is not given.
-  request.generation.max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit).value_or(16);
+  request.generation.default_max_tokens = 16;
   request.generation.stop = read_stop_strings(fields, "stop", true);
   request.generation.ignore_eos = fields.boolean("ignore_eos").value_or(false);
   read_stream_fields(fields, request.generation, request.include_usage);
@@ -305,10 +309,52 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
     request.logprobs = static_cast<int32_t>(*logprobs);
   if (fields.boolean("echo").value_or(false)) reject_unsupported("echo", "echo");
   if (fields.string("suffix")) reject_unsupported("suffix", "suffix");
-  reject_unsupported_options(fields);
   accept_bookkeeping_fields(fields);
   fields.reject_unknown();
   return request;
+}
+
+TokenizeRequest parse_tokenize_request(const json& body, const std::string& served_model) {
+  TokenizeRequest request;
+  JsonFields fields(body, "");
+  if (fields.has("model")) check_model_field(fields, served_model);
+  const auto prompt = fields.string("prompt");
+  const json* messages = fields.array("messages");
+  if (prompt.has_value() == (messages != nullptr))
+    reject_field(prompt ? "messages" : "prompt", "send one of `prompt` (text) and `messages` (a conversation)");
+  if (prompt) {
+    request.prompt = *prompt;
+  } else {
+    request.messages = normalise_messages(*messages);
+    if (const json* tools = fields.array("tools")) request.chat.tools = validate_tools(*tools);
+    if (const json* kwargs = fields.object("chat_template_kwargs"))
+      request.chat.template_kwargs = checked_template_kwargs(*kwargs, "chat_template_kwargs");
+    request.chat.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
+  }
+  request.add_special_tokens = fields.boolean("add_special_tokens").value_or(prompt.has_value());
+  request.return_token_strs = fields.boolean("return_token_strs").value_or(false);
+  fields.reject_unknown();
+  return request;
+}
+
+std::vector<int32_t> parse_detokenize_request(const json& body, const std::string& served_model, int64_t vocab_size) {
+  JsonFields fields(body, "");
+  if (fields.has("model")) check_model_field(fields, served_model);
+  const json* tokens = fields.array("tokens");
+  if (!tokens) reject_field("tokens", "`tokens` is required");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const json& id = (*tokens)[i];
+    const std::string param = fmt::format("tokens[{}]", i);
+    if (!id.is_number_integer()) reject_field(param, "`{}` must be a token id, got {}", param, json_type_name(id));
+    const bool too_large = id.is_number_unsigned() && id.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    const int64_t value = too_large ? INT64_MAX : id.get<int64_t>();
+    if (value < 0 || value >= vocab_size)
+      reject_field(param, "token id {} is outside the vocabulary (0 to {})", id.dump(), vocab_size - 1);
+    ids.push_back(static_cast<int32_t>(value));
+  }
+  fields.reject_unknown();
+  return ids;
 }
 
 json openai_error_body(int status, const std::string& message, const std::string& param, const std::string& code) {
@@ -398,9 +444,9 @@ json models_list(const std::string& served_model, int64_t context_tokens, int64_
 }
 
 ChatCompletionResponse::ChatCompletionResponse(const ChatCompletionRequest& request, std::string served_model,
-                                               const TextCodec& codec, ChatOutputParser parser)
+                                               const TextCodec& codec, const ChatOutputParser& parser)
     : codec_(codec),
-      parser_(std::move(parser)),
+      parsers_(static_cast<size_t>(request.generation.n), parser),
       id_(random_id("chatcmpl-")),
       created_(unix_seconds()),
       model_(std::move(served_model)),
@@ -411,8 +457,20 @@ std::string ChatCompletionResponse::finish_reason(FinishReason reason, const Cha
   return reason == FinishReason::Stop && !output.tool_calls.empty() ? "tool_calls" : openai_finish_reason(reason);
 }
 
-json ChatCompletionResponse::whole(const WholeGeneration& whole, const TokenUsage& usage) const {
-  ChatOutputParser parser = parser_;
+json ChatCompletionResponse::whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const {
+  json choices_json = json::array();
+  for (size_t index = 0; index < choices.size(); ++index)
+    choices_json.push_back(whole_choice(index, choices[index]));
+  return {{"id", id_},
+          {"object", "chat.completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", std::move(choices_json)},
+          {"usage", openai_usage(usage)}};
+}
+
+json ChatCompletionResponse::whole_choice(size_t index, const WholeGeneration& whole) const {
+  ChatOutputParser parser = parsers_[index];
   parser.push(whole.text);
   parser.finish();
   const ChatOutput& output = parser.output();
@@ -426,24 +484,18 @@ json ChatCompletionResponse::whole(const WholeGeneration& whole, const TokenUsag
                                        {"type", "function"},
                                        {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
   }
-  json choice = {{"index", 0},
-                 {"message", std::move(message)},
-                 {"logprobs", logprobs_ ? chat_logprobs(whole.tokens, codec_) : json()},
-                 {"finish_reason", finish_reason(whole.last.finish_reason, output)}};
-  return {{"id", id_},
-          {"object", "chat.completion"},
-          {"created", created_},
-          {"model", model_},
-          {"choices", json::array({choice})},
-          {"usage", openai_usage(usage)}};
+  return {{"index", index},
+          {"message", std::move(message)},
+          {"logprobs", logprobs_ ? chat_logprobs(whole.tokens, codec_) : json()},
+          {"finish_reason", finish_reason(whole.last.finish_reason, output)}};
 }
 
-std::string ChatCompletionResponse::chunk(json delta, json logprobs, json finish_reason) const {
+std::string ChatCompletionResponse::chunk(size_t index, json delta, json logprobs, json finish_reason) const {
   json body = {{"id", id_},
                {"object", "chat.completion.chunk"},
                {"created", created_},
                {"model", model_},
-               {"choices", json::array({{{"index", 0},
+               {"choices", json::array({{{"index", index},
                                          {"delta", std::move(delta)},
                                          {"logprobs", std::move(logprobs)},
                                          {"finish_reason", std::move(finish_reason)}}})}};
@@ -452,14 +504,19 @@ std::string ChatCompletionResponse::chunk(json delta, json logprobs, json finish
 }
 
 std::vector<std::string> ChatCompletionResponse::stream_start(const TokenUsage&) {
-  return {chunk({{"role", "assistant"}, {"content", ""}}, json(), json())};
+  std::vector<std::string> events;
+  for (size_t index = 0; index < parsers_.size(); ++index)
+    events.push_back(chunk(index, {{"role", "assistant"}, {"content", ""}}, json(), json()));
+  return events;
 }
 
-std::vector<std::string> ChatCompletionResponse::stream_delta(const TextDelta& delta, const TokenUsage& usage) {
+std::vector<std::string> ChatCompletionResponse::stream_delta(size_t index, const TextDelta& delta,
+                                                              const TokenUsage&) {
   std::vector<std::string> events;
-  std::vector<ChatOutputEvent> parsed = parser_.push(delta.text);
+  ChatOutputParser& parser = parsers_[index];
+  std::vector<ChatOutputEvent> parsed = parser.push(delta.text);
   if (delta.finished)
-    for (ChatOutputEvent& event : parser_.finish()) parsed.push_back(std::move(event));
+    for (ChatOutputEvent& event : parser.finish()) parsed.push_back(std::move(event));
   // The delta's logprobs ride on its first chunk (held-back text may leave it none of its own).
   json logprobs = logprobs_ && !delta.tokens.empty() ? chat_logprobs(delta.tokens, codec_) : json();
   for (const ChatOutputEvent& event : parsed) {
@@ -476,14 +533,19 @@ std::vector<std::string> ChatCompletionResponse::stream_delta(const TextDelta& d
                                  {"function", {{"name", event.call.name}, {"arguments", event.call.arguments}}}}})}};
         break;
     }
-    events.push_back(chunk(std::move(fields), std::exchange(logprobs, json()), json()));
+    events.push_back(chunk(index, std::move(fields), std::exchange(logprobs, json()), json()));
   }
-  if (!logprobs.is_null()) events.push_back(chunk({{"content", ""}}, std::move(logprobs), json()));
+  if (!logprobs.is_null()) events.push_back(chunk(index, {{"content", ""}}, std::move(logprobs), json()));
   if (!delta.finished) return events;
   if (finished_normally(delta))
-    events.push_back(chunk(json::object(), json(), finish_reason(delta.finish_reason, parser_.output())));
+    events.push_back(chunk(index, json::object(), json(), finish_reason(delta.finish_reason, parser.output())));
   else
     events.push_back(error_chunk(generation_failure(delta)));
+  return events;
+}
+
+std::vector<std::string> ChatCompletionResponse::stream_end(const TokenUsage& usage) {
+  std::vector<std::string> events;
   if (include_usage_)
     events.push_back(sse_data({{"id", id_},
                                {"object", "chat.completion.chunk"},
@@ -506,7 +568,8 @@ CompletionResponse::CompletionResponse(const CompletionRequest& request, std::st
       created_(unix_seconds()),
       model_(std::move(served_model)),
       logprobs_(request.logprobs.has_value()),
-      include_usage_(request.include_usage) {}
+      include_usage_(request.include_usage),
+      text_offsets_(static_cast<size_t>(request.generation.n), 0) {}
 
 json CompletionResponse::body(json choices) const {
   return {{"id", id_},
@@ -516,32 +579,42 @@ json CompletionResponse::body(json choices) const {
           {"choices", std::move(choices)}};
 }
 
-json CompletionResponse::whole(const WholeGeneration& whole, const TokenUsage& usage) const {
-  json response = body(json::array({{{"index", 0},
-                                     {"text", whole.text},
-                                     {"logprobs", logprobs_ ? completion_logprobs(whole.tokens, codec_, 0) : json()},
-                                     {"finish_reason", openai_finish_reason(whole.last.finish_reason)}}}));
+json CompletionResponse::whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const {
+  json choices_json = json::array();
+  for (size_t index = 0; index < choices.size(); ++index) {
+    const WholeGeneration& whole = choices[index];
+    choices_json.push_back({{"index", index},
+                            {"text", whole.text},
+                            {"logprobs", logprobs_ ? completion_logprobs(whole.tokens, codec_, 0) : json()},
+                            {"finish_reason", openai_finish_reason(whole.last.finish_reason)}});
+  }
+  json response = body(std::move(choices_json));
   response["usage"] = openai_usage(usage);
   return response;
 }
 
 std::vector<std::string> CompletionResponse::stream_start(const TokenUsage&) { return {}; }
 
-std::vector<std::string> CompletionResponse::stream_delta(const TextDelta& delta, const TokenUsage& usage) {
+std::vector<std::string> CompletionResponse::stream_delta(size_t index, const TextDelta& delta, const TokenUsage&) {
   std::vector<std::string> events;
   const bool ended = delta.finished && finished_normally(delta);
+  size_t& text_offset = text_offsets_[index];
   if (!delta.text.empty() || ended) {
-    const json logprobs = logprobs_ ? completion_logprobs(delta.tokens, codec_, text_offset_) : json();
-    json chunk = body(json::array({{{"index", 0},
+    const json logprobs = logprobs_ ? completion_logprobs(delta.tokens, codec_, text_offset) : json();
+    json chunk = body(json::array({{{"index", index},
                                     {"text", delta.text},
                                     {"logprobs", logprobs},
                                     {"finish_reason", ended ? json(openai_finish_reason(delta.finish_reason)) : json()}}}));
     if (include_usage_) chunk["usage"] = nullptr;
-    text_offset_ += delta.text.size();
+    text_offset += delta.text.size();
     events.push_back(sse_data(chunk));
   }
-  if (!delta.finished) return events;
-  if (!ended) events.push_back(error_chunk(generation_failure(delta)));
+  if (delta.finished && !ended) events.push_back(error_chunk(generation_failure(delta)));
+  return events;
+}
+
+std::vector<std::string> CompletionResponse::stream_end(const TokenUsage& usage) {
+  std::vector<std::string> events;
   if (include_usage_) {
     json usage_chunk = body(json::array());
     usage_chunk["usage"] = openai_usage(usage);

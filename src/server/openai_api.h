@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,10 +42,28 @@ struct CompletionRequest {
 };
 
 // Every field is type- and range-checked; an unknown field, or a known option this server does not
-// implement (n > 1, json response formats, logit_bias, penalties, forced tool choice), is a 400.
-// `model` must name the served model (else 404).
-ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model);
-CompletionRequest parse_completion_request(const json& body, const std::string& served_model, int64_t vocab_size);
+// implement (best_of other than n, json response formats, forced tool choice), is a 400.
+// `model` must name the served model (else 404). What the request does not set of its sampling
+// comes from `defaults` (the server's: the model's generation_config.json).
+ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model,
+                                                    const SamplingParams& defaults = {});
+CompletionRequest parse_completion_request(const json& body, const std::string& served_model, int64_t vocab_size,
+                                           const SamplingParams& defaults = {});
+
+// vLLM's /tokenize: a prompt (tokenised with the tokenizer's specials unless add_special_tokens is
+// false) or a conversation (`messages`, rendered by the chat template with add_generation_prompt,
+// chat_template_kwargs and tools as a chat completion renders them; no specials added unless
+// add_special_tokens, as the template writes them). `model` is optional.
+struct TokenizeRequest {
+  std::optional<std::string> prompt;
+  json messages;
+  ChatPromptOptions chat;
+  bool add_special_tokens = true;
+  bool return_token_strs = false;
+};
+TokenizeRequest parse_tokenize_request(const json& body, const std::string& served_model);
+// vLLM's /detokenize: {"tokens": [ids]} (each within the vocabulary); `model` is optional.
+std::vector<int32_t> parse_detokenize_request(const json& body, const std::string& served_model, int64_t vocab_size);
 
 // {"error": {"message", "type", "param", "code"}}
 json openai_error_body(int status, const std::string& message, const std::string& param, const std::string& code);
@@ -57,26 +76,28 @@ std::string openai_finish_reason(FinishReason reason);
 json models_list(const std::string& served_model, int64_t context_tokens, int64_t created);
 
 // A chat completion's answer: a chat.completion body, or chat.completion.chunk events (the first
-// carrying the role) ending with [DONE]. The reply goes through `parser`: its reasoning is
-// message.reasoning_content (delta.reasoning_content), its tool calls message.tool_calls (each
-// streamed whole in one delta: index, id, type, name and arguments), with finish_reason
-// "tool_calls"; the rest is content.
+// of each choice carrying the role) ending with [DONE]. Each choice's reply goes through its copy
+// of `parser`: its reasoning is message.reasoning_content (delta.reasoning_content), its tool calls
+// message.tool_calls (each streamed whole in one delta: index, id, type, name and arguments), with
+// finish_reason "tool_calls"; the rest is content.
 class ChatCompletionResponse final : public GenerationResponse {
  public:
   ChatCompletionResponse(const ChatCompletionRequest& request, std::string served_model, const TextCodec& codec,
-                         ChatOutputParser parser);
-  json whole(const WholeGeneration& whole, const TokenUsage& usage) const override;
+                         const ChatOutputParser& parser);
+  json whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const override;
   std::vector<std::string> stream_start(const TokenUsage& usage) override;
-  std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) override;
+  std::vector<std::string> stream_delta(size_t choice, const TextDelta& delta, const TokenUsage& usage) override;
+  std::vector<std::string> stream_end(const TokenUsage& usage) override;
   std::string stream_failure(const ApiError& failure) const override;
 
  private:
-  std::string chunk(json delta, json logprobs, json finish_reason) const;
+  json whole_choice(size_t index, const WholeGeneration& whole) const;
+  std::string chunk(size_t index, json delta, json logprobs, json finish_reason) const;
   // The finish_reason of a reply that ended normally: tool_calls where it made calls and stopped.
   std::string finish_reason(FinishReason reason, const ChatOutput& output) const;
 
   const TextCodec& codec_;
-  ChatOutputParser parser_;  // the stream's; whole() parses a copy of it
+  std::vector<ChatOutputParser> parsers_;  // one per choice, the stream's; whole() parses copies
   std::vector<std::string> call_ids_;
   std::string id_;
   int64_t created_;
@@ -89,9 +110,10 @@ class ChatCompletionResponse final : public GenerationResponse {
 class CompletionResponse final : public GenerationResponse {
  public:
   CompletionResponse(const CompletionRequest& request, std::string served_model, const TextCodec& codec);
-  json whole(const WholeGeneration& whole, const TokenUsage& usage) const override;
+  json whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const override;
   std::vector<std::string> stream_start(const TokenUsage& usage) override;
-  std::vector<std::string> stream_delta(const TextDelta& delta, const TokenUsage& usage) override;
+  std::vector<std::string> stream_delta(size_t choice, const TextDelta& delta, const TokenUsage& usage) override;
+  std::vector<std::string> stream_end(const TokenUsage& usage) override;
   std::string stream_failure(const ApiError& failure) const override;
 
  private:
@@ -103,7 +125,8 @@ class CompletionResponse final : public GenerationResponse {
   std::string model_;
   bool logprobs_;
   bool include_usage_;
-  size_t text_offset_ = 0;  // bytes of text streamed so far (where the next logprobs' text_offset starts)
+  // Per choice, bytes of text streamed so far (where the next logprobs' text_offset starts).
+  std::vector<size_t> text_offsets_;
 };
 
 }  // namespace kiln::server

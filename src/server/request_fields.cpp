@@ -31,6 +31,31 @@ void read_sampling(JsonFields& fields, double temperature_max, SamplingParams& s
     sampling.seed = static_cast<uint64_t>(*seed);
 }
 
+void read_penalties(JsonFields& fields, SamplingParams& sampling) {
+  if (auto presence = fields.number("presence_penalty", -2.0, 2.0)) sampling.presence_penalty = static_cast<float>(*presence);
+  if (auto frequency = fields.number("frequency_penalty", -2.0, 2.0))
+    sampling.frequency_penalty = static_cast<float>(*frequency);
+  if (auto repetition = fields.number("repetition_penalty", 0.0, std::numeric_limits<float>::max())) {
+    if (*repetition <= 0.0)
+      reject_field(fields.param("repetition_penalty"), "`repetition_penalty` must be greater than 0, got {}", *repetition);
+    sampling.repetition_penalty = static_cast<float>(*repetition);
+  }
+  const json* bias = fields.object("logit_bias");
+  if (!bias) return;
+  const std::string param = fields.param("logit_bias");
+  JsonFields entries(*bias, param);
+  for (const auto& [key, value] : bias->items()) {
+    const std::string entry_param = entries.param(quote_client_text(key));
+    // A token id in decimal digits (OpenAI's keys), within int32.
+    if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoll(key) > std::numeric_limits<int32_t>::max())
+      reject_field(entry_param, "`{}` must be keyed by token ids (non-negative integers), got \"{}\"", param,
+                   quote_client_text(key));
+    if (const auto amount = entries.number(key, -100.0, 100.0))
+      sampling.logit_bias.emplace_back(static_cast<int32_t>(std::stoll(key)), static_cast<float>(*amount));
+  }
+}
+
 std::vector<std::string> read_stop_strings(JsonFields& fields, const std::string& name, bool allow_single_string) {
   const json* value = fields.value(name);
   if (!value) return {};

@@ -13,11 +13,15 @@
 namespace kiln::server {
 
 struct GenerationFields {
-  SamplingParams sampling;
-  std::optional<int64_t> max_tokens;  // absent: up to the end of the context
+  SamplingParams sampling;            // the server's defaults, with what the request sets over them
+  std::optional<int64_t> max_tokens;  // as the request sets it
+  // Where the request does not set max_tokens: the dialect's own default (legacy completions: 16),
+  // or nothing: up to the end of the context. Either way bounded by the room the prompt leaves.
+  std::optional<int64_t> default_max_tokens;
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool stream = false;
+  int32_t n = 1;  // choices (OpenAI's `n`), each its own generation
 };
 
 // Most stop strings one request may give (vLLM takes any number; a bound keeps matching cheap).
@@ -28,8 +32,15 @@ inline constexpr int64_t kMaxTokensLimit = int64_t{1} << 31;
 
 // Checks the request's `model` (a string naming the served model; another name is a 404).
 void check_model_field(JsonFields& fields, const std::string& served_model);
-// temperature (0..temperature_max), top_p, top_k, min_p, seed.
+// temperature (0..temperature_max), top_p, top_k, min_p, seed, over the defaults already in
+// `sampling`.
 void read_sampling(JsonFields& fields, double temperature_max, SamplingParams& sampling);
+// OpenAI's presence_penalty and frequency_penalty ([-2, 2]), vLLM's repetition_penalty (> 0) and
+// OpenAI's logit_bias ({"token id": bias in [-100, 100]}; the ids are checked against the
+// vocabulary when the request is submitted).
+void read_penalties(JsonFields& fields, SamplingParams& sampling);
+// Most choices one request may ask for (`n`).
+inline constexpr int64_t kMaxChoices = 128;
 // A string or an array of strings (OpenAI's `stop`, Anthropic's `stop_sequences`).
 std::vector<std::string> read_stop_strings(JsonFields& fields, const std::string& name, bool allow_single_string);
 

@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -90,6 +91,9 @@ HeaderList web_chat_headers() {
           {"Referrer-Policy", "no-referrer"}};
 }
 
+// The Messages API's paths answer errors in Anthropic's shape.
+bool anthropic_path(const std::string& path) { return path == "/v1/messages" || path == "/v1/messages/count_tokens"; }
+
 bool constant_time_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
   unsigned char difference = 0;
@@ -128,8 +132,7 @@ Server::Server(ServerOptions options)
           [this](const HttpRequest& request, HttpExchange& exchange) { handle(request, exchange); },
           [this](int status, const std::string& message, const std::string& path) {
             metrics_.count_response(status);
-            return error_response(path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI, status, message, "",
-                                  "");
+            return error_response(anthropic_path(path) ? Dialect::Anthropic : Dialect::OpenAI, status, message, "", "");
           }) {
   if (options_.model_name.empty()) fail("the server needs a model name");
 }
@@ -232,7 +235,7 @@ void Server::log_request(const RequestRecord& record) const {
 }
 
 void Server::handle_recorded(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record) {
-  const Dialect dialect = request.path == "/v1/messages" ? Dialect::Anthropic : Dialect::OpenAI;
+  const Dialect dialect = anthropic_path(request.path) ? Dialect::Anthropic : Dialect::OpenAI;
   try {
     route(request, exchange, record);
   } catch (const ApiError& error) {
@@ -259,7 +262,10 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
                                   {"/v1/models", "GET"},
                                   {"/v1/chat/completions", "POST"},
                                   {"/v1/completions", "POST"},
-                                  {"/v1/messages", "POST"}};
+                                  {"/v1/messages", "POST"},
+                                  {"/v1/messages/count_tokens", "POST"},
+                                  {"/tokenize", "POST"},
+                                  {"/detokenize", "POST"}};
   const std::string model_prefix = "/v1/models/";
   const bool model_path = path.rfind(model_prefix, 0) == 0;
   const Route* route = nullptr;
@@ -313,6 +319,9 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
     respond_json(exchange, 200, models_list(options_.model_name, context, unix_seconds())["data"][0]);
     return;
   }
+  if (path == "/tokenize") return tokenize(request, exchange);
+  if (path == "/detokenize") return detokenize(request, exchange);
+  if (path == "/v1/messages/count_tokens") return count_tokens(request, exchange);
 
   InFlight in_flight(*this);
   if (draining_.load()) throw ApiError(503, "the server is shutting down", "", "shutting_down");
@@ -324,21 +333,24 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
     messages(request, exchange, record);
 }
 
-Server::ChatPrompt Server::chat_prompt(const json& messages, const ChatPromptOptions& options) const {
+std::string Server::chat_prompt_text(const json& messages, const ChatPromptOptions& options) const {
   if (!codec_->has_chat_template())
     throw ApiError(400,
                    "this model has no chat template: start the server with --chat-template FILE, or use "
                    "/v1/completions",
                    "messages", "no_chat_template");
-  std::string text;
   try {
-    text = codec_->render_chat(messages, options);
+    return codec_->render_chat(messages, options);
   } catch (const Error& error) {
     // The template's message may quote the conversation.
     throw ApiError(400,
                    fmt::format("the chat template rejected the conversation: {}", quote_client_text(error.what())),
                    "messages");
   }
+}
+
+Server::ChatPrompt Server::chat_prompt(const json& messages, const ChatPromptOptions& options) const {
+  const std::string text = chat_prompt_text(messages, options);
   ChatOutputSyntax syntax = codec_->chat_output_syntax();
   const bool tools = options.tools.is_array() && !options.tools.empty();
   if (!tools) syntax.tool_calls = ToolCallSyntax::None;
@@ -350,9 +362,21 @@ Server::ChatPrompt Server::chat_prompt(const json& messages, const ChatPromptOpt
 TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                                  const std::string& prompt_param,
                                                  const std::string& max_tokens_param) const {
+  for (const auto& [token, bias] : fields.sampling.logit_bias)
+    if (token >= options_.vocab_size)
+      throw ApiError(400,
+                     fmt::format("logit_bias names token id {}, outside the vocabulary (0 to {})", token,
+                                 options_.vocab_size - 1),
+                     "logit_bias");
   TextGenerationRequest request;
   request.max_tokens = completion_budget(static_cast<int64_t>(prompt.size()), fields.max_tokens,
                                          scheduler_->options().context_tokens, prompt_param, max_tokens_param);
+  // Without max_tokens: the room the prompt leaves, bounded by the dialect's default and the
+  // generation config's max_new_tokens (vLLM takes the least of the three too).
+  if (!fields.max_tokens) {
+    if (fields.default_max_tokens) request.max_tokens = std::min(request.max_tokens, *fields.default_max_tokens);
+    if (options_.default_max_tokens) request.max_tokens = std::min(request.max_tokens, *options_.default_max_tokens);
+  }
   request.prompt = std::move(prompt);
   request.sampling = fields.sampling;
   request.stop = fields.stop;
@@ -376,30 +400,45 @@ std::unique_ptr<TextGeneration> Server::submit(TextGenerationRequest request, co
 }
 
 void Server::run(HttpExchange& exchange, RequestRecord& record, const std::string& endpoint,
-                 TextGenerationRequest request, bool stream, GenerationResponse& response) {
+                 const TextGenerationRequest& request, int32_t choices, bool stream, GenerationResponse& response) {
   record.stream = stream;
-  std::unique_ptr<TextGeneration> submitted = submit(std::move(request), endpoint, record);
-  TextGeneration& generation = *submitted;
-  // What the request log reports, however the response ends.
+  // Each choice is its own sequence: kiln has no prefix cache yet (issue 30), so each prefills the
+  // prompt. A refusal part-way cancels the choices already submitted (their destructors).
+  std::vector<std::unique_ptr<TextGeneration>> generations;
+  for (int32_t choice = 0; choice < choices; ++choice) {
+    TextGenerationRequest submitted = request;
+    if (request.sampling.seed) submitted.sampling.seed = choice_seed(*request.sampling.seed, choice);
+    generations.push_back(submit(std::move(submitted), endpoint, record));
+  }
+  // The prompt once (and what of it the prefix cache served the first choice), every choice's tokens.
+  const auto usage = [&] {
+    TokenUsage total{generations.front()->prompt_tokens(), 0, generations.front()->cached_tokens()};
+    for (const auto& generation : generations) total.completion_tokens += generation->completion_tokens();
+    return total;
+  };
+  // What the request log reports, however the response ends: the prompt once, every choice's tokens.
   struct RecordUsage {
     RequestRecord& record;
-    const TextGeneration& generation;
+    const std::vector<std::unique_ptr<TextGeneration>>& generations;
+    const std::function<TokenUsage()> usage;
     ~RecordUsage() {
-      record.prompt_tokens = generation.prompt_tokens();
-      record.generated_tokens = generation.completion_tokens();
-      record.cached_tokens = generation.cached_tokens();
-      record.time_to_first_token_seconds = generation.time_to_first_token();
+      const TokenUsage total = usage();
+      record.prompt_tokens = total.prompt_tokens;
+      record.generated_tokens = total.completion_tokens;
+      record.cached_tokens = total.cached_tokens;
+      for (const auto& generation : generations)
+        if (const auto first = generation->time_to_first_token();
+            first && (!record.time_to_first_token_seconds || *first < *record.time_to_first_token_seconds))
+          record.time_to_first_token_seconds = first;
     }
-  } record_usage{record, generation};
+  } record_usage{record, generations, usage};
   const auto client_gone = [&] { return exchange.client_gone(); };
-  const auto usage = [&] {
-    return TokenUsage{generation.prompt_tokens(), generation.completion_tokens(), generation.cached_tokens()};
-  };
 
   if (!stream) {
     after_acceptance([&] {
-      const WholeGeneration whole = run_to_end(generation, client_gone);
-      respond_json(exchange, 200, response.whole(whole, usage()));
+      std::vector<WholeGeneration> wholes;
+      for (const auto& generation : generations) wholes.push_back(run_to_end(*generation, client_gone));
+      respond_json(exchange, 200, response.whole(wholes, usage()));
     });
     return;
   }
@@ -409,46 +448,87 @@ void Server::run(HttpExchange& exchange, RequestRecord& record, const std::strin
   for (const std::string& event : response.stream_start(usage()))
     if (!exchange.write(event)) return;
   stream_until_end(exchange, response, [&] {
-    for (;;) {
-      const TextDelta delta = generation.next(client_gone);
-      for (const std::string& event : response.stream_delta(delta, usage()))
-        if (!exchange.write(event)) return;
-      if (delta.finished) return;
+    // The choices take turns, each waiting a share of the disconnect poll, so that one thread
+    // streams every choice's deltas as they come.
+    const auto wait = std::max(std::chrono::milliseconds(1), TextGeneration::kDisconnectPoll / choices);
+    size_t open = generations.size();
+    bool failed = false;
+    while (open > 0 && !failed) {
+      for (size_t choice = 0; choice < generations.size() && !failed; ++choice) {
+        TextGeneration& generation = *generations[choice];
+        if (generation.finished()) continue;
+        const std::optional<TextDelta> delta = generation.next_within(client_gone, wait);
+        if (!delta) continue;
+        for (const std::string& event : response.stream_delta(choice, *delta, usage()))
+          if (!exchange.write(event)) return;
+        if (!delta->finished) continue;
+        --open;
+        failed = !ended_normally(delta->finish_reason);
+      }
     }
+    for (const std::string& event : response.stream_end(usage()))
+      if (!exchange.write(event)) return;
   });
 }
 
 void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exchange, RequestRecord& record) {
-  const ChatCompletionRequest request =
-      parse_chat_completion_request(parse_request_json(http_request.body), options_.model_name);
+  const ChatCompletionRequest request = parse_chat_completion_request(
+      parse_request_json(http_request.body), options_.model_name, options_.sampling_defaults);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
   TextGenerationRequest generation =
       generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens");
   generation.logprobs = request.logprobs;
   generation.top_logprobs = request.top_logprobs;
-  ChatCompletionResponse response(request, options_.model_name, *codec_, std::move(prompt.parser));
-  run(exchange, record, "chat", std::move(generation), request.generation.stream, response);
+  ChatCompletionResponse response(request, options_.model_name, *codec_, prompt.parser);
+  run(exchange, record, "chat", generation, request.generation.n, request.generation.stream, response);
 }
 
 void Server::completions(const HttpRequest& http_request, HttpExchange& exchange, RequestRecord& record) {
-  const CompletionRequest request =
-      parse_completion_request(parse_request_json(http_request.body), options_.model_name, options_.vocab_size);
+  const CompletionRequest request = parse_completion_request(
+      parse_request_json(http_request.body), options_.model_name, options_.vocab_size, options_.sampling_defaults);
   std::vector<int32_t> prompt = request.prompt_text ? codec_->encode(*request.prompt_text, true) : request.prompt_ids;
   if (prompt.empty()) throw ApiError(400, "the prompt is empty (it encodes to no tokens)", "prompt");
   TextGenerationRequest generation = generation_request(std::move(prompt), request.generation, "prompt", "max_tokens");
   generation.logprobs = request.logprobs.has_value();
   generation.top_logprobs = request.logprobs.value_or(0);
   CompletionResponse response(request, options_.model_name, *codec_);
-  run(exchange, record, "completions", std::move(generation), request.generation.stream, response);
+  run(exchange, record, "completions", generation, request.generation.n, request.generation.stream, response);
 }
 
 void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, RequestRecord& record) {
-  const MessagesRequest request = parse_messages_request(parse_request_json(http_request.body), options_.model_name);
+  const MessagesRequest request =
+      parse_messages_request(parse_request_json(http_request.body), options_.model_name, options_.sampling_defaults);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
   MessagesResponse response(options_.model_name, std::move(prompt.parser));
   run(exchange, record, "messages",
-      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens"),
+      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens"), 1,
       request.generation.stream, response);
+}
+
+void Server::count_tokens(const HttpRequest& http_request, HttpExchange& exchange) {
+  const MessagesRequest request = parse_count_tokens_request(parse_request_json(http_request.body), options_.model_name);
+  const ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
+  respond_json(exchange, 200, {{"input_tokens", prompt.ids.size()}});
+}
+
+void Server::tokenize(const HttpRequest& http_request, HttpExchange& exchange) {
+  const TokenizeRequest request = parse_tokenize_request(parse_request_json(http_request.body), options_.model_name);
+  const std::vector<int32_t> ids =
+      request.prompt ? codec_->encode(*request.prompt, request.add_special_tokens)
+                     : codec_->encode(chat_prompt_text(request.messages, request.chat), request.add_special_tokens);
+  json body = {{"count", ids.size()}, {"max_model_len", scheduler_->options().context_tokens}, {"tokens", ids}};
+  if (request.return_token_strs) {
+    json texts = json::array();
+    for (int32_t id : ids) texts.push_back(codec_->token_text(id));
+    body["token_strs"] = std::move(texts);
+  }
+  respond_json(exchange, 200, body);
+}
+
+void Server::detokenize(const HttpRequest& http_request, HttpExchange& exchange) {
+  const std::vector<int32_t> ids =
+      parse_detokenize_request(parse_request_json(http_request.body), options_.model_name, options_.vocab_size);
+  respond_json(exchange, 200, {{"prompt", codec_->decode(ids)}});
 }
 
 }  // namespace kiln::server

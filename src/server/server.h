@@ -1,5 +1,6 @@
-// kiln's API server: OpenAI-compatible (/v1/chat/completions, /v1/completions, /v1/models) and
-// Anthropic-compatible (/v1/messages) endpoints, /health and /metrics, over the continuous-batching
+// kiln's API server: OpenAI-compatible (/v1/chat/completions, /v1/completions, /v1/models, and
+// vLLM's /tokenize and /detokenize) and Anthropic-compatible (/v1/messages,
+// /v1/messages/count_tokens) endpoints, /health and /metrics, over the continuous-batching
 // scheduler. Each request's handler thread drives it; the scheduler batches them all. The server
 // only routes requests and runs their generations: each dialect (openai_api.h, anthropic_api.h)
 // parses its requests and writes its answers, whole and streamed.
@@ -35,6 +36,10 @@ struct ServerOptions {
   HttpServerOptions http;
   std::string model_name;  // the id clients name in `model`
   int64_t vocab_size = 0;  // the model's (token-id prompts are checked against it)
+  // What a request gets for the sampling fields it does not set (the model's generation_config.json
+  // over kiln's defaults), and the most tokens it generates without max_tokens (its max_new_tokens).
+  SamplingParams sampling_defaults;
+  std::optional<int64_t> default_max_tokens;
   std::string api_key;     // when set, /v1/* requires "Authorization: Bearer KEY" or "x-api-key: KEY"
   std::chrono::milliseconds shutdown_grace{30'000};  // how long shutdown lets requests finish
   int retry_after_seconds = 1;                       // Retry-After on 429 and 503
@@ -93,6 +98,8 @@ class Server {
     ChatOutputParser parser;
   };
   ChatPrompt chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
+  // The conversation rendered by the chat template (a 400 without one, or when it refuses).
+  std::string chat_prompt_text(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                            const std::string& prompt_param, const std::string& max_tokens_param) const;
 
@@ -100,14 +107,18 @@ class Server {
   // is full, 503 while shutting down, else 400).
   std::unique_ptr<TextGeneration> submit(TextGenerationRequest request, const std::string& endpoint,
                                          const RequestRecord& record);
-  // Submits a generation and answers it, whole or streamed, in the words of `response`'s dialect.
+  // Submits `choices` generations of `request` (choice i seeded with choice_seed(seed, i) when the
+  // request has a seed) and answers them, whole or streamed, in the words of `response`'s dialect.
   // `endpoint` labels the request in the metrics.
   // The request's tokens and time to first token go into `record`.
-  void run(HttpExchange& exchange, RequestRecord& record, const std::string& endpoint, TextGenerationRequest request,
-           bool stream, GenerationResponse& response);
+  void run(HttpExchange& exchange, RequestRecord& record, const std::string& endpoint, const TextGenerationRequest& request,
+           int32_t choices, bool stream, GenerationResponse& response);
   void chat_completions(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
   void completions(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
   void messages(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
+  void count_tokens(const HttpRequest& request, HttpExchange& exchange);
+  void tokenize(const HttpRequest& request, HttpExchange& exchange);
+  void detokenize(const HttpRequest& request, HttpExchange& exchange);
 
   // Counts a generation request in flight for the duration of a handler.
   class InFlight {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,8 @@ class TextCodec {
   virtual std::unique_ptr<TokenTextStream> text_stream(const std::vector<int32_t>& prompt) const = 0;
   // One token on its own, as logprobs report it.
   virtual std::string token_text(int32_t id) const = 0;
+  // The text of ids as Hugging Face's decode gives it, special tokens included (/detokenize).
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
   virtual bool has_chat_template() const = 0;
   // The prompt text of a conversation (messages in OpenAI's shape). A template error is a
   // kiln::Error whose message the client sees.

@@ -1,5 +1,7 @@
 #include "text/text_generation.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace kiln {
@@ -30,16 +32,17 @@ TextGeneration::~TextGeneration() {
   metrics_.add_tokens(prompt_tokens(), completion_tokens_);
 }
 
-bool TextGeneration::absorb(const std::string& text, TextDelta& delta) {
+bool TextGeneration::absorb(const std::string& text) {
   StopMatcher::Output output = stop_matcher_.push(text);
-  delta.text += output.text;
+  pending_.text += output.text;
   if (!output.matched) return false;
-  delta.stop_sequence = std::move(output.matched);
+  pending_.stop_sequence = std::move(output.matched);
   return true;
 }
 
-TextDelta& TextGeneration::finish(TextDelta& delta, FinishReason reason) {
+TextDelta TextGeneration::finish(FinishReason reason) {
   finished_ = true;
+  TextDelta delta = std::exchange(pending_, {});
   delta.finished = true;
   delta.finish_reason = reason;
   metrics_.count_request(endpoint_, delta.finish_reason);
@@ -49,46 +52,50 @@ TextDelta& TextGeneration::finish(TextDelta& delta, FinishReason reason) {
 }
 
 TextDelta TextGeneration::next(const std::function<bool()>& client_gone) {
+  for (;;)
+    if (std::optional<TextDelta> delta = next_within(client_gone, kDisconnectPoll)) return std::move(*delta);
+}
+
+std::optional<TextDelta> TextGeneration::next_within(const std::function<bool()>& client_gone,
+                                                     std::chrono::milliseconds wait) {
   if (finished_) fail("TextGeneration::next called after the end");
-  TextDelta delta;
-  for (;;) {
-    const Clock::time_point now = Clock::now();
-    if (now - last_disconnect_check_ >= kDisconnectPoll) {
-      last_disconnect_check_ = now;
-      if (client_gone()) {
-        stream_->cancel();
-        delta.error = "the client disconnected";
-        return finish(delta, FinishReason::Cancelled);
-      }
+  const Clock::time_point now = Clock::now();
+  if (now - last_disconnect_check_ >= kDisconnectPoll) {
+    last_disconnect_check_ = now;
+    if (client_gone()) {
+      stream_->cancel();
+      pending_.error = "the client disconnected";
+      return finish(FinishReason::Cancelled);
     }
-    std::optional<TokenEvent> event = stream_->next(kDisconnectPoll);
-    if (!event) continue;
-    if (event->token >= 0) {
-      const Clock::time_point arrived = Clock::now();
-      if (last_token_time_)
-        metrics_.observe_inter_token_latency(std::chrono::duration<double>(arrived - *last_token_time_).count());
-      else
-        metrics_.observe_time_to_first_token(
-            *(time_to_first_token_ = std::chrono::duration<double>(arrived - arrival_).count()));
-      last_token_time_ = arrived;
-      ++completion_tokens_;
-      std::string text = decoder_->push(event->token);
-      if (logprobs_) delta.tokens.push_back({event->token, text, event->logprob, std::move(event->top_logprobs)});
-      if (absorb(text, delta)) {
-        stream_->cancel();  // the rest of the generation is not wanted: free the slot now
-        return finish(delta, FinishReason::Stop);
-      }
-    }
-    if (event->finished) {
-      delta.error = event->error;
-      if (ended_normally(event->finish_reason)) {
-        if (absorb(decoder_->finish(), delta)) return finish(delta, FinishReason::Stop);
-        delta.text += stop_matcher_.flush();
-      }
-      return finish(delta, event->finish_reason);
-    }
-    if (!delta.text.empty()) return delta;
   }
+  std::optional<TokenEvent> event = stream_->next(wait);
+  if (!event) return std::nullopt;
+  if (event->token >= 0) {
+    const Clock::time_point arrived = Clock::now();
+    if (last_token_time_)
+      metrics_.observe_inter_token_latency(std::chrono::duration<double>(arrived - *last_token_time_).count());
+    else
+      metrics_.observe_time_to_first_token(
+          *(time_to_first_token_ = std::chrono::duration<double>(arrived - arrival_).count()));
+    last_token_time_ = arrived;
+    ++completion_tokens_;
+    std::string text = decoder_->push(event->token);
+    if (logprobs_) pending_.tokens.push_back({event->token, text, event->logprob, std::move(event->top_logprobs)});
+    if (absorb(text)) {
+      stream_->cancel();  // the rest of the generation is not wanted: free the slot now
+      return finish(FinishReason::Stop);
+    }
+  }
+  if (event->finished) {
+    pending_.error = event->error;
+    if (ended_normally(event->finish_reason)) {
+      if (absorb(decoder_->finish())) return finish(FinishReason::Stop);
+      pending_.text += stop_matcher_.flush();
+    }
+    return finish(event->finish_reason);
+  }
+  if (!pending_.text.empty()) return std::exchange(pending_, {});
+  return std::nullopt;
 }
 
 }  // namespace kiln

@@ -61,6 +61,9 @@ class TextGeneration {
   // Waits for more text or the end. `client_gone` is asked every kDisconnectPoll while waiting;
   // when it answers true the request is cancelled and a finished "cancelled" delta returns.
   TextDelta next(const std::function<bool()>& client_gone);
+  // next() that waits at most `wait` for an event: nothing when none brought text or the end yet
+  // (what did arrive is kept for the next call). Serves several generations from one thread.
+  std::optional<TextDelta> next_within(const std::function<bool()>& client_gone, std::chrono::milliseconds wait);
   bool finished() const { return finished_; }
 
   int64_t prompt_tokens() const { return static_cast<int64_t>(prompt_tokens_); }
@@ -74,8 +77,9 @@ class TextGeneration {
 
  private:
   // Feeds decoded text through the stop strings; true when one matched.
-  bool absorb(const std::string& text, TextDelta& delta);
-  TextDelta& finish(TextDelta& delta, FinishReason reason);
+  bool absorb(const std::string& text);
+  // The pending delta, ended with `reason`.
+  TextDelta finish(FinishReason reason);
 
   GenerationMetrics& metrics_;
   std::string endpoint_;
@@ -90,6 +94,7 @@ class TextGeneration {
   int64_t completion_tokens_ = 0;
   std::optional<double> time_to_first_token_;
   bool finished_ = false;
+  TextDelta pending_;  // what arrived since the last delta returned
 };
 
 }  // namespace kiln

@@ -51,6 +51,8 @@ std::unique_ptr<TokenTextStream> TokenizerCodec::text_stream(const std::vector<i
   return std::make_unique<StreamingText>(tokenizer_, prompt);
 }
 
+std::string TokenizerCodec::decode(std::span<const int32_t> ids) const { return tokenizer_.decode(ids, false); }
+
 std::string TokenizerCodec::token_text(int32_t id) const {
   if (anchor_ && !tokenizer_.is_special(id)) {
     const std::string both = tokenizer_.decode(std::vector<int32_t>{*anchor_, id}, false);

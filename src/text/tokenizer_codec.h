@@ -22,6 +22,7 @@ class TokenizerCodec final : public TextCodec {
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override;
   std::unique_ptr<TokenTextStream> text_stream(const std::vector<int32_t>& prompt) const override;
   std::string token_text(int32_t id) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
   bool has_chat_template() const override { return chat_template_ != nullptr; }
   std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const override;
   ChatOutputSyntax chat_output_syntax() const override { return output_syntax_; }

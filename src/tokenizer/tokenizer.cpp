@@ -342,27 +342,36 @@ void load_chat_template_files(Tokenizer::Impl& impl, const fs::path& directory) 
   }
 }
 
+}  // namespace
+
+GenerationDefaults read_generation_config(const fs::path& path) {
+  GenerationDefaults generation;
+  const json config = read_json(path);
+  const std::string here = path.string();
+  generation.eos_token_ids = id_list_field(config, "eos_token_id", here);
+  if (config.contains("bos_token_id") && !config["bos_token_id"].is_null())
+    generation.bos_token_id = checked_token_id(config["bos_token_id"], here + ": \"bos_token_id\"");
+  if (config.contains("pad_token_id") && !config["pad_token_id"].is_null())
+    generation.pad_token_id = checked_token_id(config["pad_token_id"], here + ": \"pad_token_id\"");
+  if (config.contains("do_sample") && !config["do_sample"].is_null())
+    generation.do_sample = flag(config, "do_sample", here);
+  generation.temperature = number_field(config, "temperature", here);
+  generation.top_p = number_field(config, "top_p", here);
+  generation.top_k = integer_field(config, "top_k", here);
+  generation.min_p = number_field(config, "min_p", here);
+  generation.repetition_penalty = number_field(config, "repetition_penalty", here);
+  generation.max_new_tokens = integer_field(config, "max_new_tokens", here);
+  generation.max_length = integer_field(config, "max_length", here);
+  return generation;
+}
+
+namespace {
+
 // generation_config.json, with config.json's eos_token_id (else the eos_token) when it has none.
 void load_generation_defaults(Tokenizer::Impl& impl, const fs::path& directory) {
   GenerationDefaults& generation = impl.generation;
-  if (const fs::path generation_path = directory / "generation_config.json"; fs::exists(generation_path)) {
-    const json config = read_json(generation_path);
-    const std::string here = generation_path.string();
-    generation.eos_token_ids = id_list_field(config, "eos_token_id", here);
-    if (config.contains("bos_token_id") && !config["bos_token_id"].is_null())
-      generation.bos_token_id = checked_token_id(config["bos_token_id"], here + ": \"bos_token_id\"");
-    if (config.contains("pad_token_id") && !config["pad_token_id"].is_null())
-      generation.pad_token_id = checked_token_id(config["pad_token_id"], here + ": \"pad_token_id\"");
-    if (config.contains("do_sample") && !config["do_sample"].is_null())
-      generation.do_sample = flag(config, "do_sample", here);
-    generation.temperature = number_field(config, "temperature", here);
-    generation.top_p = number_field(config, "top_p", here);
-    generation.top_k = integer_field(config, "top_k", here);
-    generation.min_p = number_field(config, "min_p", here);
-    generation.repetition_penalty = number_field(config, "repetition_penalty", here);
-    generation.max_new_tokens = integer_field(config, "max_new_tokens", here);
-    generation.max_length = integer_field(config, "max_length", here);
-  }
+  if (const fs::path generation_path = directory / "generation_config.json"; fs::exists(generation_path))
+    generation = read_generation_config(generation_path);
   if (generation.eos_token_ids.empty()) {
     if (const fs::path config_path = directory / "config.json"; fs::exists(config_path)) {
       const json config = read_json(config_path);

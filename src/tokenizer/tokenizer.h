@@ -33,6 +33,10 @@ struct GenerationDefaults {
   std::optional<int64_t> max_length;
 };
 
+// generation_config.json at `path`: its token ids and defaults as the file gives them (each field
+// type-checked, naming the file); eos_token_ids is the file's own, without the Tokenizer's fallbacks.
+GenerationDefaults read_generation_config(const std::filesystem::path& path);
+
 class Tokenizer {
  public:
   // `path` is a directory holding tokenizer.json (a model directory), or a tokenizer.json file;

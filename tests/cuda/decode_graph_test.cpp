@@ -2,7 +2,8 @@
 // (GraphOps::sample_tokens): a replayed step gives the bits of the same step run directly, the
 // device sampler picks the host Sampler's tokens, a step takes the previous step's tokens on the
 // device (feed_tokens), and generate() on the graph path — each step queued before the previous
-// one's token is read — emits the tokens of a direct decode loop with the host sampler.
+// one's token is read — emits the tokens of a direct decode loop with the host sampler, with logit
+// bias and penalties too (chosen on the host from the graph step's logits).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -300,6 +301,53 @@ TEST(DecodeGraphScheduler, ConcurrentRequestsEqualTheirSoloRuns) {
   TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
   const std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, 30);
+  const std::vector<std::vector<int32_t>> solo = solo_tokens(*loaded.model, requests);
+  expect_solo_results(scheduled_events(*loaded.model, requests, 512), requests, solo);
+}
+
+// A request with a bias and penalties decodes through the captured graphs with its tokens chosen
+// by the host Sampler from each step's logits (the device sampler applies neither): a direct loop
+// with the host sampler, fed the same tokens, emits the same ones.
+TEST(DecodeGraphGenerate, PenalisedRequestMatchesADirectLoopWithTheHostSampler) {
+  KILN_REQUIRE_CUDA();
+  const auto fixture = fixtures_dir() / "llama3-tiny";
+  TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
+  Model& model = *loaded.model;
+  const std::vector<int32_t> full_prompt = fixture_prompt(fixture);
+  const std::vector<int32_t> prompt(full_prompt.begin(), full_prompt.begin() + 20);
+  for (const float temperature : {0.0f, 0.9f}) {
+    GenerationOptions options;
+    options.max_tokens = 40;
+    options.sampling = {temperature, 40, 0.95f, 0.0f, 42};
+    options.sampling.repetition_penalty = 1.2f;
+    options.sampling.presence_penalty = 0.5f;
+    options.sampling.frequency_penalty = 0.25f;
+    options.sampling.logit_bias = {{prompt[2], 3.0f}};
+    const GenerationResult result = generate(model, prompt, options);
+    ASSERT_EQ(result.tokens.size(), 40u);
+
+    Sampler sampler(options.sampling, prompt);
+    auto cache = model.make_cache(1, 100);
+    Tensor logits = run_step(model, *cache, {SequenceStep{0, 0, prompt, false}});
+    std::vector<int32_t> expected;
+    for (int64_t position = 20; expected.size() < 40; ++position) {
+      const SampledToken token = sampler.sample({logits.data<float>(), static_cast<size_t>(logits.dim(1))});
+      sampler.accept(token.token);
+      expected.push_back(token.token);
+      logits = run_step(model, *cache, {SequenceStep{0, static_cast<int32_t>(position), {token.token}, false}});
+    }
+    EXPECT_EQ(result.tokens, expected) << "temperature " << temperature;
+  }
+}
+
+// The scheduler on CUDA with penalised requests among device-sampled ones: the penalised rows are
+// chosen on the host in graph steps and in direct steps alike, so each request equals its solo run.
+TEST(DecodeGraphScheduler, PenalisedRequestsEqualTheirSoloRuns) {
+  KILN_REQUIRE_CUDA();
+  const auto fixture = fixtures_dir() / "qwen3-tiny";
+  TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  const std::vector<GenerationRequest> requests = penalised_scheduler_requests(prompt, 30);
   const std::vector<std::vector<int32_t>> solo = solo_tokens(*loaded.model, requests);
   expect_solo_results(scheduled_events(*loaded.model, requests, 512), requests, solo);
 }
