@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -37,6 +38,9 @@ void bound_request(GenerationRequest& request, int64_t context_tokens, int64_t v
     if (token < 0 || token >= vocab_size)
       fail("prompt token id {} is outside the vocabulary (size {})", token, vocab_size);
   request.max_tokens = std::min(request.max_tokens, context_tokens - prompt_length);
+  if (request.grammar && request.grammar->vocabulary().size() != vocab_size)
+    fail("the grammar was compiled for a vocabulary of {} tokens, but the model has {}",
+         request.grammar->vocabulary().size(), vocab_size);
 }
 
 struct GenerationCore::Sequence {
@@ -48,8 +52,13 @@ struct GenerationCore::Sequence {
   int32_t next_input = -1;  // the last sampled token, fed at the next decode step
   int64_t generated = 0;
   uint64_t id = 0;  // unique among the core's requests: names its rows in a step in flight
+  std::optional<grammar::GrammarMatcher> matcher;  // with a grammar: where its output stands in it
+  grammar::TokenMask mask;                         // the tokens the grammar allows next
+  std::vector<float> masked_logits;
 
   int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
+  // Its tokens are chosen on the host from its logits: for logprobs, or to mask them.
+  bool needs_logits() const { return request.top_logprobs > 0 || matcher.has_value(); }
 };
 
 namespace {
@@ -101,6 +110,10 @@ void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStr
       Sequence{std::move(request), std::move(stream), std::move(sampler), free_slots_.back()});
   free_slots_.pop_back();
   sequence->id = ++admitted_;
+  if (sequence->request.grammar) {
+    sequence->matcher.emplace(sequence->request.grammar);
+    sequence->mask = grammar::empty_mask(sequence->request.grammar->vocabulary().size());
+  }
   cache_->reset_slot(sequence->slot);
   running_.push_back(std::move(sequence));
 }
@@ -151,7 +164,10 @@ bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::
   TokenEvent event{token.token, token.logprob, {}, false, FinishReason::Stop, ""};
   if (sequence.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, sequence.request.top_logprobs);
   const auto& stops = sequence.request.stop_ids;
-  if (std::find(stops.begin(), stops.end(), token.token) != stops.end()) {
+  const bool stop_id = std::find(stops.begin(), stops.end(), token.token) != stops.end();
+  // The mask allowed the token, so the matcher takes it.
+  if (sequence.matcher && !stop_id) sequence.matcher->accept_token(token.token);
+  if (stop_id || (sequence.matcher && !sequence.matcher->can_continue())) {
     event.finished = true;
     event.finish_reason = FinishReason::Stop;
   } else if (sequence.generated >= sequence.request.max_tokens) {
@@ -166,13 +182,39 @@ bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::
   return true;
 }
 
+// Samples a constrained request's token from its logits with every token its grammar refuses at
+// -inf (a stop id only where the grammar can end), then takes it as accept() does. The masked row
+// depends only on the request's own logits and grammar state, so its tokens are the same alone or
+// in a batch, on every backend.
+bool GenerationCore::sample_on_host(Sequence& sequence, std::span<const float> logits) {
+  grammar::GrammarMatcher& matcher = *sequence.matcher;
+  matcher.fill_mask(sequence.mask);
+  if (matcher.can_end())
+    for (int32_t stop : sequence.request.stop_ids) sequence.mask[stop >> 6] |= uint64_t{1} << (stop & 63);
+  sequence.masked_logits.resize(logits.size());
+  bool any_allowed = false;
+  for (size_t id = 0; id < logits.size(); ++id) {
+    const bool allowed = grammar::mask_allows(sequence.mask, static_cast<int32_t>(id));
+    sequence.masked_logits[id] = allowed ? logits[id] : -std::numeric_limits<float>::infinity();
+    any_allowed = any_allowed || allowed;
+  }
+  if (!any_allowed) {
+    end(sequence, final_event(FinishReason::Error,
+                              "no token of the vocabulary continues the output as its grammar requires"));
+    return false;
+  }
+  return accept(sequence, sequence.sampler.sample(sequence.masked_logits), sequence.masked_logits);
+}
+
 // The rows of a decode step for every running request, each taking its last token (from the
 // host, or fed on the device from the step in flight).
 std::vector<DecodeRow> GenerationCore::decode_rows(bool fed) const {
   std::vector<DecodeRow> rows;
   for (const auto& sequence : running_) {
+    // A constrained row is sampled on the host; its device row is greedy and takes no draw from
+    // the request's random stream.
     DecodeRow row{sequence->slot, static_cast<int32_t>(sequence->prompt_length() + sequence->generated - 1),
-                  sequence->next_input, &sequence->sampler};
+                  sequence->next_input, sequence->matcher ? nullptr : &sequence->sampler};
     if (fed) {
       row.position += 1;
       row.fed_from = static_cast<int32_t>(std::find(in_flight_.begin(), in_flight_.end(), sequence->id) -
@@ -190,13 +232,13 @@ std::vector<uint64_t> GenerationCore::running_ids() const {
 }
 
 // The next decode step is queued before reading the tokens of the one in flight — it takes them on
-// the device — when every running request was in that step and decodes again, none asks for
-// logits, each has room for two more tokens, and no waiting request could be admitted now (it
+// the device — when every running request was in that step and decodes again, none needs its
+// logits (logprobs, a grammar's mask: its next token depends on the one in flight), each has room for two more tokens, and no waiting request could be admitted now (it
 // would need a prefill step first).
 bool GenerationCore::queue_next_decode(const std::function<bool()>& requests_waiting) const {
   const bool every_request_decodes_again = std::all_of(running_.begin(), running_.end(), [&](const auto& sequence) {
     return std::find(in_flight_.begin(), in_flight_.end(), sequence->id) != in_flight_.end() &&
-           sequence->request.top_logprobs == 0 && sequence->generated + 2 <= sequence->request.max_tokens;
+           !sequence->needs_logits() && sequence->generated + 2 <= sequence->request.max_tokens;
   });
   return every_request_decodes_again && !(has_free_slot() && requests_waiting());
 }
@@ -250,8 +292,8 @@ StepPlan GenerationCore::plan() const {
 GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
   StepResult result;
   const bool on_device = decode_graphs_ && plan.every_sequence_decodes;
-  const bool wants_logits = std::any_of(running_.begin(), running_.end(),
-                                        [](const auto& sequence) { return sequence->request.top_logprobs > 0; });
+  const bool wants_logits =
+      std::any_of(running_.begin(), running_.end(), [](const auto& sequence) { return sequence->needs_logits(); });
   if (on_device && !wants_logits) {
     decode_graphs_->launch(decode_rows(false));
     in_flight_ = running_ids();
@@ -301,8 +343,13 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
             result.logits.defined()
                 ? std::span<const float>(result.logits.data<float>() + work_row * vocab, static_cast<size_t>(vocab))
                 : std::span<const float>();
-        const SampledToken token = sampled_on_device ? result.device_tokens[work_row] : sequence.sampler.sample(logits);
-        if (!accept(sequence, token, logits)) continue;
+        if (sequence.matcher) {
+          if (!sample_on_host(sequence, logits)) continue;
+        } else {
+          const SampledToken token =
+              sampled_on_device ? result.device_tokens[work_row] : sequence.sampler.sample(logits);
+          if (!accept(sequence, token, logits)) continue;
+        }
       }
     }
     still_running.push_back(std::move(running_[index]));
