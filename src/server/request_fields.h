@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/grammar/grammar.h"
 #include "engine/sampler.h"
 #include "server/json_fields.h"
 
@@ -18,6 +19,7 @@ struct GenerationFields {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool stream = false;
+  std::optional<grammar::Grammar> grammar;  // structured output: the grammar the output must match
 };
 
 // Most stop strings one request may give (vLLM takes any number; a bound keeps matching cheap).

@@ -358,7 +358,16 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
   request.sampling = fields.sampling;
   request.stop = fields.stop;
   request.ignore_eos = fields.ignore_eos;
+  if (fields.grammar)
+    request.grammar = std::make_shared<const grammar::CompiledGrammar>(*fields.grammar, token_vocabulary());
   return request;
+}
+
+std::shared_ptr<const grammar::TokenVocabulary> Server::token_vocabulary() const {
+  std::call_once(vocabulary_once_, [&] {
+    vocabulary_ = std::make_shared<const grammar::TokenVocabulary>(codec_->token_bytes(options_.vocab_size));
+  });
+  return vocabulary_;
 }
 
 std::unique_ptr<TextGeneration> Server::submit(TextGenerationRequest request, const std::string& endpoint,
