@@ -191,12 +191,17 @@ bool GenerationCore::sample_on_host(Sequence& sequence, std::span<const float> l
   matcher.fill_mask(sequence.mask);
   if (matcher.can_end())
     for (int32_t stop : sequence.request.stop_ids) sequence.mask[stop >> 6] |= uint64_t{1} << (stop & 63);
-  sequence.masked_logits.resize(logits.size());
+  // A word of the mask at a time: most words are all refused or all allowed.
+  constexpr float kRefused = -std::numeric_limits<float>::infinity();
+  sequence.masked_logits.assign(logits.size(), kRefused);
   bool any_allowed = false;
-  for (size_t id = 0; id < logits.size(); ++id) {
-    const bool allowed = grammar::mask_allows(sequence.mask, static_cast<int32_t>(id));
-    sequence.masked_logits[id] = allowed ? logits[id] : -std::numeric_limits<float>::infinity();
-    any_allowed = any_allowed || allowed;
+  for (size_t word = 0; word < sequence.mask.size(); ++word) {
+    const uint64_t bits = sequence.mask[word];
+    if (bits == 0) continue;
+    any_allowed = true;
+    const size_t first = word * 64, last = std::min(first + 64, logits.size());
+    for (size_t id = first; id < last; ++id)
+      if ((bits >> (id - first)) & 1) sequence.masked_logits[id] = logits[id];
   }
   if (!any_allowed) {
     end(sequence, final_event(FinishReason::Error,
