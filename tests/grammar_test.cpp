@@ -130,6 +130,13 @@ TEST(JsonSchemaGrammar, AnUnsupportedKeywordIsNamedWithItsPlace) {
             "JSON schema \"type\" at / is \"thing\"; expected object, array, string, number, integer, boolean or null");
   EXPECT_EQ(error_of(R"({"type":"string","maxLength":100000})"),
             "JSON schema keyword \"maxLength\" at / is 100000; at most 1000 is supported");
+  EXPECT_EQ(error_of(R"({"type":"string","maxLength":1000})"),
+            "the JSON schema is too large: its grammar has 51013 positions, at most 20000 are supported (counted "
+            "repetitions such as maxLength make one rule per count)");
+  json chain = {{"$ref", "#/$defs/d0"}, {"$defs", json::object()}};
+  for (int i = 0; i < 100; ++i) chain["$defs"]["d" + std::to_string(i)] = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+  chain["$defs"]["d100"] = {{"type", "null"}};
+  EXPECT_EQ(error_of(chain.dump().c_str()), "the JSON schema nests deeper than 64 at /$defs/d63");
 }
 
 TEST(Grammar, LeftRecursionIsRefused) {

@@ -19,6 +19,13 @@ using json = nlohmann::ordered_json;
 // A counted repetition (maxLength, minItems, ...) becomes one rule per count; past this many the
 // grammar, and the token tables compiled for each of its positions, would grow without bound.
 constexpr int64_t kMaxCountedRepeats = 1000;
+// Compiling costs a walk of the vocabulary per grammar position (a wide one, inside a string, some
+// tens of microseconds per thousand tokens), and a schema comes from a request: past this many
+// positions it is refused rather than compiled for seconds.
+constexpr size_t kMaxGrammarPositions = 20000;
+// Nesting of subschemas, $ref chains included (the request body's own depth is bounded, a chain of
+// definitions is not).
+constexpr int kMaxSchemaDepth = 64;
 constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
 
 const std::set<std::string, std::less<>> kAnnotations = {"title",   "description", "default",    "examples",
@@ -42,6 +49,7 @@ class SchemaCompiler {
     return std::move(grammar_);
   }
 
+  // Checks the limits, then compiles.
   int32_t compile(const json& schema, const std::string& path);
   int32_t any_value();
   int32_t any_object();
@@ -52,6 +60,7 @@ class SchemaCompiler {
   int32_t compile_string(const json& schema, const std::string& path);
   int32_t compile_type(const std::string& type, const json& schema, const std::string& path);
   int32_t resolve(const std::string& reference, const std::string& path);
+  int32_t compile_schema(const json& schema, const std::string& path);
 
   int32_t once(int32_t& rule, const std::function<int32_t()>& make) {
     if (rule < 0) rule = make();
@@ -70,6 +79,7 @@ class SchemaCompiler {
 
   const json& root_;
   Grammar grammar_;
+  int depth_ = 0;
   std::map<std::string, int32_t> references_;
   int32_t value_ = -1, object_ = -1, string_ = -1, number_ = -1, integer_ = -1, digits_ = -1, escape_ = -1;
 };
@@ -365,6 +375,18 @@ int32_t SchemaCompiler::compile_type(const std::string& type, const json& schema
 }
 
 int32_t SchemaCompiler::compile(const json& schema, const std::string& path) {
+  if (grammar_.positions() > kMaxGrammarPositions)
+    fail("the JSON schema is too large: its grammar passes {} positions at {} (counted repetitions such as maxLength "
+         "make one rule per count)",
+         kMaxGrammarPositions, path);
+  if (depth_ == kMaxSchemaDepth) fail("the JSON schema nests deeper than {} at {}", kMaxSchemaDepth, path);
+  ++depth_;
+  const int32_t rule = compile_schema(schema, path);
+  --depth_;
+  return rule;
+}
+
+int32_t SchemaCompiler::compile_schema(const json& schema, const std::string& path) {
   if (schema.is_boolean()) {
     if (!schema.get<bool>()) fail("JSON schema at {} is false: nothing is allowed", path);
     return any_value();
@@ -418,7 +440,12 @@ int32_t SchemaCompiler::compile(const json& schema, const std::string& path) {
 Grammar json_schema_grammar(const nlohmann::ordered_json& schema) {
   SchemaCompiler compiler(schema);
   const int32_t root = compiler.compile(schema, "/");
-  return compiler.finish(root);
+  Grammar grammar = compiler.finish(root);
+  if (grammar.positions() > kMaxGrammarPositions)
+    fail("the JSON schema is too large: its grammar has {} positions, at most {} are supported (counted repetitions "
+         "such as maxLength make one rule per count)",
+         grammar.positions(), kMaxGrammarPositions);
+  return grammar;
 }
 
 Grammar json_object_grammar() {
