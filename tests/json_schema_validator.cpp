@@ -1,5 +1,6 @@
 #include "json_schema_validator.h"
 
+#include <cmath>
 #include <regex>
 
 namespace kiln::testing {
@@ -19,7 +20,9 @@ bool has_type(const json& value, const std::string& type) {
   if (type == "array") return value.is_array();
   if (type == "string") return value.is_string();
   if (type == "number") return value.is_number();
-  if (type == "integer") return value.is_number_integer();
+  // JSON Schema: a number with no fractional part (one past int64 parses as a double here).
+  if (type == "integer")
+    return value.is_number_integer() || (value.is_number_float() && std::floor(value.get<double>()) == value.get<double>());
   if (type == "boolean") return value.is_boolean();
   if (type == "null") return value.is_null();
   return false;

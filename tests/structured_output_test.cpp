@@ -4,7 +4,10 @@
 // streamed), where an unsupported schema is a 400 naming the keyword.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <set>
 #include <thread>
 
 #include "engine/grammar/json_schema.h"
@@ -15,6 +18,7 @@
 #include "npm_reference.h"
 #include "serve_process.h"
 #include "test_support.h"
+#include "text/chat_output.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace kiln;
@@ -152,6 +156,71 @@ TEST(StructuredOutput, AGrammarForAnotherVocabularyIsRefused) {
   }
 }
 
+const json kTools = json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["C", "F"]}}, "required": ["city"]}}},
+  {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+])");
+
+// Random walks through a forced tool call's masks (every byte a token) always give a reply that the
+// chat-output parser reads as calls only, of the forced tool where one is named, with arguments
+// that satisfy the tool's parameters.
+TEST(StructuredOutput, ForcedToolCallsParseAsCallsWithValidArguments) {
+  std::vector<std::string> bytes;
+  for (int byte = 0; byte < 256; ++byte) bytes.push_back(std::string(1, static_cast<char>(byte)));
+  const auto vocabulary = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes));
+  std::mt19937 random(5);
+  for (ToolCallSyntax syntax : {ToolCallSyntax::Hermes, ToolCallSyntax::LlamaJson}) {
+    for (const std::optional<std::string>& forced : {std::optional<std::string>(), std::optional<std::string>("add")}) {
+      SCOPED_TRACE(::testing::Message() << tool_call_syntax_name(syntax) << " " << forced.value_or("(required)"));
+      const auto compiled =
+          std::make_shared<const grammar::CompiledGrammar>(tool_call_grammar(syntax, kTools, forced, true), vocabulary);
+      std::set<std::string> names;
+      for (int walk = 0; walk < 20; ++walk) {
+        grammar::GrammarMatcher matcher(compiled);
+        grammar::TokenMask mask = grammar::empty_mask(vocabulary->size());
+        std::string text;
+        while (matcher.can_continue() && !(matcher.can_end() && random() % 3 == 0) && text.size() < 2000) {
+          matcher.fill_mask(mask);
+          std::vector<int32_t> allowed;
+          for (int32_t id = 0; id < vocabulary->size(); ++id)
+            if (grammar::mask_allows(mask, id)) allowed.push_back(id);
+          ASSERT_FALSE(allowed.empty());
+          // Digits and letters half as often, so that strings and numbers end.
+          int32_t id = allowed[random() % allowed.size()];
+          if (std::isalnum(id) && random() % 2) id = allowed[random() % allowed.size()];
+          ASSERT_TRUE(matcher.accept_token(id));
+          text += vocabulary->bytes(id);
+        }
+        ASSERT_TRUE(matcher.can_end()) << text;
+        ChatOutputParser parser({syntax, false}, kTools);
+        parser.push(text);
+        parser.finish();
+        const ChatOutput& output = parser.output();
+        EXPECT_EQ(output.content, "") << text;
+        ASSERT_FALSE(output.tool_calls.empty()) << text;
+        for (const ToolCall& call : output.tool_calls) {
+          names.insert(call.name);
+          if (forced) EXPECT_EQ(call.name, *forced);
+          const json& tool = kTools[call.name == "get_weather" ? 0 : 1];
+          EXPECT_EQ(schema_violation(json::parse(call.arguments), tool["function"]["parameters"]), "") << text;
+        }
+      }
+      EXPECT_EQ(names.size(), forced ? 1u : 2u);
+    }
+  }
+  try {
+    tool_call_grammar(ToolCallSyntax::QwenXml, kTools, std::nullopt, true);
+    ADD_FAILURE() << "Qwen XML accepted";
+  } catch (const Error& error) {
+    EXPECT_STREQ(error.what(),
+                 "forcing a tool call is supported for Hermes and Llama JSON tool calls; this chat template's are "
+                 "qwen_xml");
+  }
+  EXPECT_THROW(tool_call_grammar(ToolCallSyntax::Hermes, kTools, std::string("nope"), true), Error);
+}
+
 // --- kiln serve on stories260K ---
 
 class StructuredOutputServer : public ::testing::Test {
@@ -284,6 +353,83 @@ TEST_F(StructuredOutputServer, AnUnsupportedSchemaIsA400NamingTheKeyword) {
   ASSERT_TRUE(unnamed);
   EXPECT_EQ(unnamed->status, 400);
   EXPECT_EQ(json::parse(unnamed->body)["error"]["param"], "response_format.json_schema.name");
+}
+
+}  // namespace
+
+namespace {
+
+// tool_choice through kiln serve: stories260K with a short chat template in the Hermes syntax
+// (Qwen3's own tool prompt alone passes stories' 512 positions).
+const json kSmallTools = json::parse(R"([
+  {"type": "function", "function": {"name": "go", "parameters": {"type": "object",
+    "properties": {"to": {"enum": ["N", "S"]}}, "required": ["to"]}}},
+  {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["a"]}}}
+])");
+
+TEST(StructuredOutputTools, ToolChoiceForcesCallsInTheTemplatesSyntax) {
+  KILN_REQUIRE_STORIES(dir);
+  TempDir temp;
+  const auto template_path = temp.path() / "hermes.jinja";
+  write_text_file(template_path,
+                  "{%- if tools %}Tools:{% for tool in tools %} {{ tool.function.name }}{% endfor %}. Call one in "
+                  "<tool_call></tool_call>.\n{% endif %}{%- for message in messages %}{{ message.role }}: "
+                  "{{ message.content }}\n{% endfor %}assistant: ");
+  ServeProcess server(stories_arguments(dir, {"--chat-template", template_path.string()}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "add"}}}}}) {
+    for (bool stream : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << choice.dump() << (stream ? " streamed" : " whole"));
+      auto response = post(server.port(), "/v1/chat/completions",
+                           chat_body("Add", 100,
+                                     {{"temperature", 1.0}, {"seed", 4}, {"stream", stream}, {"tools", kSmallTools},
+                                      {"parallel_tool_calls", false},
+                                      {"tool_choice", choice}}));
+      ASSERT_TRUE(response);
+      ASSERT_EQ(response->status, 200) << response->body;
+      json calls = json::array();
+      std::string finish;
+      if (stream) {
+        size_t at = 0;
+        while ((at = response->body.find("data: {", at)) != std::string::npos) {
+          const size_t end = response->body.find("\n\n", at);
+          const json chunk = json::parse(response->body.substr(at + 6, end - at - 6));
+          at = end;
+          const json& delta = chunk["choices"][0]["delta"];
+          if (delta.contains("tool_calls"))
+            for (const json& call : delta["tool_calls"]) calls.push_back(call);
+          if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+        }
+      } else {
+        const json body = json::parse(response->body);
+        calls = body["choices"][0]["message"].value("tool_calls", json::array());
+        finish = body["choices"][0]["finish_reason"];
+        EXPECT_TRUE(body["choices"][0]["message"]["content"].is_null() ||
+                    body["choices"][0]["message"]["content"] == "")
+            << response->body;
+      }
+      EXPECT_EQ(finish, "tool_calls") << response->body;
+      ASSERT_EQ(calls.size(), 1u) << response->body;
+      for (const json& call : calls) {
+        const std::string name = call["function"]["name"];
+        if (choice.is_object()) EXPECT_EQ(name, "add");
+        const json& tool = kSmallTools[name == "go" ? 0 : 1];
+        EXPECT_EQ(schema_violation(json::parse(call["function"]["arguments"].get<std::string>()),
+                                   tool["function"]["parameters"]),
+                  "");
+      }
+    }
+  }
+  auto without_tools = post(server.port(), "/v1/chat/completions", chat_body("Hi", 20, {{"tool_choice", "required"}}));
+  ASSERT_TRUE(without_tools);
+  EXPECT_EQ(without_tools->status, 400);
+  EXPECT_EQ(json::parse(without_tools->body)["error"]["param"], "tool_choice");
+  auto unknown = post(server.port(), "/v1/chat/completions",
+                      chat_body("Hi", 20, {{"tools", kSmallTools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}));
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 400);
+  EXPECT_EQ(json::parse(unknown->body)["error"]["message"], "no tool is named \"nope\"");
 }
 
 }  // namespace

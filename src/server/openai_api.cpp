@@ -276,15 +276,35 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
   if (const json* tool_choice = fields.value("tool_choice")) {
     if (!tool_choice->is_string() && !tool_choice->is_object())
       reject_field("tool_choice", "`tool_choice` must be a string or an object, got {}", json_type_name(*tool_choice));
-    if (tool_choice->is_object() || *tool_choice == "required")
-      reject_unsupported("tool_choice", "forcing a tool call with `tool_choice`");
-    if (*tool_choice == "none")
+    if (tool_choice->is_object()) {
+      JsonFields choice(*tool_choice, "tool_choice");
+      const auto type = choice.string("type");
+      if (type != "function") reject_field(choice.param("type"), "`{}` must be \"function\"", choice.param("type"));
+      const json* function = choice.object("function");
+      if (!function) reject_field(choice.param("function"), "`{}` is required", choice.param("function"));
+      JsonFields function_fields(*function, choice.param("function"));
+      const auto name = function_fields.string("name");
+      if (!name) reject_field(function_fields.param("name"), "`{}` is required", function_fields.param("name"));
+      function_fields.reject_unknown();
+      choice.reject_unknown();
+      request.tool_call_required = true;
+      request.forced_tool = *name;
+    } else if (*tool_choice == "required") {
+      request.tool_call_required = true;
+    } else if (*tool_choice == "none")
       request.prompt.tools = json();
     else if (*tool_choice != "auto")
       reject_field("tool_choice", "`tool_choice` must be \"none\", \"auto\" or \"required\", got \"{}\"",
                    quote_client_text(tool_choice->get<std::string>()));
   }
   read_response_format(fields, request.generation);
+  request.parallel_tool_calls = fields.boolean("parallel_tool_calls").value_or(true);
+  if (request.tool_call_required) {
+    if (!request.prompt.tools.is_array() || request.prompt.tools.empty())
+      reject_field("tool_choice", "`tool_choice` forces a tool call, but the request offers no `tools`");
+    if (request.generation.grammar)
+      reject_field("tool_choice", "`tool_choice` forcing a tool call and a JSON `response_format` cannot be combined");
+  }
   if (const json* kwargs = fields.object("chat_template_kwargs"))
     request.prompt.template_kwargs = checked_template_kwargs(*kwargs, "chat_template_kwargs");
   request.prompt.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);

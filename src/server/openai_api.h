@@ -30,6 +30,11 @@ struct ChatCompletionRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   bool include_usage = false;  // stream_options.include_usage
+  // tool_choice "required" (some call) or naming a function (that call): the reply is held to the
+  // template's tool-call syntax (tool_call_grammar, text/chat_output.h).
+  bool tool_call_required = false;
+  std::optional<std::string> forced_tool;
+  bool parallel_tool_calls = true;  // "required" allows several calls
 };
 
 struct CompletionRequest {

@@ -345,7 +345,8 @@ Server::ChatPrompt Server::chat_prompt(const json& messages, const ChatPromptOpt
   const size_t opened = text.rfind("<think>"), closed = text.rfind("</think>");
   const bool in_reasoning = opened != std::string::npos && (closed == std::string::npos || closed < opened);
   // The template writes the special tokens (BOS) itself.
-  return {codec_->encode(text, false), ChatOutputParser(syntax, tools ? options.tools : json(), in_reasoning)};
+  return {codec_->encode(text, false), ChatOutputParser(syntax, tools ? options.tools : json(), in_reasoning),
+          in_reasoning && syntax.reasoning};
 }
 
 TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
@@ -430,8 +431,23 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
   const ChatCompletionRequest request =
       parse_chat_completion_request(parse_request_json(http_request.body), options_.model_name);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
-  TextGenerationRequest generation =
-      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens");
+  GenerationFields fields = request.generation;
+  if (request.tool_call_required) {
+    // The grammar holds the reply to calls from its first token; a prompt that opened <think>
+    // expects reasoning first.
+    if (prompt.in_reasoning)
+      throw ApiError(400,
+                     "`tool_choice` cannot force a tool call where the prompt opens reasoning (<think>); turn "
+                     "thinking off with chat_template_kwargs {\"enable_thinking\": false}",
+                     "tool_choice", "unsupported_tool_choice");
+    try {
+      fields.grammar = tool_call_grammar(codec_->chat_output_syntax().tool_calls, request.prompt.tools,
+                                         request.forced_tool, request.parallel_tool_calls);
+    } catch (const Error& error) {
+      throw ApiError(400, quote_client_text(error.what()), "tool_choice", "unsupported_tool_choice");
+    }
+  }
+  TextGenerationRequest generation = generation_request(std::move(prompt.ids), fields, "messages", "max_tokens");
   generation.logprobs = request.logprobs;
   generation.top_logprobs = request.top_logprobs;
   ChatCompletionResponse response(request, options_.model_name, *codec_, std::move(prompt.parser));

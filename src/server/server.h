@@ -91,6 +91,7 @@ class Server {
   struct ChatPrompt {
     std::vector<int32_t> ids;
     ChatOutputParser parser;
+    bool in_reasoning = false;  // the prompt ends inside <think>
   };
   ChatPrompt chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,

@@ -42,12 +42,7 @@ Symbol byte(char c) { return Symbol::byte_set(ByteSet::of(static_cast<uint8_t>(c
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const json& root) : root_(root) {}
-
-  Grammar finish(int32_t root_rule) {
-    grammar_.set_root(root_rule);
-    return std::move(grammar_);
-  }
+  SchemaCompiler(Grammar& grammar, const json& root) : root_(root), grammar_(grammar) {}
 
   // Checks the limits, then compiles.
   int32_t compile(const json& schema, const std::string& path);
@@ -78,7 +73,7 @@ class SchemaCompiler {
   int32_t characters(int64_t count, int64_t min, int64_t max, std::map<int64_t, int32_t>& made);
 
   const json& root_;
-  Grammar grammar_;
+  Grammar& grammar_;
   int depth_ = 0;
   std::map<std::string, int32_t> references_;
   int32_t value_ = -1, object_ = -1, string_ = -1, number_ = -1, integer_ = -1, digits_ = -1, escape_ = -1;
@@ -437,22 +432,28 @@ int32_t SchemaCompiler::compile_schema(const json& schema, const std::string& pa
 
 }  // namespace
 
-Grammar json_schema_grammar(const nlohmann::ordered_json& schema) {
-  SchemaCompiler compiler(schema);
-  const int32_t root = compiler.compile(schema, "/");
-  Grammar grammar = compiler.finish(root);
+int32_t add_json_schema(Grammar& grammar, const nlohmann::ordered_json& schema) {
+  SchemaCompiler compiler(grammar, schema);
+  const int32_t rule = compiler.compile(schema, "/");
   if (grammar.positions() > kMaxGrammarPositions)
     fail("the JSON schema is too large: its grammar has {} positions, at most {} are supported (counted repetitions "
          "such as maxLength make one rule per count)",
          grammar.positions(), kMaxGrammarPositions);
+  return rule;
+}
+
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema) {
+  Grammar grammar;
+  grammar.set_root(add_json_schema(grammar, schema));
   return grammar;
 }
 
 Grammar json_object_grammar() {
   const json schema = json::object();
-  SchemaCompiler compiler(schema);
-  const int32_t root = compiler.any_object();
-  return compiler.finish(root);
+  Grammar grammar;
+  SchemaCompiler compiler(grammar, schema);
+  grammar.set_root(compiler.any_object());
+  return grammar;
 }
 
 }  // namespace kiln::grammar

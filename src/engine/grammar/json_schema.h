@@ -21,6 +21,9 @@ namespace kiln::grammar {
 // Fails with a kiln::Error naming the unsupported keyword (or the malformed value) and its JSON
 // pointer in the schema.
 Grammar json_schema_grammar(const nlohmann::ordered_json& schema);
+// The same rules added to `grammar` (a schema inside a larger grammar: a tool call's arguments);
+// returns the rule of a whole JSON text. The size limit counts the whole grammar.
+int32_t add_json_schema(Grammar& grammar, const nlohmann::ordered_json& schema);
 
 // Any JSON object (OpenAI's response_format json_object), compact.
 Grammar json_object_grammar();
