@@ -46,7 +46,9 @@ struct CompletionRequest {
 };
 
 // Every field is type- and range-checked; an unknown field, or a known option this server does not
-// implement (n > 1, json response formats, logit_bias, penalties, forced tool choice), is a 400.
+// implement (n > 1, logit_bias, penalties), is a 400. A JSON response_format is compiled to its grammar here
+// (a schema the compiler refuses is a 400 naming the keyword); a forced tool_choice is recorded,
+// its grammar made once the template's call syntax is known (Server::chat_completions).
 // `model` must name the served model (else 404).
 ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model);
 CompletionRequest parse_completion_request(const json& body, const std::string& served_model, int64_t vocab_size);
