@@ -21,6 +21,7 @@ class NoCodec final : public TextCodec {
   bool has_chat_template() const override { return true; }
   std::string render_chat(const nlohmann::ordered_json&, const ChatPromptOptions&) const override { return ""; }
   std::vector<int32_t> stop_token_ids() const override { return {}; }
+  std::vector<std::string> token_bytes(int64_t) const override { return {}; }
 };
 
 const json kTools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",

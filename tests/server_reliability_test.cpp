@@ -376,6 +376,7 @@ class FailingStreamCodec final : public TextCodec {
     return stories_.render_chat(messages, options);
   }
   std::vector<int32_t> stop_token_ids() const override { return stories_.stop_token_ids(); }
+  std::vector<std::string> token_bytes(int64_t rows) const override { return stories_.token_bytes(rows); }
 
  private:
   class FailingStream final : public TokenTextStream {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -39,6 +40,9 @@ void bound_request(GenerationRequest& request, int64_t context_tokens, int64_t v
   for (const auto& [token, bias] : request.sampling.logit_bias)
     if (token >= vocab_size) fail("logit_bias names token id {}, outside the vocabulary (size {})", token, vocab_size);
   request.max_tokens = std::min(request.max_tokens, context_tokens - prompt_length);
+  if (request.grammar && request.grammar->vocabulary().size() != vocab_size)
+    fail("the grammar was compiled for a vocabulary of {} tokens, but the model has {}",
+         request.grammar->vocabulary().size(), vocab_size);
 }
 
 struct GenerationCore::Sequence {
@@ -51,12 +55,17 @@ struct GenerationCore::Sequence {
   int64_t generated = 0;
   std::vector<int32_t> generated_tokens;  // every token sampled, in order
   uint64_t id = 0;  // unique among the core's requests: names its rows in a step in flight
+  std::optional<grammar::GrammarMatcher> matcher;  // with a grammar: where its output stands in it
+  grammar::TokenMask mask;                         // the tokens the grammar allows next
+  std::vector<float> masked_logits;
 
   int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
-  // The device sampler (GraphOps::sample_tokens) applies no bias or penalty, so such a request's
-  // tokens are always chosen by its host Sampler from the step's logits, which are the same bits
-  // on either path: the one rule in every step, alone or in any batch.
-  bool samples_on_host() const { return request.sampling.processes_logits(); }
+  // The device sampler (GraphOps::sample_tokens) applies no bias, penalty or grammar mask, so such a
+  // request's tokens are always chosen by its host Sampler from the step's logits, which are the
+  // same bits on either path: the one rule in every step, alone or in any batch.
+  bool samples_on_host() const { return request.sampling.processes_logits() || matcher.has_value(); }
+  // Its logits come back to the host: for logprobs, or to sample there.
+  bool needs_logits() const { return request.top_logprobs > 0 || samples_on_host(); }
 };
 
 namespace {
@@ -138,6 +147,10 @@ void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStr
       std::make_unique<Sequence>(Sequence{std::move(request), std::move(stream), std::move(sampler), slot});
   sequence->prefilled = reused;
   sequence->id = ++admitted_;
+  if (sequence->request.grammar) {
+    sequence->matcher.emplace(sequence->request.grammar);
+    sequence->mask = grammar::empty_mask(sequence->request.grammar->vocabulary().size());
+  }
   running_.push_back(std::move(sequence));
 }
 
@@ -201,7 +214,10 @@ bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::
   TokenEvent event{token.token, token.logprob, {}, false, FinishReason::Stop, ""};
   if (sequence.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, sequence.request.top_logprobs);
   const auto& stops = sequence.request.stop_ids;
-  if (std::find(stops.begin(), stops.end(), token.token) != stops.end()) {
+  const bool stop_id = std::find(stops.begin(), stops.end(), token.token) != stops.end();
+  // The mask allowed the token, so the matcher takes it.
+  if (sequence.matcher && !stop_id) sequence.matcher->accept_token(token.token);
+  if (stop_id || (sequence.matcher && !sequence.matcher->can_continue())) {
     event.finished = true;
     event.finish_reason = FinishReason::Stop;
   } else if (sequence.generated >= sequence.request.max_tokens) {
@@ -214,6 +230,35 @@ bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::
   }
   sequence.stream->push(std::move(event));
   return true;
+}
+
+// Samples a constrained request's token from its logits with every token its grammar refuses at
+// -inf (a stop id only where the grammar can end), then takes it as accept() does. The masked row
+// depends only on the request's own logits and grammar state, so its tokens are the same alone or
+// in a batch, on every backend.
+bool GenerationCore::sample_on_host(Sequence& sequence, std::span<const float> logits) {
+  grammar::GrammarMatcher& matcher = *sequence.matcher;
+  matcher.fill_mask(sequence.mask);
+  if (matcher.can_end())
+    for (int32_t stop : sequence.request.stop_ids) sequence.mask[stop >> 6] |= uint64_t{1} << (stop & 63);
+  // A word of the mask at a time: most words are all refused or all allowed.
+  constexpr float kRefused = -std::numeric_limits<float>::infinity();
+  sequence.masked_logits.assign(logits.size(), kRefused);
+  bool any_allowed = false;
+  for (size_t word = 0; word < sequence.mask.size(); ++word) {
+    const uint64_t bits = sequence.mask[word];
+    if (bits == 0) continue;
+    any_allowed = true;
+    const size_t first = word * 64, last = std::min(first + 64, logits.size());
+    for (size_t id = first; id < last; ++id)
+      if ((bits >> (id - first)) & 1) sequence.masked_logits[id] = logits[id];
+  }
+  if (!any_allowed) {
+    end(sequence, final_event(FinishReason::Error,
+                              "no token of the vocabulary continues the output as its grammar requires"));
+    return false;
+  }
+  return accept(sequence, sequence.sampler.sample(sequence.masked_logits), sequence.masked_logits);
 }
 
 // The rows of a decode step for every running request, each taking its last token (from the
@@ -242,14 +287,13 @@ std::vector<uint64_t> GenerationCore::running_ids() const {
 }
 
 // The next decode step is queued before reading the tokens of the one in flight — it takes them on
-// the device — when every running request was in that step and decodes again, none asks for
-// logits or samples on the host, each has room for two more tokens, and no waiting request could be admitted now (it
+// the device — when every running request was in that step and decodes again, none needs its
+// logits (logprobs, a grammar's mask: its next token depends on the one in flight), each has room for two more tokens, and no waiting request could be admitted now (it
 // would need a prefill step first).
 bool GenerationCore::queue_next_decode(const std::function<bool()>& requests_waiting) const {
   const bool every_request_decodes_again = std::all_of(running_.begin(), running_.end(), [&](const auto& sequence) {
     return std::find(in_flight_.begin(), in_flight_.end(), sequence->id) != in_flight_.end() &&
-           sequence->request.top_logprobs == 0 && !sequence->samples_on_host() &&
-           sequence->generated + 2 <= sequence->request.max_tokens;
+           !sequence->needs_logits() && sequence->generated + 2 <= sequence->request.max_tokens;
   });
   return every_request_decodes_again && !(has_free_slot() && requests_waiting());
 }
@@ -303,9 +347,8 @@ StepPlan GenerationCore::plan() const {
 GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
   StepResult result;
   const bool on_device = decode_graphs_ && plan.every_sequence_decodes;
-  const bool wants_logits = std::any_of(running_.begin(), running_.end(), [](const auto& sequence) {
-    return sequence->request.top_logprobs > 0 || sequence->samples_on_host();
-  });
+  const bool wants_logits =
+      std::any_of(running_.begin(), running_.end(), [](const auto& sequence) { return sequence->needs_logits(); });
   if (on_device && !wants_logits) {
     decode_graphs_->launch(decode_rows(false));
     in_flight_ = running_ids();
@@ -355,9 +398,13 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
             result.logits.defined()
                 ? std::span<const float>(result.logits.data<float>() + work_row * vocab, static_cast<size_t>(vocab))
                 : std::span<const float>();
-        const SampledToken token = sampled_on_device && !sequence.samples_on_host() ? result.device_tokens[work_row]
-                                                                                     : sequence.sampler.sample(logits);
-        if (!accept(sequence, token, logits)) continue;
+        if (sequence.matcher) {
+          if (!sample_on_host(sequence, logits)) continue;
+        } else {
+          const SampledToken token = sampled_on_device && !sequence.samples_on_host() ? result.device_tokens[work_row]
+                                                                                       : sequence.sampler.sample(logits);
+          if (!accept(sequence, token, logits)) continue;
+        }
       }
     }
     still_running.push_back(std::move(running_[index]));

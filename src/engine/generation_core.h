@@ -27,6 +27,7 @@
 
 #include "engine/decode_graph.h"
 #include "engine/finish_reason.h"
+#include "engine/grammar/token_mask.h"
 #include "engine/sampler.h"
 #include "engine/step_plan.h"
 #include "model/model.h"
@@ -48,6 +49,11 @@ struct GenerationRequest {
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (it is reported)
   int32_t top_logprobs = 0;       // how many alternatives to report per token (0: none)
+  // Structured output: every token must continue a sentence of this grammar (a stop id only where
+  // the grammar can end), and the request ends once the grammar allows nothing more. Its vocabulary
+  // must have a byte string per logit row. Such a request samples on the host from logits whose
+  // refused tokens are -inf: its logprobs are those of that masked distribution.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // Checks a request against the context its sequence has (`context_tokens`, prompt and completion)
@@ -131,6 +137,7 @@ class GenerationCore {
   void drop_cancelled();
   void fail_running(const std::exception& error);
   bool accept(Sequence& sequence, const SampledToken& token, std::span<const float> row);
+  bool sample_on_host(Sequence& sequence, std::span<const float> logits);
   std::vector<DecodeRow> decode_rows(bool fed) const;
   std::vector<uint64_t> running_ids() const;
   bool queue_next_decode(const std::function<bool()>& requests_waiting) const;

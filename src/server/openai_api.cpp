@@ -5,6 +5,8 @@
 #include <limits>
 #include <utility>
 
+#include "core/error.h"
+#include "engine/grammar/json_schema.h"
 #include "server/api_error.h"
 #include "server/sse.h"
 #include "tokenizer/jinja_builtins.h"
@@ -191,6 +193,42 @@ void read_stream_fields(JsonFields& fields, GenerationFields& generation, bool& 
   }
 }
 
+// response_format: text, json_object (any JSON object) or json_schema ({name, schema, strict,
+// description}), the last two as the grammar the output must match (engine/grammar/json_schema.h).
+// A schema the compiler does not support is a 400 naming the keyword.
+void read_response_format(JsonFields& fields, GenerationFields& generation) {
+  const json* format = fields.object("response_format");
+  if (!format) return;
+  JsonFields format_fields(*format, "response_format");
+  const auto type = format_fields.string("type");
+  if (!type) reject_field("response_format.type", "`response_format.type` is required");
+  if (*type == "json_object") {
+    generation.grammar = grammar::json_object_grammar();
+  } else if (*type == "json_schema") {
+    const json* spec = format_fields.object("json_schema");
+    if (!spec) reject_field("response_format.json_schema", "`response_format.json_schema` is required");
+    JsonFields spec_fields(*spec, "response_format.json_schema");
+    const auto name = spec_fields.string("name");
+    if (!name || name->empty())
+      reject_field(spec_fields.param("name"), "`{}` must be a non-empty string", spec_fields.param("name"));
+    spec_fields.string("description");
+    // kiln always holds the output to the schema: strict or not changes nothing.
+    spec_fields.boolean("strict");
+    const json* schema = spec_fields.object("schema");
+    if (!schema) reject_field(spec_fields.param("schema"), "`{}` is required", spec_fields.param("schema"));
+    spec_fields.reject_unknown();
+    try {
+      generation.grammar = grammar::json_schema_grammar(*schema);
+    } catch (const Error& error) {
+      throw ApiError(400, quote_client_text(error.what()), spec_fields.param("schema"), "unsupported_schema");
+    }
+  } else if (*type != "text") {
+    reject_field("response_format.type", "`response_format.type` must be text, json_object or json_schema; got \"{}\"",
+                 quote_client_text(*type));
+  }
+  format_fields.reject_unknown();
+}
+
 // Fields OpenAI accepts that change nothing here (client bookkeeping, caching hints); type-checked,
 // then unused.
 void accept_bookkeeping_fields(JsonFields& fields) {
@@ -238,22 +276,34 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
   if (const json* tool_choice = fields.value("tool_choice")) {
     if (!tool_choice->is_string() && !tool_choice->is_object())
       reject_field("tool_choice", "`tool_choice` must be a string or an object, got {}", json_type_name(*tool_choice));
-    if (tool_choice->is_object() || *tool_choice == "required")
-      reject_unsupported("tool_choice", "forcing a tool call with `tool_choice`");
-    if (*tool_choice == "none")
+    if (tool_choice->is_object()) {
+      JsonFields choice(*tool_choice, "tool_choice");
+      const auto type = choice.string("type");
+      if (type != "function") reject_field(choice.param("type"), "`{}` must be \"function\"", choice.param("type"));
+      const json* function = choice.object("function");
+      if (!function) reject_field(choice.param("function"), "`{}` is required", choice.param("function"));
+      JsonFields function_fields(*function, choice.param("function"));
+      const auto name = function_fields.string("name");
+      if (!name) reject_field(function_fields.param("name"), "`{}` is required", function_fields.param("name"));
+      function_fields.reject_unknown();
+      choice.reject_unknown();
+      request.tool_call_required = true;
+      request.forced_tool = *name;
+    } else if (*tool_choice == "required") {
+      request.tool_call_required = true;
+    } else if (*tool_choice == "none")
       request.prompt.tools = json();
     else if (*tool_choice != "auto")
       reject_field("tool_choice", "`tool_choice` must be \"none\", \"auto\" or \"required\", got \"{}\"",
                    quote_client_text(tool_choice->get<std::string>()));
   }
-  if (const json* format = fields.object("response_format")) {
-    JsonFields format_fields(*format, "response_format");
-    const auto type = format_fields.string("type");
-    if (!type) reject_field("response_format.type", "`response_format.type` is required");
-    if (*type != "text")
-      reject_unsupported("response_format",
-                         fmt::format("response_format of type \"{}\"", quote_client_text(*type)));
-    format_fields.reject_unknown();
+  read_response_format(fields, request.generation);
+  request.parallel_tool_calls = fields.boolean("parallel_tool_calls").value_or(true);
+  if (request.tool_call_required) {
+    if (!request.prompt.tools.is_array() || request.prompt.tools.empty())
+      reject_field("tool_choice", "`tool_choice` forces a tool call, but the request offers no `tools`");
+    if (request.generation.grammar)
+      reject_field("tool_choice", "`tool_choice` forcing a tool call and a JSON `response_format` cannot be combined");
   }
   if (const json* kwargs = fields.object("chat_template_kwargs"))
     request.prompt.template_kwargs = checked_template_kwargs(*kwargs, "chat_template_kwargs");
@@ -307,6 +357,7 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
   read_stream_fields(fields, request.generation, request.include_usage);
   if (auto logprobs = fields.integer("logprobs", 0, kMaxCompletionLogprobs))
     request.logprobs = static_cast<int32_t>(*logprobs);
+  read_response_format(fields, request.generation);
   if (fields.boolean("echo").value_or(false)) reject_unsupported("echo", "echo");
   if (fields.string("suffix")) reject_unsupported("suffix", "suffix");
   accept_bookkeeping_fields(fields);

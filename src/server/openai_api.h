@@ -31,6 +31,11 @@ struct ChatCompletionRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   bool include_usage = false;  // stream_options.include_usage
+  // tool_choice "required" (some call) or naming a function (that call): the reply is held to the
+  // template's tool-call syntax (tool_call_grammar, text/chat_output.h).
+  bool tool_call_required = false;
+  std::optional<std::string> forced_tool;
+  bool parallel_tool_calls = true;  // "required" allows several calls
 };
 
 struct CompletionRequest {
@@ -42,7 +47,9 @@ struct CompletionRequest {
 };
 
 // Every field is type- and range-checked; an unknown field, or a known option this server does not
-// implement (best_of other than n, json response formats, forced tool choice), is a 400.
+// implement (best_of other than n), is a 400. A JSON response_format is compiled to its grammar
+// here (a schema the compiler refuses is a 400 naming the keyword); a forced tool_choice is
+// recorded, its grammar made once the template's call syntax is known (Server::chat_completions).
 // `model` must name the served model (else 404). What the request does not set of its sampling
 // comes from `defaults` (the server's: the model's generation_config.json).
 ChatCompletionRequest parse_chat_completion_request(const json& body, const std::string& served_model,

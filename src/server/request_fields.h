@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/grammar/grammar.h"
 #include "engine/sampler.h"
 #include "server/json_fields.h"
 
@@ -22,6 +23,7 @@ struct GenerationFields {
   bool ignore_eos = false;
   bool stream = false;
   int32_t n = 1;  // choices (OpenAI's `n`), each its own generation
+  std::optional<grammar::Grammar> grammar;  // structured output: the grammar the output must match
 };
 
 // Most stop strings one request may give (vLLM takes any number; a bound keeps matching cheap).

@@ -356,7 +356,8 @@ Server::ChatPrompt Server::chat_prompt(const json& messages, const ChatPromptOpt
   if (!tools) syntax.tool_calls = ToolCallSyntax::None;
   const bool in_reasoning = prompt_opens_reasoning(text);
   // The template writes the special tokens (BOS) itself.
-  return {codec_->encode(text, false), ChatOutputParser(syntax, tools ? options.tools : json(), in_reasoning)};
+  return {codec_->encode(text, false), ChatOutputParser(syntax, tools ? options.tools : json(), in_reasoning),
+          in_reasoning && syntax.reasoning};
 }
 
 TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
@@ -381,7 +382,16 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
   request.sampling = fields.sampling;
   request.stop = fields.stop;
   request.ignore_eos = fields.ignore_eos;
+  if (fields.grammar)
+    request.grammar = std::make_shared<const grammar::CompiledGrammar>(*fields.grammar, token_vocabulary());
   return request;
+}
+
+std::shared_ptr<const grammar::TokenVocabulary> Server::token_vocabulary() const {
+  std::call_once(vocabulary_once_, [&] {
+    vocabulary_ = std::make_shared<const grammar::TokenVocabulary>(codec_->token_bytes(options_.vocab_size));
+  });
+  return vocabulary_;
 }
 
 std::unique_ptr<TextGeneration> Server::submit(TextGenerationRequest request, const std::string& endpoint,
@@ -475,8 +485,23 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
   const ChatCompletionRequest request = parse_chat_completion_request(
       parse_request_json(http_request.body), options_.model_name, options_.sampling_defaults);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
-  TextGenerationRequest generation =
-      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens");
+  GenerationFields fields = request.generation;
+  if (request.tool_call_required) {
+    // The grammar holds the reply to calls from its first token; a prompt that opened <think>
+    // expects reasoning first.
+    if (prompt.in_reasoning)
+      throw ApiError(400,
+                     "`tool_choice` cannot force a tool call where the prompt opens reasoning (<think>); turn "
+                     "thinking off with chat_template_kwargs {\"enable_thinking\": false}",
+                     "tool_choice", "unsupported_tool_choice");
+    try {
+      fields.grammar = tool_call_grammar(codec_->chat_output_syntax().tool_calls, request.prompt.tools,
+                                         request.forced_tool, request.parallel_tool_calls);
+    } catch (const Error& error) {
+      throw ApiError(400, quote_client_text(error.what()), "tool_choice", "unsupported_tool_choice");
+    }
+  }
+  TextGenerationRequest generation = generation_request(std::move(prompt.ids), fields, "messages", "max_tokens");
   generation.logprobs = request.logprobs;
   generation.top_logprobs = request.top_logprobs;
   ChatCompletionResponse response(request, options_.model_name, *codec_, prompt.parser);

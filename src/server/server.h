@@ -96,12 +96,17 @@ class Server {
   struct ChatPrompt {
     std::vector<int32_t> ids;
     ChatOutputParser parser;
+    bool in_reasoning = false;  // the prompt ends inside <think>
   };
   ChatPrompt chat_prompt(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   // The conversation rendered by the chat template (a 400 without one, or when it refuses).
   std::string chat_prompt_text(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                            const std::string& prompt_param, const std::string& max_tokens_param) const;
+
+  // The model's vocabulary as bytes, for structured output: built (a trie of every token) on the
+  // first request that asks for it.
+  std::shared_ptr<const grammar::TokenVocabulary> token_vocabulary() const;
 
   // Submits a generation; the scheduler's refusals become what the client sees (429 when its queue
   // is full, 503 while shutting down, else 400).
@@ -147,6 +152,8 @@ class Server {
   int64_t in_flight_ = 0;
   bool cancel_now_ = false;
   std::once_flag shutdown_once_;
+  mutable std::once_flag vocabulary_once_;
+  mutable std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;
   HttpServer http_;  // last: its threads call into everything above
 };
 

@@ -48,6 +48,9 @@ class TextCodec {
   virtual ChatOutputSyntax chat_output_syntax() const { return {}; }
   // Ids that end generation (end of text, end of turn).
   virtual std::vector<int32_t> stop_token_ids() const = 0;
+  // What each of the model's `rows` token ids adds to the text, as bytes (structured output
+  // matches them against its grammar); empty for special tokens and ids without a token.
+  virtual std::vector<std::string> token_bytes(int64_t rows) const = 0;
 };
 
 }  // namespace kiln

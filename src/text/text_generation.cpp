@@ -22,6 +22,7 @@ TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, Tex
   generation.sampling = request.sampling;
   if (!request.ignore_eos) generation.stop_ids = codec.stop_token_ids();
   generation.top_logprobs = request.logprobs ? request.top_logprobs : 0;
+  generation.grammar = std::move(request.grammar);
   stream_ = scheduler.submit(std::move(generation));
 }
 

@@ -27,6 +27,7 @@ struct TextGenerationRequest {
   bool ignore_eos = false;        // keep generating past end-of-text tokens
   bool logprobs = false;
   int32_t top_logprobs = 0;  // alternatives reported per token
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;  // structured output (GenerationRequest::grammar)
 };
 
 struct GeneratedToken {

@@ -78,4 +78,10 @@ std::string TokenizerCodec::render_chat(const nlohmann::ordered_json& messages,
   return chat_template_->render(messages, template_options);
 }
 
+std::vector<std::string> TokenizerCodec::token_bytes(int64_t rows) const {
+  std::vector<std::string> bytes(static_cast<size_t>(rows));
+  for (int64_t id = 0; id < rows; ++id) bytes[id] = tokenizer_.token_bytes(static_cast<int32_t>(id));
+  return bytes;
+}
+
 }  // namespace kiln

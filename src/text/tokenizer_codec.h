@@ -27,6 +27,7 @@ class TokenizerCodec final : public TextCodec {
   std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const override;
   ChatOutputSyntax chat_output_syntax() const override { return output_syntax_; }
   std::vector<int32_t> stop_token_ids() const override { return tokenizer_.eos_ids(); }
+  std::vector<std::string> token_bytes(int64_t rows) const override;
 
   const Tokenizer& tokenizer() const { return tokenizer_; }
 

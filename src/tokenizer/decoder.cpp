@@ -42,6 +42,30 @@ size_t count_field(const nlohmann::json& spec, const char* field, const std::str
   return spec[field].get<size_t>();
 }
 
+// Up to `start` leading and `stop` trailing `content` characters go (decoders/strip.rs).
+std::string strip(const std::string& token, const std::string& content, size_t start, size_t stop) {
+  size_t begin = 0, end = token.size();
+  for (size_t i = 0; i < start && token.compare(begin, content.size(), content) == 0; ++i) begin += content.size();
+  for (size_t i = 0;
+       i < stop && end >= begin + content.size() && token.compare(end - content.size(), content.size(), content) == 0;
+       ++i)
+    end -= content.size();
+  return token.substr(begin, end - begin);
+}
+
+// A token made only of GPT-2 byte characters becomes those bytes; any other token (an added token
+// such as "<|im_start|>" that uses other characters) passes as its own UTF-8.
+std::string byte_level_decoded(std::string token) {
+  std::string bytes;
+  size_t offset = 0;
+  while (offset < token.size()) {
+    const auto byte = unicode::char_to_byte(unicode::next_code_point(token, offset));
+    if (!byte) return token;
+    bytes.push_back(static_cast<char>(*byte));
+  }
+  return bytes;
+}
+
 }  // namespace
 
 DecoderPipeline DecoderPipeline::from_json(const nlohmann::json& spec, const std::string& where) {
@@ -118,6 +142,31 @@ void DecoderPipeline::add(const nlohmann::json& spec, const std::string& where) 
   token_stages_.push_back(std::move(stage));
 }
 
+std::string DecoderPipeline::token_bytes(std::string_view spelled) const {
+  std::string token(spelled);
+  for (const Stage& stage : token_stages_) {
+    switch (stage.kind) {
+      case Stage::Kind::Replace:
+        token = stage.pattern ? replace_all(*stage.pattern, token, stage.content)
+                              : replace_literal(token, stage.literal, stage.content);
+        break;
+      case Stage::Kind::ByteFallback:
+        if (const auto byte = byte_token_value(token)) token = std::string(1, static_cast<char>(*byte));
+        break;
+      case Stage::Kind::Strip:
+        token = strip(token, stage.content, stage.start, stage.stop);
+        break;
+      case Stage::Kind::Metaspace:
+        token = replace_literal(token, stage.replacement, " ");
+        break;
+      case Stage::Kind::ByteLevel:
+        token = byte_level_decoded(std::move(token));
+        break;
+    }
+  }
+  return has_decoder_ ? token : " " + token;
+}
+
 DecoderPipeline::Stream::Stream(const DecoderPipeline& pipeline)
     : pipeline_(&pipeline), byte_runs_(pipeline.token_stages_.size()), tokens_seen_(pipeline.token_stages_.size(), 0) {}
 
@@ -151,41 +200,18 @@ void DecoderPipeline::Stream::feed(size_t stage_index, std::string token, std::s
       }
       flush(stage_index, out);
       break;
-    case Stage::Kind::Strip: {
-      // Up to `start` leading and `stop` trailing `content` characters go (decoders/strip.rs).
-      const std::string& content = stage.content;
-      size_t begin = 0, end = token.size();
-      for (size_t i = 0; i < stage.start && token.compare(begin, content.size(), content) == 0; ++i)
-        begin += content.size();
-      for (size_t i = 0; i < stage.stop && end >= begin + content.size() &&
-                         token.compare(end - content.size(), content.size(), content) == 0;
-           ++i)
-        end -= content.size();
-      token = token.substr(begin, end - begin);
+    case Stage::Kind::Strip:
+      token = strip(token, stage.content, stage.start, stage.stop);
       break;
-    }
     case Stage::Kind::Metaspace:
       // The first token loses every replacement character, later ones turn them into spaces
       // (decoders' Metaspace::decode_chain).
       token = replace_literal(token, stage.replacement,
                               index == 0 && stage.drop_in_first_token ? std::string_view() : std::string_view(" "));
       break;
-    case Stage::Kind::ByteLevel: {
-      // A token made only of GPT-2 byte characters becomes those bytes; any other token (an added
-      // token such as "<|im_start|>" that uses other characters) passes as its own UTF-8.
-      std::string bytes;
-      size_t offset = 0;
-      bool all_byte_characters = true;
-      while (offset < token.size() && all_byte_characters) {
-        const auto byte = unicode::char_to_byte(unicode::next_code_point(token, offset));
-        if (byte)
-          bytes.push_back(static_cast<char>(*byte));
-        else
-          all_byte_characters = false;
-      }
-      if (all_byte_characters) token = std::move(bytes);
+    case Stage::Kind::ByteLevel:
+      token = byte_level_decoded(std::move(token));
       break;
-    }
   }
   feed(stage_index + 1, std::move(token), out);
 }

@@ -25,6 +25,11 @@ class DecoderPipeline {
  public:
   static DecoderPipeline from_json(const nlohmann::json& spec, const std::string& where);
 
+  // The bytes `token` (spelled as in tokenizer.json) adds to a text it does not start: its per-token
+  // stages applied as to any token after the first, a byte-fallback or byte-level token as its raw
+  // byte(s), which may be part of a UTF-8 sequence (what constrained decoding matches).
+  std::string token_bytes(std::string_view token) const;
+
   class Stream {
    public:
     explicit Stream(const DecoderPipeline& pipeline);

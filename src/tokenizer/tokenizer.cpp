@@ -465,6 +465,12 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
 
 bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < impl_->vocab_size && impl_->special[id]; }
 
+std::string Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= impl_->vocab_size || impl_->special[id]) return "";
+  const std::string* token = impl_->token_text(id);
+  return token ? impl_->decoder.token_bytes(*token) : "";
+}
+
 const std::optional<std::string>& Tokenizer::bos_token() const { return impl_->bos_token; }
 const std::optional<std::string>& Tokenizer::eos_token() const { return impl_->eos_token; }
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos_id; }

@@ -62,6 +62,9 @@ class Tokenizer {
   // The token as tokenizer.json spells it (e.g. "Ġworld", "▁world", "<0x0A>").
   std::optional<std::string> id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
+  // The bytes a token adds in the middle of a text (DecoderPipeline::token_bytes), for matching
+  // generated text byte by byte; empty for a special token or an id without a token.
+  std::string token_bytes(int32_t id) const;
 
   // Special tokens from tokenizer_config.json (and their ids); empty when not set.
   const std::optional<std::string>& bos_token() const;

@@ -188,9 +188,17 @@ test('models and errors', async () => {
   await assert.rejects(
     openai.chat.completions.create({ model, messages: user('hi'), n: 2 }),
     (error) => error.status === 400 && error.param === 'n' && error.type === 'invalid_request_error');
+  const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 0 } } };
   await assert.rejects(
-    openai.chat.completions.create({ model, messages: user('hi'), response_format: { type: 'json_object' } }),
-    (error) => error.status === 400 && error.param === 'response_format');
+    openai.chat.completions.create({
+      model, messages: user('hi'), response_format: { type: 'json_schema', json_schema: { name: 's', schema } } }),
+    (error) => error.status === 400 && error.param === 'response_format.json_schema.schema' &&
+      error.message.includes('"minimum"'));
+  const structured = await openai.chat.completions.create({
+    model, messages: user('hi'), max_tokens: 100, temperature: 0,
+    response_format: { type: 'json_schema', json_schema: { name: 's', schema: {
+      type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'] } } } });
+  assert.deepEqual(Object.keys(JSON.parse(structured.choices[0].message.content)), ['ok']);
   await assert.rejects(
     openai.chat.completions.create({ model: 'gpt-4o', messages: user('hi') }),
     (error) => error.status === 404);
