@@ -186,7 +186,7 @@ test('models and errors', async () => {
   for await (const entry of openai.models.list()) models.push(entry.id);
   assert.deepEqual(models, [model]);
   await assert.rejects(
-    openai.chat.completions.create({ model, messages: user('hi'), n: 2 }),
+    openai.chat.completions.create({ model, messages: user('hi'), n: 0 }),
     (error) => error.status === 400 && error.param === 'n' && error.type === 'invalid_request_error');
   const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 0 } } };
   await assert.rejects(
