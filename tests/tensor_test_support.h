@@ -22,7 +22,8 @@ inline Tensor random_f32(const Shape& shape, std::mt19937& random, float scale =
   return tensor;
 }
 
-// A host copy of an F32 tensor in `dtype` (F32, BF16 or F16; round to nearest even).
+// A host copy of an F32 tensor in `dtype` (floats round to nearest even, FP8 saturating; integers
+// truncate).
 inline Tensor f32_as(const Tensor& values, DType dtype) {
   Tensor out = Tensor::empty(values.shape(), dtype);
   const float* source = values.data<float>();
@@ -32,6 +33,8 @@ inline Tensor f32_as(const Tensor& values, DType dtype) {
       case DType::BF16: out.data<uint16_t>()[i] = f32_to_bf16(source[i]); break;
       case DType::F16: out.data<uint16_t>()[i] = f32_to_f16(source[i]); break;
       case DType::I32: out.data<int32_t>()[i] = static_cast<int32_t>(source[i]); break;
+      case DType::U32: out.data<uint32_t>()[i] = static_cast<uint32_t>(source[i]); break;
+      case DType::F8E4M3: out.data<uint8_t>()[i] = f32_to_fp8_e4m3(source[i]); break;
     }
   }
   return out;
@@ -46,6 +49,8 @@ inline Tensor as_f32(const Tensor& tensor) {
       case DType::BF16: out.data<float>()[i] = bf16_to_f32(tensor.data<uint16_t>()[i]); break;
       case DType::F16: out.data<float>()[i] = f16_to_f32(tensor.data<uint16_t>()[i]); break;
       case DType::I32: out.data<float>()[i] = static_cast<float>(tensor.data<int32_t>()[i]); break;
+      case DType::U32: out.data<float>()[i] = static_cast<float>(tensor.data<uint32_t>()[i]); break;
+      case DType::F8E4M3: out.data<float>()[i] = fp8_e4m3_to_f32(tensor.data<uint8_t>()[i]); break;
     }
   }
   return out;

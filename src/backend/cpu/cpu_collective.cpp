@@ -23,7 +23,9 @@ float element_as_f32(const Tensor& tensor, int64_t index) {
     case DType::F32: return tensor.data<const float>()[index];
     case DType::F16: return f16_to_f32(tensor.data<const uint16_t>()[index]);
     case DType::BF16: return bf16_to_f32(tensor.data<const uint16_t>()[index]);
-    case DType::I32: break;
+    case DType::I32:
+    case DType::U32:
+    case DType::F8E4M3: break;
   }
   fail("all-reduce of a {} tensor (floating-point activations only)", dtype_name(tensor.dtype()));
 }

@@ -28,7 +28,9 @@ std::vector<float> widen_weight(const Tensor& weight, const char* op, const char
       for (size_t i = 0; i < values.size(); ++i) values[i] = f16_to_f32(weight.data<uint16_t>()[i]);
       break;
     case DType::I32:
-      fail("cpu {}: {} has dtype I32, expected F32, BF16 or F16", op, argument);
+    case DType::U32:
+    case DType::F8E4M3:
+      fail("cpu {}: {} has dtype {}, expected F32, BF16 or F16", op, argument, dtype_name(weight.dtype()));
   }
   return values;
 }
