@@ -39,6 +39,16 @@ TEST_P(QuantizedParity, GreedyContinuationMatchesFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizedParity, ::testing::Values("qwen3-mlx-tiny", "llama3-fp8-tiny"));
 
+// The CUDA backend's activation dtype follows planned_float_dtype: a quantized checkpoint's packed
+// codes (U32 words, FP8 values) must not count, or a bf16-scaled 4-bit model runs on the f32 path.
+TEST(QuantizedCheckpoint, PlannedFloatDtypeIsTheDtypeOfTheUnpackedTensors) {
+  const auto plan_of = [](const std::filesystem::path& dir) { return plan_model(dir, Device::CPU, true); };
+  EXPECT_EQ(planned_float_dtype(plan_of(fixtures_dir() / "qwen3-mlx-tiny/q")), DType::BF16);
+  EXPECT_EQ(planned_float_dtype(plan_of(fixtures_dir() / "llama3-fp8-tiny/q")), DType::BF16);
+  EXPECT_EQ(planned_float_dtype(plan_of(fixtures_dir() / "qwen3-tiny/bf16")), DType::BF16);
+  EXPECT_EQ(planned_float_dtype(plan_of(fixtures_dir() / "qwen3-tiny/f32")), DType::F32);
+}
+
 using Entries = std::vector<SafetensorsEntry>;
 
 // A copy of a project fixture's checkpoint with its tensors and config.json edited.

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <climits>
 #include <filesystem>
-#include <map>
 #include <sstream>
 #include <thread>
 
@@ -71,25 +70,6 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
   fail("device '{}' is not available: this kiln was built without its backend", device);
 }
 
-#ifdef KILN_HAVE_CUDA
-namespace {
-
-// The dtype most of the planned weight bytes are stored in (the matrices').
-DType stored_weight_dtype(const ModelPlan& plan) {
-  std::map<DType, uint64_t> bytes;
-  for (const auto& planned : plan.load_plan.tensors) {
-    const TensorInfo& info = plan.checkpoint.info(planned.source);
-    bytes[info.dtype] += info.nbytes;
-  }
-  DType dominant = DType::F32;
-  uint64_t most = 0;
-  for (const auto& [dtype, count] : bytes)
-    if (count > most) most = count, dominant = dtype;
-  return dominant;
-}
-
-}  // namespace
-#endif
 
 namespace {
 
@@ -107,9 +87,10 @@ PreparedModel prepare_model(const ModelOptions& options) {
 #ifdef KILN_HAVE_CUDA
   if (device == Device::CUDA) {
     // The CUDA backend's activations follow the weights (f32 CUDA-core path for f32/f16
-    // checkpoints, bf16 tensor cores for bf16), so the plan is made before the backend.
+    // checkpoints, bf16 tensor cores for bf16 ones and bf16-scaled quantized ones), so the plan is
+    // made before the backend.
     ModelPlan plan = plan_model(options.model_dir, Device::CUDA, /*backend_present=*/true, load);
-    const DType weights = load.dtype ? *load.dtype : stored_weight_dtype(plan);
+    const DType weights = load.dtype ? *load.dtype : planned_float_dtype(plan);
     auto backend = make_cuda_backend(0, cuda_activation_dtype_for(weights));
     return {options, std::move(plan), load.dtype, std::move(backend), {}};
   }

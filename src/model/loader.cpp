@@ -1,5 +1,7 @@
 #include "model/loader.h"
 
+#include <map>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -72,6 +74,19 @@ std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std:
          plan.model_dir.string());
   weights.require_all_used();
   return model;
+}
+
+DType planned_float_dtype(const ModelPlan& plan) {
+  std::map<DType, uint64_t> bytes;
+  for (const auto& planned : plan.load_plan.tensors) {
+    const TensorInfo& info = plan.checkpoint.info(planned.source);
+    if (is_float_dtype(info.dtype)) bytes[info.dtype] += info.nbytes;
+  }
+  DType dominant = DType::F32;
+  uint64_t most = 0;
+  for (const auto& [dtype, count] : bytes)
+    if (count > most) most = count, dominant = dtype;
+  return dominant;
 }
 
 uint64_t planned_weight_bytes(const ModelPlan& plan, std::optional<DType> dtype) {

@@ -83,6 +83,12 @@ ModelPlan plan_model(const std::filesystem::path& model_dir, Device device, bool
 std::unique_ptr<Model> build_model(const ModelPlan& plan, Backend& backend, std::optional<DType> dtype = std::nullopt,
                                    const LoadProgressCallback& on_progress = {});
 
+// The floating-point dtype most of the plan's weight bytes are stored in: a dense checkpoint's
+// matrices'; a quantized one's scales, norms and unquantized tensors (its packed codes, U32 words
+// or FP8 values, are no activation dtype). F32 when the plan has no floating-point tensor. The
+// CUDA backend's activations follow it (bf16 tensor cores for a bf16 or bf16-scaled checkpoint).
+DType planned_float_dtype(const ModelPlan& plan);
+
 // The bytes build_model will hold of the plan's weights (converted to `dtype` when given), before
 // any weight is read.
 uint64_t planned_weight_bytes(const ModelPlan& plan, std::optional<DType> dtype = std::nullopt);

@@ -311,6 +311,8 @@ double value_at(const Tensor& tensor, int64_t index) {
     case DType::BF16: return bf16_to_f32(tensor.data<uint16_t>()[index]);
     case DType::F16: return f16_to_f32(tensor.data<uint16_t>()[index]);
     case DType::I32: return tensor.data<int32_t>()[index];
+    case DType::U32: return tensor.data<uint32_t>()[index];
+    case DType::F8E4M3: return fp8_e4m3_to_f32(tensor.data<uint8_t>()[index]);
     case DType::F32: break;
   }
   return tensor.data<float>()[index];
