@@ -9,6 +9,8 @@
 // decoded matrix (the accumulation contract at the top of matmul.cu).
 #include <cuda_fp8.h>
 
+#include <climits>
+
 #include "backend/cuda/matmul_common.cuh"
 
 namespace kiln::cuda {
@@ -26,6 +28,9 @@ __device__ __forceinline__ float fp8_to_float(uint8_t bits) {
 __device__ __forceinline__ float2 fp8_pair_to_float2(uint32_t two_bytes) {
   return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes), __NV_E4M3)));
 }
+
+// f32 of a code below 2²³, exactly (float(code) without the conversion unit).
+__device__ __forceinline__ float code_value(uint32_t code) { return __uint_as_float(0x4b000000u | code) - 8388608.0f; }
 
 // Element (row, column) of the weight, decoded to f32 as core/weight.h says.
 __device__ __forceinline__ float decoded_element(const QuantizedWeightArgs& w, int64_t row, int64_t column) {
@@ -54,6 +59,71 @@ __global__ void dequantize_kernel(QuantizedWeightArgs w, OutT* out) {
     out[i] = from_float<OutT>(decoded_element(w, i / w.k, i % w.k));
 }
 
+// The rows of 4- and 8-bit affine and FP8 weights decoded a block per row, each thread taking 32
+// bits of codes at a time (8 or 4 affine elements, which always share a group: groups are 32, 64
+// or 128 elements; 4 FP8 elements, inside one 128-column block) and writing their run of outputs
+// at once. Each element is decoded_element's value; the generic kernel above, an element per
+// thread with 64-bit index arithmetic and its scale loaded per element, ran at a fraction of the
+// copy bandwidth and held 4-bit prefill to 28 % of bf16's (docs/perf.md, 2026-12-07).
+constexpr int kRowThreads = 256;
+
+template <typename OutT, int kCount>
+__device__ __forceinline__ void store_run(OutT* out, const float (&values)[kCount]) {
+  if constexpr (sizeof(OutT) * kCount % 16 == 0) {
+    constexpr int kWords = static_cast<int>(sizeof(OutT)) * kCount / 4;
+    uint32_t words[kWords];
+    OutT rounded[kCount];
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) rounded[i] = from_float<OutT>(values[i]);
+    memcpy(words, rounded, sizeof(rounded));
+#pragma unroll
+    for (int i = 0; i < kWords; i += 4)
+      reinterpret_cast<uint4*>(out)[i / 4] = make_uint4(words[i], words[i + 1], words[i + 2], words[i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) out[i] = from_float<OutT>(values[i]);
+  }
+}
+
+template <int kBits, typename Scale, typename OutT>
+__global__ void dequantize_affine_rows_kernel(QuantizedWeightArgs w, OutT* out) {
+  constexpr int kPerWord = 32 / kBits;
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  follow_previous_grid();
+  const int64_t row = blockIdx.x;
+  const int words = static_cast<int>(w.k / kPerWord);
+  const uint32_t* codes = static_cast<const uint32_t*>(w.values) + row * words;
+  const Scale* scales = static_cast<const Scale*>(w.scales) + row * w.scale_columns;
+  const Scale* biases = static_cast<const Scale*>(w.biases) + row * w.scale_columns;
+  OutT* row_out = out + row * w.k;
+  for (int word = threadIdx.x; word < words; word += blockDim.x) {
+    const uint32_t packed = codes[word];
+    const int group = word * kPerWord / w.group_size;
+    const float scale = to_float(scales[group]), bias = to_float(biases[group]);
+    float values[kPerWord];
+#pragma unroll
+    for (int i = 0; i < kPerWord; ++i) values[i] = fmaf(scale, code_value(packed >> (i * kBits) & kMask), bias);
+    store_run(row_out + static_cast<int64_t>(word) * kPerWord, values);
+  }
+}
+
+template <typename Scale, typename OutT>
+__global__ void dequantize_fp8_rows_kernel(QuantizedWeightArgs w, OutT* out) {
+  follow_previous_grid();
+  const int64_t row = blockIdx.x;
+  const int words = static_cast<int>(w.k / 4);
+  const uint32_t* codes = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(w.values) + row * w.k);
+  const Scale* scales = static_cast<const Scale*>(w.scales) + row / w.block_rows * w.scale_columns;
+  OutT* row_out = out + row * w.k;
+  for (int word = threadIdx.x; word < words; word += blockDim.x) {
+    const uint32_t four = codes[word];
+    const float scale = to_float(scales[word * 4 / w.block_columns]);
+    const float2 low = fp8_pair_to_float2(four & 0xffffu), high = fp8_pair_to_float2(four >> 16);
+    const float values[4] = {low.x * scale, low.y * scale, high.x * scale, high.y * scale};
+    store_run(row_out + static_cast<int64_t>(word) * 4, values);
+  }
+}
+
 template <typename OutT>
 __global__ void embedding_quantized_kernel(QuantizedWeightArgs table, const int32_t* ids, OutT* out,
                                            DeviceErrorRecord* errors) {
@@ -74,16 +144,20 @@ __global__ void embedding_quantized_kernel(QuantizedWeightArgs table, const int3
 // --- the fused decode kernel: a block per kRows weight rows, its warps taking K segments in turn ---
 constexpr int kRows = 16;
 constexpr int kWarps = 4;
-constexpr int kStages = 6;
-constexpr int kStageK = 128;  // four chunks
-constexpr int kChunksPerStage = kStageK / kChunk;
-constexpr int kStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kStageK;
+constexpr int kStages = 5;
 
-// A stage holds each of the kRows rows' packed bytes for its 128 k (rows padded by 16 bytes, so
+// A stage holds each of the kRows rows' packed bytes for its kStageK k (rows padded by 16 bytes, so
 // that the eight rows one load instruction reads fall in distinct banks), then the m rows of x
-// [chunk][row][32 k] as matmul.cu's decode kernel lays them out.
+// [chunk][row][32 k] as matmul.cu's decode kernel lays them out. A row's stage is 256 bytes at every
+// width (512 k at 4 bits, 256 at 8), as many weight bytes as the BF16 decode kernel's stage of
+// 128 k: a fixed 128 k per stage put a quarter of those bytes in flight at 4 bits, and the kernel
+// read at 17 % of the copy bandwidth (docs/perf.md, 2026-12-07). Five stages keep the rings of four
+// warps at m = kMatmulDecodeMaxRows, with 64 segments' sums, inside the 227 KB of shared memory.
 template <int kBitsPerElement>
 struct FusedLayout {
+  static constexpr int kStageK = 256 * 8 / kBitsPerElement;
+  static constexpr int kChunksPerStage = kStageK / kChunk;
+  static constexpr int kStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kStageK;
   static constexpr int kRowBytes = kStageK * kBitsPerElement / 8;
   static constexpr int kRowStride = kRowBytes + 16;
   static constexpr int kUnitsPerRow = kRowBytes / 16;
@@ -132,6 +206,7 @@ struct FusedWeightCopies {
 
 template <int kBitsPerElement>
 __device__ __forceinline__ void load_fused_inputs(uint8_t* stage, const bf16* x, int64_t m, int64_t k, int64_t k_base) {
+  constexpr int kChunksPerStage = FusedLayout<kBitsPerElement>::kChunksPerStage;
   constexpr int kPiecesPerLine = kChunksPerStage * 4;
   const int lane = threadIdx.x % 32;
   uint8_t* inputs = stage + FusedLayout<kBitsPerElement>::kWeightBytes;
@@ -149,9 +224,6 @@ __device__ __forceinline__ uint32_t bf16_pair(float low, float high) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
-
-// f32 of a code below 2²³, exactly (float(code) without the conversion unit).
-__device__ __forceinline__ float code_value(uint32_t code) { return __uint_as_float(0x4b000000u | code) - 8388608.0f; }
 
 // Four consecutive elements (from `element`, a multiple of 4, of a chunk whose packed bytes start
 // at `bytes`) decoded and rounded to bf16: two words, elements in ascending order (low half first).
@@ -190,6 +262,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     matmul_quantized_decode_kernel(const bf16* x, QuantizedWeightArgs w, const void* bias, DType bias_dtype, void* out,
                                    DType out_dtype, int64_t m) {
   using Layout = FusedLayout<kBits>;
+  constexpr int kStageK = Layout::kStageK, kChunksPerStage = Layout::kChunksPerStage;
+  constexpr int kStagesPerSegment = Layout::kStagesPerSegment;
   extern __shared__ uint4 shared_words[];
   const int64_t n = w.n, k = w.k;
   const int stage_bytes = Layout::stage_bytes(m);
@@ -319,9 +393,39 @@ cudaError_t launch_fused_format(const MatmulArgs& args, const QuantizedWeightArg
 
 }  // namespace
 
+// Whether dequantize_*_rows_kernel takes the weight: whole 32-bit words per row (a row of FP8
+// starting on a word), FP8 blocks of whole words, rows of fewer than 2³¹ words.
+bool decoded_by_rows(const QuantizedWeightArgs& w) {
+  if (w.k / 4 > INT32_MAX || w.n > INT32_MAX) return false;
+  if (w.format == QuantizedFormat::Fp8Block) return w.k % 4 == 0 && w.block_columns % 4 == 0;
+  return w.bits == 4 || w.bits == 8;
+}
+
+template <typename Scale>
+cudaError_t launch_dequantize_rows(const QuantizedWeightArgs& w, void* out, DType out_dtype, cudaStream_t stream) {
+  cudaError_t status = cudaErrorInvalidValue;
+  dispatch_activation(out_dtype, [&](auto tag) {
+    using OutT = decltype(tag);
+    auto* kernel = w.format == QuantizedFormat::Fp8Block ? &dequantize_fp8_rows_kernel<Scale, OutT>
+                   : w.bits == 4                         ? &dequantize_affine_rows_kernel<4, Scale, OutT>
+                                                         : &dequantize_affine_rows_kernel<8, Scale, OutT>;
+    status = launch_after_previous(kernel, dim3(static_cast<unsigned>(w.n)), dim3(kRowThreads), 0, stream, w,
+                                   static_cast<OutT*>(out));
+  });
+  return status;
+}
+
 cudaError_t launch_dequantize(const QuantizedWeightArgs& weight, void* out, DType out_dtype, cudaStream_t stream) {
   const int64_t count = weight.n * weight.k;
   if (count == 0) return cudaSuccess;
+  if (decoded_by_rows(weight)) {
+    switch (weight.scale_dtype) {
+      case DType::BF16: return launch_dequantize_rows<bf16>(weight, out, out_dtype, stream);
+      case DType::F16: return launch_dequantize_rows<__half>(weight, out, out_dtype, stream);
+      case DType::F32: return launch_dequantize_rows<float>(weight, out, out_dtype, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(count, kThreads), 65536));
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_activation(out_dtype, [&](auto tag) {
