@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git
-          nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libboost-dev
+          nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libboost-dev
           libgtest-dev libgmock-dev libbenchmark-dev libutf8proc-dev
           libcurl4-openssl-dev  # the Hugging Face hub client (kiln pull, --model ORG/NAME)
           clang libclang-rt-14-dev  # clang and its libFuzzer/sanitizer runtimes: the fuzz build
