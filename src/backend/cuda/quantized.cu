@@ -144,18 +144,17 @@ __global__ void embedding_quantized_kernel(QuantizedWeightArgs table, const int3
 // --- the fused decode kernel: a block per kRows weight rows, its warps taking K segments in turn ---
 constexpr int kRows = 16;
 constexpr int kWarps = 4;
-constexpr int kStages = 5;
+constexpr int kStages = 6;
 
-// A stage holds each of the kRows rows' packed bytes for its kStageK k (rows padded by 16 bytes, so
+// A stage holds each of the kRows rows' packed bytes for its 128 k (rows padded by 16 bytes, so
 // that the eight rows one load instruction reads fall in distinct banks), then the m rows of x
-// [chunk][row][32 k] as matmul.cu's decode kernel lays them out. A row's stage is 256 bytes at every
-// width (512 k at 4 bits, 256 at 8), as many weight bytes as the BF16 decode kernel's stage of
-// 128 k: a fixed 128 k per stage put a quarter of those bytes in flight at 4 bits, and the kernel
-// read at 17 % of the copy bandwidth (docs/perf.md, 2026-12-07). Five stages keep the rings of four
-// warps at m = kMatmulDecodeMaxRows, with 64 segments' sums, inside the 227 KB of shared memory.
+// [chunk][row][32 k] as matmul.cu's decode kernel lays them out. At 4 bits a stage carries a
+// quarter of the BF16 kernel's weight bytes; stages of 256 bytes per row at every width (512 k at
+// 4 bits, five stages) were measured and were slower at batch 1 (114 against 123 tok/s on the 8B,
+// docs/perf.md 2026-12-07): the bytes in flight are not what holds this kernel back.
 template <int kBitsPerElement>
 struct FusedLayout {
-  static constexpr int kStageK = 256 * 8 / kBitsPerElement;
+  static constexpr int kStageK = 128;  // four chunks
   static constexpr int kChunksPerStage = kStageK / kChunk;
   static constexpr int kStagesPerSegment = static_cast<int>(kMatmulSegmentK) / kStageK;
   static constexpr int kRowBytes = kStageK * kBitsPerElement / 8;
