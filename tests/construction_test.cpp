@@ -100,6 +100,9 @@ class HeldWeightsModel final : public Model {
   void forward(const BatchLayout&, const Tensor&, ModelCache&, Tensor&) override {
     fail("the construction tests' model does not run");
   }
+  void forward_hidden(const BatchLayout&, const Tensor&, ModelCache&, Tensor&) override {
+    fail("the construction tests' model does not run");
+  }
 
   std::vector<Tensor> weights;
   std::vector<Tensor> buffers;

@@ -385,5 +385,25 @@ TEST_F(HubTest, AShardedCheckpointIsFetchedThroughItsIndex) {
   EXPECT_EQ(run.exit_code, 0) << run.err;
 }
 
+TEST_F(HubTest, AnEmbeddingModelsSentenceTransformersModulesAreFetched) {
+  KILN_REQUIRE_STORIES(stories);
+  TempDir model;
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(stories / file, model.path() / file);
+  const std::string modules = R"([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}])";
+  write_file(model.path() / "modules.json", modules);
+  write_file(model.path() / "1_Pooling/config.json", R"({"pooling_mode_mean_tokens": true})");
+  write_file(model.path() / "3_Unlisted/config.json", "{}");
+  FakeHub hub(model.path(), log(), {});
+  ASSERT_GT(hub.port(), 0);
+  const KilnRun pull = kiln(std::string("pull ") + kRepo, online(hub));
+  ASSERT_EQ(pull.exit_code, 0) << pull.err;
+  EXPECT_EQ(read_file(snapshot() / "modules.json"), modules);
+  EXPECT_EQ(read_file(snapshot() / "1_Pooling/config.json"), R"({"pooling_mode_mean_tokens": true})");
+  EXPECT_FALSE(fs::exists(snapshot() / "3_Unlisted"));
+}
+
 }  // namespace
 }  // namespace kiln::testing

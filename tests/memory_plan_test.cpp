@@ -122,6 +122,25 @@ TEST(MemoryPlan, EachPartIsWhatTheCpuBackendHandsOutForTheSameWork) {
   }
 }
 
+TEST(MemoryPlan, AnEmbeddingServersStepIsWhatTheCpuBackendHandsOut) {
+  for (const char* family : {"qwen3-tiny", "qwen3_5-text-tiny"}) {
+    SCOPED_TRACE(family);
+    const ModelPlan model_plan = plan_model(fixtures_dir() / family / "f32", Device::CPU, true);
+    CountingCpuBackend backend;
+    const MemoryRequest request{3, 200, 64, true};
+    const MemoryPlan plan = plan_memory(model_plan, backend, std::nullopt, request);
+    EXPECT_EQ(plan.graph_scratch, 0u);
+    // Every token's hidden-state row instead of each sequence's logit row.
+    EXPECT_NE(plan.step_scratch, plan_memory(model_plan, backend, std::nullopt, {3, 200, 64}).step_scratch);
+    const std::unique_ptr<Model> model = build_model(model_plan, backend);
+    const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context);
+    const uint64_t before_step = backend.live();
+    backend.restart_peak();
+    run_largest_step(*model, *cache, request);
+    EXPECT_EQ(plan.step_scratch, backend.peak() - before_step);
+  }
+}
+
 TEST(MemoryPlan, ConvertedWeightsArePlannedInTheLoadDtype) {
   for (const char* family : {"llama3-tiny", "qwen3_5-text-tiny"}) {
     SCOPED_TRACE(family);

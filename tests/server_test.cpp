@@ -880,6 +880,8 @@ TEST_F(ServerEndToEnd, MalformedRequestsGetClearErrorsAndNeverHurtTheServer) {
        R"({"model":"stories260K","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]})", 400, ""},
       {"/v1/messages", "{oops", 400, ""},
       {"/v1/nothing", "{}", 404, ""},
+      // A generation model's hidden states are no embedding: only kiln serve --embeddings answers.
+      {"/v1/embeddings", R"({"model":"stories260K","input":"hi"})", 400, ""},
   };
   for (const auto& test : cases) {
     auto response = http_exchange(port_, "POST", test.path, test.body);

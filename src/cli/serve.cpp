@@ -1,5 +1,5 @@
 // kiln serve: the OpenAI- and Anthropic-compatible HTTP server over the continuous-batching
-// scheduler. Loopback only unless --host says otherwise. SIGINT/SIGTERM shut it down cleanly:
+// scheduler (with --embeddings: /v1/embeddings over the embedding scheduler). Loopback only unless --host says otherwise. SIGINT/SIGTERM shut it down cleanly:
 // new requests get 503, those in flight finish within --shutdown-grace, the rest are cancelled;
 // a second signal cancels at once.
 #include <fmt/format.h>
@@ -23,8 +23,10 @@
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "engine/embedding_scheduler.h"
 #include "engine/memory_plan.h"
 #include "engine/scheduler.h"
+#include "io/pooling_config.h"
 #include "server/server.h"
 #include "text/tokenizer_codec.h"
 
@@ -52,6 +54,7 @@ struct ServeCommand {
   std::string config_file;
   bool no_prefix_cache = false;
   std::string generation_config = "auto";
+  bool embeddings = false;
 };
 
 // --config FILE: `name = value` lines (TOML, or INI; read by CLI11's reader), a serve flag's long
@@ -127,7 +130,9 @@ void serve(const ServeCommand& options) {
   PreparedModel prepared = prepare_model(options.model, options.sizes);
   // The KV cache is slots x context: the model's context, or less when --max-context asks.
   const int64_t context = options.sizes.context(prepared.plan.config);
-  refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
+  std::optional<PoolingConfig> pooling;
+  if (options.embeddings) pooling = read_pooling_config(options.model.model_dir, prepared.plan.config.hidden_size);
+  refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings});
   const TokenizerCodec codec(options.model.model_dir, read_chat_template(options.chat_template));
   const int64_t vocab_size = prepared.plan.config.vocab_size;
   codec.tokenizer().check_fits_model(vocab_size);
@@ -158,22 +163,28 @@ void serve(const ServeCommand& options) {
                  : std::filesystem::path(options.model.model_dir).lexically_normal().filename().string();
   if (server_options.model_name.empty()) server_options.model_name = "model";
   server_options.vocab_size = vocab_size;
-  const SamplingDefaults defaults = generation_defaults(options.generation_config, options.model.model_dir);
-  server_options.sampling_defaults = defaults.sampling;
-  server_options.default_max_tokens = defaults.max_new_tokens;
-  const SamplingParams& sampling = server_options.sampling_defaults;
-  fmt::print(stderr,
-             "kiln: requests that do not set them get temperature {}, top_p {}, top_k {}, min_p {}, "
-             "repetition_penalty {}{} (--generation-config {})\n",
-             sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty,
-             defaults.max_new_tokens ? fmt::format(", max_tokens ≤ {}", *defaults.max_new_tokens) : "",
-             options.generation_config);
+  if (pooling) {
+    fmt::print(stderr, "kiln: serving embeddings: {} pooling{} ({})\n", pooling_mode_name(pooling->mode),
+               pooling->normalize ? ", L2-normalised" : "", pooling->source);
+  } else {
+    const SamplingDefaults defaults = generation_defaults(options.generation_config, options.model.model_dir);
+    server_options.sampling_defaults = defaults.sampling;
+    server_options.default_max_tokens = defaults.max_new_tokens;
+    const SamplingParams& sampling = server_options.sampling_defaults;
+    fmt::print(stderr,
+               "kiln: requests that do not set them get temperature {}, top_p {}, top_k {}, min_p {}, "
+               "repetition_penalty {}{} (--generation-config {})\n",
+               sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p, sampling.repetition_penalty,
+               defaults.max_new_tokens ? fmt::format(", max_tokens ≤ {}", *defaults.max_new_tokens) : "",
+               options.generation_config);
+  }
   server_options.api_key = options.api_key;
   server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
 
   // Declared before the server, which uses them until it is destroyed.
   std::optional<OpenedModel> opened;
   std::optional<Scheduler> scheduler;
+  std::optional<EmbeddingScheduler> embedding_scheduler;
   server::Server server(server_options);
   server.start();
   fmt::print(stderr, "kiln: listening on http://{}:{} (up to {} connections, {} requests handled at once); loading {}\n",
@@ -187,8 +198,16 @@ void serve(const ServeCommand& options) {
   std::thread loader([&] {
     try {
       opened.emplace(build_prepared_model(std::move(prepared)));
-      scheduler.emplace(*opened->model, scheduler_options);
-      server.serve_model(*scheduler, codec);
+      if (pooling) {
+        embedding_scheduler.emplace(*opened->model,
+                                    EmbeddingSchedulerOptions{scheduler_options.max_batch, scheduler_options.context_tokens,
+                                                              scheduler_options.max_queue,
+                                                              scheduler_options.prefill_chunk, *pooling});
+        server.serve_embeddings(*embedding_scheduler, codec);
+      } else {
+        scheduler.emplace(*opened->model, scheduler_options);
+        server.serve_model(*scheduler, codec);
+      }
     } catch (...) {
       load_failure = std::current_exception();
     }
@@ -275,6 +294,11 @@ RegisterCommand register_serve([](CLI::App& app) {
   command->add_option("--log-format", options->log_format, "The per-request log line: text, or one JSON object")
       ->check(CLI::IsMember({"text", "json"}));
   add_generation_config_option(*command, options->generation_config);
+  command->add_flag("--embeddings", options->embeddings,
+                    "Serve /v1/embeddings for an embedding model (Qwen3-Embedding, ...) instead of generating text: "
+                    "pooling and normalisation as the model folder's modules.json and its Pooling module's "
+                    "config.json say (sentence-transformers; last-token, mean or cls), or, without modules.json, "
+                    "the last token's hidden state L2-normalised (vLLM's default for decoder models)");
   command->add_option("--config", options->config_file,
                       "A file of serve flags, one `name = value` a line (TOML or INI): the command line and the "
                       "environment win over it")

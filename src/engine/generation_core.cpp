@@ -100,6 +100,9 @@ TokenEvent final_event(FinishReason reason, std::string error) {
 GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
                                int64_t step_token_budget, bool prefix_cache)
     : model_(model), prefill_chunk_(prefill_chunk), step_token_budget_(step_token_budget) {
+  if (!model_.computes_logits())
+    fail("the model has no lm_head to generate with (a bare decoder that does not tie it to the embedding): it "
+         "serves embeddings only (kiln serve --embeddings)");
   // Decode steps run as captured graphs where the backend can; their padded rows need the spare
   // slots of decode_bucket(slots) (engine/decode_graph.h), which requests never hold.
   const bool graphs = DecodeGraphs::supported(model_);

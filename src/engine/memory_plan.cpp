@@ -9,6 +9,7 @@
 #include "backend/measuring_backend.h"
 #include "core/error.h"
 #include "engine/decode_graph.h"
+#include "engine/embedding.h"
 #include "engine/generation.h"
 #include "engine/sampler.h"
 #include "model/load_plan.h"
@@ -45,8 +46,8 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
   plan.weights = held();
 
   // The engine's cache has decode_bucket(sequences) slots where decode steps run as graphs
-  // (engine/decode_graph.h: padded rows take spare slots).
-  const bool graphs = DecodeGraphs::supported(*dry);
+  // (engine/decode_graph.h: padded rows take spare slots); embeddings decode nothing.
+  const bool graphs = !request.embeddings && DecodeGraphs::supported(*dry);
   plan.cache_slots = graphs ? decode_bucket(request.sequences) : request.sequences;
   const std::unique_ptr<ModelCache> cache = dry->make_cache(plan.cache_slots, request.context);
   plan.cache = held() - plan.weights;
@@ -78,7 +79,13 @@ void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& requ
   for (int64_t sequence = 0; sequence < request.sequences; ++sequence)
     steps.push_back({static_cast<int32_t>(sequence), static_cast<int32_t>(reachable_end(request.context) - tokens),
                      std::vector<int32_t>(static_cast<size_t>(tokens), 0), false});
-  run_step(model, cache, steps);
+  if (!request.embeddings) {
+    run_step(model, cache, steps);
+    return;
+  }
+  std::vector<int32_t> every_row(static_cast<size_t>(request.sequences * tokens));
+  for (size_t row = 0; row < every_row.size(); ++row) every_row[row] = static_cast<int32_t>(row);
+  run_hidden_step(model, cache, steps, every_row);
 }
 
 void capture_every_decode_graph(DecodeGraphs& graphs, const ModelCache& cache) {

@@ -29,6 +29,9 @@ struct MemoryRequest {
   int64_t sequences = 1;        // served together (kiln serve --max-batch)
   int64_t context = 0;          // tokens per sequence, prompt and completion
   int64_t prefill_chunk = kDefaultPrefillChunk;  // prompt tokens a sequence prefills per step
+  // Served for embeddings (kiln serve --embeddings, engine/embedding_scheduler.h): steps stop
+  // before lm_head with a hidden-state row per token (mean pooling's), and no decode graph is made.
+  bool embeddings = false;
 };
 
 struct MemoryPlan {
@@ -66,7 +69,8 @@ int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::o
 // The largest step the scheduler runs (engine/scheduler.cpp): every sequence of `request`
 // prefills a chunk of min(prefill_chunk, context) tokens (slot i for sequence i), at the end of
 // its context (positions are 32-bit: a longer context, which no step reaches, is planned as if it
-// ended there), with one logit row each. The cache needs `request.sequences` slots of `context`.
+// ended there), with one logit row each, or, for embeddings, the hidden-state row of every token.
+// The cache needs `request.sequences` slots of `context`.
 void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& request);
 // One greedy and one sampling decode step of every batch-size bucket up to the cache's slots, at
 // the cache's last position: each captures its graph, which keeps its buffers while `graphs` lives.

@@ -196,11 +196,13 @@ bool is_safe_repo_path(std::string_view name) {
 }
 
 const std::vector<std::string>& hub_metadata_files() {
-  // What the loader and the tokenizer read (io/config.cpp, tokenizer/tokenizer.cpp), and the index
-  // that names the weight shards.
+  // What the loader and the tokenizer read (io/config.cpp, tokenizer/tokenizer.cpp), an embedding
+  // model's sentence-transformers modules (io/pooling_config.h), and the index that names the
+  // weight shards.
   static const std::vector<std::string> files = {
-      "config.json",          "generation_config.json",  "tokenizer.json",     "tokenizer_config.json",
-      "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "model.safetensors.index.json"};
+      "config.json",         "generation_config.json", "tokenizer.json",
+      "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+      "chat_template.json",  "modules.json",           "model.safetensors.index.json"};
   return files;
 }
 

@@ -79,7 +79,8 @@ class HubRepoCache {
 bool is_safe_repo_path(std::string_view name);
 
 // The files of a repo kiln runs a model from besides the weights, fetched when the repo has them:
-// config.json, generation_config.json, the tokenizer's files and model.safetensors.index.json.
+// config.json, generation_config.json, the tokenizer's files, modules.json (with it, the config.json
+// of each sentence-transformers module it lists) and model.safetensors.index.json.
 const std::vector<std::string>& hub_metadata_files();
 
 // The weight files model.safetensors.index.json at `index` names (its weight_map's values, each

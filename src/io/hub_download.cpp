@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/sha256.h"
 #include "io/curl_library.h"
+#include "io/pooling_config.h"
 
 namespace kiln {
 namespace fs = std::filesystem;
@@ -227,6 +228,13 @@ class HubClient {
     std::vector<FileMetadata> files;
     for (const std::string& name : hub_metadata_files())
       if (siblings.count(name)) files.push_back(metadata(name));
+    if (siblings.count("modules.json")) {
+      // An embedding model's sentence-transformers modules (kiln serve --embeddings reads their
+      // pooling): modules.json names their folders, so it is fetched first.
+      fetch({*std::find_if(files.begin(), files.end(), [](const FileMetadata& file) { return file.name == "modules.json"; })});
+      for (const std::string& config : sentence_transformers_module_configs(cache_.snapshot(commit_) / "modules.json"))
+        if (siblings.count(config)) files.push_back(metadata(config));
+    }
     std::vector<std::string> weights;
     if (siblings.count("model.safetensors.index.json")) {
       // The index names the shards, so it is fetched first.

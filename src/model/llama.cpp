@@ -126,10 +126,12 @@ class LlamaModel final : public Model {
       layers_.push_back(std::move(layer));
     }
     final_norm_ = take("model.norm.weight", {hidden});
-    // A checkpoint that stores lm_head uses it; a tied one without it reads the embedding.
-    if (weights.contains("lm_head.weight") || !config.tie_word_embeddings)
+    // A checkpoint that stores lm_head uses it; a tied one without it reads the embedding; an
+    // untied one without it (a bare decoder, e.g. Qwen3-Embedding-8B's Qwen3Model) has none and
+    // gives hidden states only.
+    if (weights.contains("lm_head.weight"))
       lm_head_ = take_matrix("lm_head.weight", {config.vocab_size, hidden});
-    else
+    else if (config.tie_word_embeddings)
       lm_head_ = embed_tokens_;
 
     const int64_t rotary_dim = rope_rotary_dim(config);
@@ -144,7 +146,8 @@ class LlamaModel final : public Model {
   Backend& backend() const override { return backend_; }
 
   size_t decode_weight_bytes() const override {
-    size_t bytes = final_norm_.nbytes() + lm_head_.nbytes() + embed_tokens_.row_nbytes();
+    size_t bytes = final_norm_.nbytes() + embed_tokens_.row_nbytes();
+    if (lm_head_.defined()) bytes += lm_head_.nbytes();
     for (const LlamaLayer& layer : layers_) {
       for (const Tensor* tensor : {&layer.input_norm, &layer.post_attention_norm, &layer.q_bias, &layer.k_bias,
                                    &layer.v_bias, &layer.o_bias, &layer.q_norm, &layer.k_norm, &layer.gate_bias,
@@ -169,8 +172,32 @@ class LlamaModel final : public Model {
                                      config_.head_dim);
   }
 
+  bool computes_logits() const override { return lm_head_.defined(); }
+
   void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache,
                Tensor& logits) override {
+    if (!lm_head_.defined())
+      fail("this checkpoint has no lm_head.weight and does not tie it to the embedding (tie_word_embeddings is "
+           "false): it gives hidden states only (kiln serve --embeddings), not logits");
+    run_layers(layout, model_cache, [&](const Tensor& normed) {
+      Tensor selected = backend_.alloc({logit_rows.numel(), config_.hidden_size}, backend_.activation_dtype());
+      backend_.gather_rows(normed, logit_rows, selected);
+      backend_.matmul(selected, lm_head_, nullptr, logits);
+    });
+  }
+
+  void forward_hidden(const BatchLayout& layout, const Tensor& rows, ModelCache& model_cache,
+                      Tensor& hidden) override {
+    run_layers(layout, model_cache, [&](const Tensor& normed) { backend_.gather_rows(normed, rows, hidden); });
+  }
+
+ private:
+  // Runs the layers and the final norm over the step's tokens, then `head` on the normed hidden
+  // states [tokens, hidden]. The head runs while the step's buffers are still held, so a forward
+  // allocates as it did before forward_hidden existed (what the memory plan and the captured
+  // decode graphs were measured with).
+  template <typename Head>
+  void run_layers(const BatchLayout& layout, ModelCache& model_cache, const Head& head) {
     auto& cache = dynamic_cast<KVCache&>(model_cache);
     const int64_t tokens = layout.total_tokens;
     const int64_t hidden = config_.hidden_size;
@@ -228,13 +255,10 @@ class LlamaModel final : public Model {
       const Tensor& next_norm = index + 1 < layers_.size() ? layers_[index + 1].input_norm : final_norm_;
       ops.add_rms_norm(residual, projected, next_norm, eps, NormStyle::Plain, normed);
     }
-    Tensor selected = ops.alloc({logit_rows.numel(), hidden}, act);
-    ops.gather_rows(normed, logit_rows, selected);
-    ops.matmul(selected, lm_head_, nullptr, logits);
+    head(normed);
     last_step_bytes_ = step_bytes;
   }
 
- private:
   ModelConfig config_;
   Backend& backend_;
   Collective* collective_;  // null: one rank
@@ -284,6 +308,16 @@ TensorShard llama_tensor_shard(const ModelConfig& config, const TensorParallelRa
   if (canonical.ends_with("self_attn.o_proj.bias") || canonical.ends_with("mlp.down_proj.bias"))
     return rows(0, rank.rank == 0 ? shape.at(0) : 0);
   return {};  // embedding, norms, q/k norms, lm_head: replicated
+}
+
+LoadPlan dense_decoder_plan(const Checkpoint& checkpoint) {
+  if (!checkpoint.contains("embed_tokens.weight") || checkpoint.contains("model.embed_tokens.weight"))
+    return identity_plan(checkpoint);
+  LoadPlan plan;
+  for (const auto& [name, info] : checkpoint.tensors())
+    plan.tensors.push_back({name == "lm_head.weight" ? name : "model." + name, name, {}, info.shape});
+  plan.notes.push_back("a bare decoder (no model. prefix, as transformers' *Model saves it): names prefixed with model.");
+  return plan;
 }
 
 std::vector<SynthTensor> dense_decoder_synth_layout(const ModelConfig& config) {
@@ -337,8 +371,9 @@ FamilySpec llama_family() {
       .loop = Loop::Autoregressive,
       .oracle = "transformers float64 logits, fixtures/tiny/llama3-tiny",
       .model_types = {llama, qwen2},
-      // Llama-family checkpoints are stored under the graph's canonical names.
-      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&) { return identity_plan(checkpoint); },
+      // Llama-family checkpoints are stored under the graph's canonical names (a bare decoder's
+      // under them less "model.").
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&) { return dense_decoder_plan(checkpoint); },
       .tensor_parallel = {check_llama_tensor_parallel, llama_tensor_shard},
       // Written against the Backend interface alone, the graph runs on every backend.
       .backends = {{Device::CPU, make_llama_model}, {Device::CUDA, make_llama_model}},

@@ -28,6 +28,11 @@ void check_llama_tensor_parallel(const ModelConfig& config, int ranks);
 TensorShard llama_tensor_shard(const ModelConfig& config, const TensorParallelRank& rank, const std::string& canonical,
                                const Shape& shape);
 
+// The load plan of a dense graph checkpoint: its tensors under their own names, or, for a bare
+// decoder saved without the causal-LM wrapper (transformers' LlamaModel, Qwen2Model or Qwen3Model,
+// as Qwen3-Embedding ships: embed_tokens.weight, layers.N.…, norm.weight), each under "model.".
+LoadPlan dense_decoder_plan(const Checkpoint& checkpoint);
+
 // The tensors of a Hugging Face checkpoint of the dense graph (transformers' LlamaForCausalLM,
 // Qwen2ForCausalLM and Qwen3ForCausalLM parameter names and shapes), for `kiln synth`.
 std::vector<SynthTensor> dense_decoder_synth_layout(const ModelConfig& config);

@@ -60,6 +60,15 @@ class Model {
   // logits [logit_rows.size(), vocab] on the backend's device.
   virtual void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& cache,
                        Tensor& logits) = 0;
+  // The same step, stopped before lm_head: writes the final hidden states of the tokens listed in
+  // `rows` — the last layer's output after the final norm, what lm_head reads and transformers
+  // returns as last_hidden_state — into hidden [rows.size(), hidden_size], in the backend's
+  // activation dtype on its device. Embedding models pool them (engine/embedding_scheduler.h).
+  virtual void forward_hidden(const BatchLayout& layout, const Tensor& rows, ModelCache& cache, Tensor& hidden) = 0;
+  // Whether forward() has an lm_head to compute logits with: not for a checkpoint of a bare
+  // decoder (an embedding model's Qwen3Model) that stores none and does not tie it to the
+  // embedding, which gives hidden states only.
+  virtual bool computes_logits() const { return true; }
 };
 
 }  // namespace kiln

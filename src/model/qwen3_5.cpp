@@ -229,6 +229,23 @@ class Qwen35Model final : public Model {
   }
 
   void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache, Tensor& logits) override {
+    run_layers(layout, model_cache, [&](const Tensor& normed) {
+      Tensor selected = backend_.alloc({logit_rows.numel(), config_.hidden_size}, backend_.activation_dtype());
+      backend_.gather_rows(normed, logit_rows, selected);
+      backend_.matmul(selected, lm_head_, nullptr, logits);
+    });
+  }
+
+  void forward_hidden(const BatchLayout& layout, const Tensor& rows, ModelCache& model_cache,
+                      Tensor& hidden) override {
+    run_layers(layout, model_cache, [&](const Tensor& normed) { backend_.gather_rows(normed, rows, hidden); });
+  }
+
+ private:
+  // Runs the layers and the final norm over the step's tokens, then `head` on the normed hidden
+  // states [tokens, hidden], while the step's buffers are still held (as model/llama.cpp does).
+  template <typename Head>
+  void run_layers(const BatchLayout& layout, ModelCache& model_cache, const Head& head) {
     auto& cache = dynamic_cast<HybridCache&>(model_cache);
     const int64_t tokens = layout.total_tokens;
     const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -252,13 +269,10 @@ class Qwen35Model final : public Model {
       const Tensor& next_norm = index + 1 < layers_.size() ? layers_[index + 1].input_norm : final_norm_;
       ops.add_rms_norm(residual, mixed, next_norm, eps, NormStyle::ZeroCentred, normed);
     }
-    Tensor selected = ops.alloc({logit_rows.numel(), config_.hidden_size}, ops.activation_dtype());
-    ops.gather_rows(normed, logit_rows, selected);
-    ops.matmul(selected, lm_head_, nullptr, logits);
+    head(normed);
     last_step_bytes_ = step_bytes;
   }
 
- private:
   void gated_delta_net(const HybridLayer& layer, const Tensor& x, const BatchLayout& layout, HybridCache& cache,
                        Tensor& out) {
     Backend& ops = backend_;

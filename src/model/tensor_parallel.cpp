@@ -154,27 +154,43 @@ class TensorParallelModel final : public Model {
     return std::make_unique<TensorParallelCache>(std::move(caches));
   }
 
-  // Rank 0 runs on the caller's layout and writes `logits`; every other rank gets its own copy of
-  // the step on its backend and computes the same logits (lm_head is replicated), which it drops.
-  // A step that fails on any rank fails with the first rank error, and leaves the model usable.
   void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache,
                Tensor& logits) override {
+    run_every_rank(&Model::forward, layout, logit_rows, model_cache, logits);
+  }
+
+  void forward_hidden(const BatchLayout& layout, const Tensor& rows, ModelCache& model_cache,
+                      Tensor& hidden) override {
+    run_every_rank(&Model::forward_hidden, layout, rows, model_cache, hidden);
+  }
+
+  bool computes_logits() const override { return models_.front()->computes_logits(); }
+
+ private:
+  using RankStep = void (Model::*)(const BatchLayout&, const Tensor&, ModelCache&, Tensor&);
+
+  // Rank 0 runs `step` on the caller's layout and writes `out`; every other rank gets its own copy
+  // of the step on its backend and computes the same rows (the final norm and lm_head are
+  // replicated), which it drops. A step that fails on any rank fails with the first rank error,
+  // and leaves the model usable.
+  void run_every_rank(RankStep rank_step, const BatchLayout& layout, const Tensor& rows, ModelCache& model_cache,
+                      Tensor& out) {
     auto& cache = dynamic_cast<TensorParallelCache&>(model_cache);
     const Tensor host_ids = backends_.front()->download(layout.token_ids);
-    const Tensor host_rows = backends_.front()->download(logit_rows);
+    const Tensor host_rows = backends_.front()->download(rows);
     const std::vector<int32_t> ids(host_ids.data<const int32_t>(), host_ids.data<const int32_t>() + host_ids.numel());
     std::mutex failure_mutex;
     std::exception_ptr first_failure;  // recorded before the abort, so never the abort's own error
     auto step = [&](int index) {
       if (index == 0) {
-        models_[0]->forward(layout, logit_rows, cache.rank(0), logits);
+        (models_[0].get()->*rank_step)(layout, rows, cache.rank(0), out);
         return;
       }
       Backend& backend = *backends_[index];
       const BatchLayout rank_layout = backend.make_layout(layout.spans, ids);
       const Tensor rank_rows = backend.upload(host_rows);
-      Tensor rank_logits = backend.alloc(logits.shape(), logits.dtype());
-      models_[index]->forward(rank_layout, rank_rows, cache.rank(index), rank_logits);
+      Tensor rank_out = backend.alloc(out.shape(), out.dtype());
+      (models_[index].get()->*rank_step)(rank_layout, rank_rows, cache.rank(index), rank_out);
     };
     try {
       threads_.run([&](int index) {
@@ -197,7 +213,6 @@ class TensorParallelModel final : public Model {
     }
   }
 
- private:
   int ranks() const { return static_cast<int>(backends_.size()); }
 
   ModelConfig config_;

@@ -122,7 +122,7 @@ void ServerMetrics::observe_request_duration(double seconds) {
 std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
   std::lock_guard lock(mutex_);
   std::string text =
-      "# HELP kiln_requests_total Generation requests served, by endpoint and finish reason.\n"
+      "# HELP kiln_requests_total Requests served (generations and embeddings), by endpoint and finish reason.\n"
       "# TYPE kiln_requests_total counter\n";
   for (const auto& [key, count] : requests_)
     text +=

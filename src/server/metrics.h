@@ -36,7 +36,8 @@ class ServerMetrics final : public GenerationMetrics {
   // Prometheus scrapes several servers apart.
   explicit ServerMetrics(std::string model_name);
 
-  // A generation request that ran, by endpoint ("chat", "completions", "messages") and end.
+  // A request that ran, by endpoint ("chat", "completions", "messages", "embeddings") and end (an
+  // embedding request that was answered counts as "stop").
   void count_request(const std::string& endpoint, FinishReason finish_reason) override;
   void count_response(int status);
   void add_tokens(int64_t prompt_tokens, int64_t generated_tokens) override;

@@ -11,6 +11,7 @@
 #include "server/generation_response.h"
 #include "server/json_fields.h"
 #include "server/openai_api.h"
+#include "server/openai_embeddings.h"
 #include "server/web_chat.h"
 
 namespace kiln::server {
@@ -148,6 +149,17 @@ void Server::serve_model(Scheduler& scheduler, const TextCodec& codec) {
   ready_.store(true);
 }
 
+void Server::serve_embeddings(EmbeddingScheduler& embeddings, const TextCodec& codec) {
+  if (ready_.load()) fail("the server already serves a model");
+  embedding_scheduler_ = &embeddings;
+  codec_ = &codec;
+  ready_.store(true);
+}
+
+int64_t Server::context_tokens() const {
+  return scheduler_ ? scheduler_->options().context_tokens : embedding_scheduler_->options().context_tokens;
+}
+
 Server::~Server() { shutdown(); }
 
 void Server::shutdown() {
@@ -158,7 +170,7 @@ void Server::shutdown() {
     http_.drain();
     wait_in_flight(options_.shutdown_grace);
     // Whatever is still running is cancelled; its handlers tell their clients and return.
-    if (ready_.load()) scheduler_->shutdown(false);
+    if (ready_.load()) scheduler_ ? scheduler_->shutdown(false) : embedding_scheduler_->shutdown(false);
     {
       std::unique_lock lock(in_flight_mutex_);
       in_flight_done_.wait_for(lock, options_.http.write_timeout, [&] { return in_flight_ == 0; });
@@ -168,7 +180,8 @@ void Server::shutdown() {
 }
 
 std::string Server::metrics_text() const {
-  return metrics_.render(ready_.load() ? scheduler_->stats() : SchedulerStats{});
+  if (!ready_.load()) return metrics_.render(SchedulerStats{});
+  return metrics_.render(scheduler_ ? scheduler_->stats() : embedding_scheduler_->stats());
 }
 
 HttpResponse Server::error_response(Dialect dialect, int status, const std::string& message, const std::string& param,
@@ -265,7 +278,8 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
                                   {"/v1/messages", "POST"},
                                   {"/v1/messages/count_tokens", "POST"},
                                   {"/tokenize", "POST"},
-                                  {"/detokenize", "POST"}};
+                                  {"/detokenize", "POST"},
+                                  {"/v1/embeddings", "POST"}};
   const std::string model_prefix = "/v1/models/";
   const bool model_path = path.rfind(model_prefix, 0) == 0;
   const Route* route = nullptr;
@@ -306,7 +320,7 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
   if (!ready_.load())
     throw ApiError(503, fmt::format("the model {} is still loading; retry later", options_.model_name), "",
                    "model_loading");
-  const int64_t context = scheduler_->options().context_tokens;
+  const int64_t context = context_tokens();
   if (path == "/v1/models") {
     respond_json(exchange, 200, models_list(options_.model_name, context, unix_seconds()));
     return;
@@ -325,6 +339,20 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
 
   InFlight in_flight(*this);
   if (draining_.load()) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+  if (path == "/v1/embeddings") {
+    if (!embedding_scheduler_)
+      throw ApiError(400,
+                     "this server generates text; /v1/embeddings is served by kiln serve --embeddings, for an "
+                     "embedding model",
+                     "", "embeddings_not_served");
+    return embeddings(request, exchange, record);
+  }
+  if (embedding_scheduler_)
+    throw ApiError(400,
+                   fmt::format("this server serves embeddings (kiln serve --embeddings): {} is not served, "
+                               "/v1/embeddings is",
+                               path),
+                   "", "generation_not_served");
   if (path == "/v1/chat/completions")
     chat_completions(request, exchange, record);
   else if (path == "/v1/completions")
@@ -541,7 +569,7 @@ void Server::tokenize(const HttpRequest& http_request, HttpExchange& exchange) {
   const std::vector<int32_t> ids =
       request.prompt ? codec_->encode(*request.prompt, request.add_special_tokens)
                      : codec_->encode(chat_prompt_text(request.messages, request.chat), request.add_special_tokens);
-  json body = {{"count", ids.size()}, {"max_model_len", scheduler_->options().context_tokens}, {"tokens", ids}};
+  json body = {{"count", ids.size()}, {"max_model_len", context_tokens()}, {"tokens", ids}};
   if (request.return_token_strs) {
     json texts = json::array();
     for (int32_t id : ids) texts.push_back(codec_->token_text(id));
@@ -554,6 +582,55 @@ void Server::detokenize(const HttpRequest& http_request, HttpExchange& exchange)
   const std::vector<int32_t> ids =
       parse_detokenize_request(parse_request_json(http_request.body), options_.model_name, options_.vocab_size);
   respond_json(exchange, 200, {{"prompt", codec_->decode(ids)}});
+}
+
+void Server::embeddings(const HttpRequest& http_request, HttpExchange& exchange, RequestRecord& record) {
+  EmbeddingScheduler& scheduler = *embedding_scheduler_;
+  const EmbeddingRequest request = parse_embedding_request(parse_request_json(http_request.body), options_.model_name,
+                                                           options_.vocab_size, scheduler.hidden_size());
+  const int64_t context = context_tokens();
+  std::vector<std::vector<int32_t>> inputs;
+  for (const EmbeddingInput& input : request.inputs) {
+    // A text gets the tokenizer's specials as its post-processor adds them (Qwen3-Embedding's
+    // closing <|endoftext|>, whose hidden state its last-token pooling reads).
+    std::vector<int32_t> ids = input.text ? codec_->encode(*input.text, true) : input.ids;
+    if (ids.empty()) reject_field(input.param, "`{}` encodes to no tokens", input.param);
+    if (static_cast<int64_t>(ids.size()) > context)
+      reject_field(input.param, "`{}` has {} tokens but the context holds {} (--max-context)", input.param, ids.size(),
+                   context);
+    inputs.push_back(std::move(ids));
+  }
+  const bool shutting_down = draining_.load();
+  std::shared_ptr<EmbeddingJob> job;
+  try {
+    job = scheduler.submit(std::move(inputs), request.dimensions.value_or(scheduler.hidden_size()));
+  } catch (const QueueFull& error) {
+    throw ApiError(429, fmt::format("the server is busy: {}; retry later", error.what()), "", "queue_full");
+  } catch (const Error& error) {
+    if (shutting_down) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    throw ApiError(400, error.what());
+  }
+  record.prompt_tokens = job->tokens();
+  metrics_.add_tokens(job->tokens(), 0);
+  const auto count = [&](FinishReason reason) {
+    metrics_.count_request("embeddings", reason);
+    metrics_.observe_request_duration(std::chrono::duration<double>(Clock::now() - record.arrival).count());
+  };
+  std::optional<std::vector<std::vector<float>>> embeddings;
+  try {
+    while (!(embeddings = job->wait(TextGeneration::kDisconnectPoll))) {
+      if (!exchange.client_gone()) continue;
+      job->cancel();  // no one is left to answer: its inputs give up their slots
+      count(FinishReason::Cancelled);
+      return;
+    }
+  } catch (const Error& error) {
+    count(draining_.load() ? FinishReason::Cancelled : FinishReason::Error);
+    if (draining_.load()) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    throw ApiError(500, fmt::format("the server failed while embedding: {}", error.what()), "", "internal_error");
+  }
+  count(FinishReason::Stop);
+  respond_json(exchange, 200, embeddings_body(*embeddings, request.encoding, options_.model_name, job->tokens()));
 }
 
 }  // namespace kiln::server

@@ -4,6 +4,11 @@
 // scheduler. Each request's handler thread drives it; the scheduler batches them all. The server
 // only routes requests and runs their generations: each dialect (openai_api.h, anthropic_api.h)
 // parses its requests and writes its answers, whole and streamed.
+//
+// A server started for embeddings (kiln serve --embeddings, serve_embeddings()) answers
+// /v1/embeddings (openai_embeddings.h) over an EmbeddingScheduler instead, and refuses the
+// generation endpoints; a generation server refuses /v1/embeddings. Neither guesses: a generation
+// model's hidden states are no embedding anyone trained.
 #pragma once
 
 #include <atomic>
@@ -18,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/embedding_scheduler.h"
 #include "engine/scheduler.h"
 #include "server/api_error.h"
 #include "server/generation_response.h"
@@ -63,8 +69,11 @@ class Server {
   uint16_t port() const { return http_.port(); }
   size_t connection_limit() const { return http_.connection_limit(); }
   void start() { http_.start(); }
-  // The model is loaded: from here on the server answers with it. Called once.
+  // The model is loaded: from here on the server answers with it. Called once, this or
+  // serve_embeddings().
   void serve_model(Scheduler& scheduler, const TextCodec& codec);
+  // The embedding model is loaded: from here on the server answers /v1/embeddings with it.
+  void serve_embeddings(EmbeddingScheduler& embeddings, const TextCodec& codec);
   // Refuses new requests (503, /health included, on connections still accepted), lets those in
   // flight run for up to shutdown_grace, then cancels the rest by shutting the scheduler down, and
   // closes every connection. Idempotent.
@@ -124,6 +133,9 @@ class Server {
   void count_tokens(const HttpRequest& request, HttpExchange& exchange);
   void tokenize(const HttpRequest& request, HttpExchange& exchange);
   void detokenize(const HttpRequest& request, HttpExchange& exchange);
+  void embeddings(const HttpRequest& request, HttpExchange& exchange, RequestRecord& record);
+  // Tokens per sequence of whichever scheduler serves.
+  int64_t context_tokens() const;
 
   // Counts a generation request in flight for the duration of a handler.
   class InFlight {
@@ -138,9 +150,11 @@ class Server {
   };
   bool wait_in_flight(std::chrono::milliseconds timeout);
 
-  // Set once by serve_model(); every route but /health and /metrics waits for `ready_` before
-  // touching them (the store of `ready_` publishes both).
+  // Set once by serve_model() or serve_embeddings() (one of the schedulers); every route but
+  // /health and /metrics waits for `ready_` before touching them (the store of `ready_` publishes
+  // them).
   Scheduler* scheduler_ = nullptr;
+  EmbeddingScheduler* embedding_scheduler_ = nullptr;
   const TextCodec* codec_ = nullptr;
   std::atomic<bool> ready_{false};
   ServerOptions options_;
