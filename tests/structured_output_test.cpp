@@ -397,8 +397,16 @@ TEST(StructuredOutputTools, ToolChoiceForcesCallsInTheTemplatesSyntax) {
           const json chunk = json::parse(response->body.substr(at + 6, end - at - 6));
           at = end;
           const json& delta = chunk["choices"][0]["delta"];
+          // A call's first delta names it; the next ones carry pieces of its arguments.
           if (delta.contains("tool_calls"))
-            for (const json& call : delta["tool_calls"]) calls.push_back(call);
+            for (const json& call : delta["tool_calls"]) {
+              if (call["index"] == calls.size()) {
+                calls.push_back(call);
+                continue;
+              }
+              json& function = calls.back()["function"];
+              function["arguments"] = function["arguments"].get<std::string>() + call["function"]["arguments"].get<std::string>();
+            }
           if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
         }
       } else {
