@@ -359,6 +359,19 @@ TEST(ChatOutput, TextThatOnlyLooksLikeAMarkerStaysText) {
   EXPECT_EQ(plain.content, "<tool_call>{}</tool_call><think>x</think>");
 }
 
+TEST(ChatOutput, ReasoningCloseTextIsTheTemplatesWithItsLineBreaks) {
+  // Qwen3's and MiniCPM5's templates: a reasoning block in the history, and an empty one where
+  // thinking is off.
+  EXPECT_EQ(reasoning_close_text("{%- if '</think>' in message.content %}{{- '<|im_start|>' + message.role + "
+                                 "'\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content }}"
+                                 "{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"),
+            "\n</think>\n\n");
+  // Line breaks in the template's own text; an empty block alone; a close without any.
+  EXPECT_EQ(reasoning_close_text("<think>\n{{ r }}\n</think>\n\n{{ c }}"), "\n</think>\n\n");
+  EXPECT_EQ(reasoning_close_text("{{- '<think>\\n\\n</think>\\n\\n' }}"), "</think>\n\n");
+  EXPECT_EQ(reasoning_close_text("{%- if not enable_thinking %}{{- '</think>' -}}{% endif %}"), "</think>");
+}
+
 TEST(ChatOutput, SyntaxComesFromTheChatTemplate) {
   const ChatOutputSyntax qwen3 = chat_output_syntax(
       "{%- if tools %}...<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>"

@@ -191,15 +191,19 @@ MessagesRequest parse_messages_body(const json& body, const std::string& served_
     choice_fields.boolean("disable_parallel_tool_use");
     choice_fields.reject_unknown();
   }
-  // Extended thinking maps onto the templates' enable_thinking switch (Qwen3-style).
+  // Extended thinking maps onto the templates' enable_thinking switch (Qwen3-style), its
+  // budget_tokens onto a cap on the reply's reasoning.
   if (const json* thinking = fields.object("thinking")) {
     JsonFields thinking_fields(*thinking, "thinking");
     const auto type = thinking_fields.string("type");
     if (type != "enabled" && type != "disabled")
       reject_field("thinking.type", "`thinking.type` must be \"enabled\" or \"disabled\"");
-    thinking_fields.integer("budget_tokens", 0, kMaxTokensLimit);
+    const auto budget = thinking_fields.integer("budget_tokens", 0, kMaxTokensLimit);
+    if (budget && *type == "disabled")
+      reject_field("thinking.budget_tokens", "`thinking.budget_tokens` applies to thinking of type \"enabled\"");
     thinking_fields.reject_unknown();
     request.prompt.template_kwargs["enable_thinking"] = *type == "enabled";
+    request.generation.reasoning_budget = budget;
   }
   if (!count_tokens) {
     fields.object("metadata");

@@ -308,6 +308,12 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
   if (const json* kwargs = fields.object("chat_template_kwargs"))
     request.prompt.template_kwargs = checked_template_kwargs(*kwargs, "chat_template_kwargs");
   request.prompt.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
+  // vLLM's name for a cap on the reply's reasoning.
+  request.generation.reasoning_budget = fields.integer("thinking_token_budget", 0, kMaxTokensLimit);
+  if (request.generation.reasoning_budget && (request.generation.grammar || request.tool_call_required))
+    reject_field("thinking_token_budget",
+                 "`thinking_token_budget` cannot be combined with a JSON `response_format` or a forced `tool_choice`, "
+                 "which hold the reply to their grammar from its first token");
 
   accept_bookkeeping_fields(fields);
   fields.reject_unknown();

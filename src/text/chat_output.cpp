@@ -69,6 +69,46 @@ bool prompt_opens_reasoning(std::string_view prompt) {
   return opened != std::string_view::npos && (closed == std::string_view::npos || closed < opened);
 }
 
+std::string reasoning_close_text(std::string_view chat_template) {
+  // A line break is written "\n" in a template's string literal, or stands in its text.
+  const auto breaks = [&](size_t at, int direction) {
+    size_t count = 0;
+    while (true) {
+      if (direction > 0 && chat_template.substr(at).starts_with("\\n")) {
+        at += 2;
+      } else if (direction > 0 && at < chat_template.size() && chat_template[at] == '\n') {
+        at += 1;
+      } else if (direction < 0 && at >= 2 && chat_template.substr(at - 2, 2) == "\\n") {
+        at -= 2;
+      } else if (direction < 0 && at >= 1 && chat_template[at - 1] == '\n') {
+        at -= 1;
+      } else {
+        return count;
+      }
+      ++count;
+    }
+  };
+  // The close of a reasoning block with text in it; an empty block ("<think>\n\n</think>", which
+  // templates write where thinking is off) counts only where there is no other.
+  std::string best(kThinkClose);
+  std::pair<bool, size_t> most{false, 0};  // (closes text, line breaks)
+  for (size_t at = chat_template.find(kThinkClose); at != std::string_view::npos;
+       at = chat_template.find(kThinkClose, at + 1)) {
+    size_t before = breaks(at, -1);
+    const size_t after = breaks(at + kThinkClose.size(), 1);
+    size_t opened = at;
+    for (size_t count = before; count > 0; --count) opened -= chat_template[opened - 1] == '\n' ? 1 : 2;
+    const bool closes_text = !chat_template.substr(0, opened).ends_with(kThinkOpen);
+    if (!closes_text) before = 0;
+    const std::pair<bool, size_t> score{closes_text, before + after};
+    if (score > most) {
+      most = score;
+      best = std::string(before, '\n') + std::string(kThinkClose) + std::string(after, '\n');
+    }
+  }
+  return best;
+}
+
 const char* tool_call_syntax_name(ToolCallSyntax syntax) {
   switch (syntax) {
     case ToolCallSyntax::None: return "none";

@@ -56,6 +56,10 @@ ChatOutputSyntax chat_output_syntax(std::string_view chat_template);
 // template opened it for the model, whose reply then starts as reasoning (ChatOutputParser's
 // `in_reasoning`).
 bool prompt_opens_reasoning(std::string_view prompt);
+// The text a chat template writes to close reasoning: `</think>` with the line breaks it puts
+// around it where it writes a reasoning block (Qwen3, Qwen3.5, MiniCPM5: "\n</think>\n\n"), the
+// occurrence with the most of them; a reasoning budget forces it (engine/reasoning_budget.h).
+std::string reasoning_close_text(std::string_view chat_template);
 // "hermes", "qwen_xml", "llama_json", "minicpm_xml", "none" (kiln inspect).
 const char* tool_call_syntax_name(ToolCallSyntax syntax);
 
