@@ -1,6 +1,7 @@
 // Reasoning and tool calls in the OpenAI and Anthropic answers: a Qwen3-style reply (<think>, text,
-// two Hermes calls) as a whole body and as a stream cut at every few bytes, and a call cut short by
-// the length limit coming back as text.
+// two Hermes calls) as a whole body and as a stream cut at every few bytes (each call's name first,
+// then its arguments in pieces), and a call cut short by the length limit: text whole, a call as far
+// as it came when streamed.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -111,15 +112,33 @@ TEST(ChatResponse, OpenAiStreamCarriesTheSameSplitAtAnyCut) {
       const json& delta = choice["delta"];
       if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
       if (delta.contains("content")) content += delta["content"].get<std::string>();
-      if (delta.contains("tool_calls")) calls.push_back(delta["tool_calls"][0]);
+      if (delta.contains("tool_calls")) {
+        ASSERT_EQ(delta["tool_calls"].size(), 1u);
+        const json& call = delta["tool_calls"][0];
+        const size_t index = call["index"];
+        if (index == calls.size()) {
+          // A call's first delta: its index, id, type and name, with empty arguments.
+          EXPECT_EQ(call.size(), 4u) << call;
+          EXPECT_EQ(call["type"], "function");
+          EXPECT_EQ(call["function"]["arguments"], "");
+          calls.push_back(call);
+        } else {
+          // Then pieces of its arguments under its index alone.
+          ASSERT_EQ(index + 1, calls.size());
+          EXPECT_EQ(call, (json{{"index", index}, {"function", {{"arguments", call["function"]["arguments"]}}}}));
+          calls.back()["function"]["arguments"] =
+              calls.back()["function"]["arguments"].get<std::string>() + call["function"]["arguments"].get<std::string>();
+        }
+      }
       if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
     }
     EXPECT_EQ(reasoning, "\nweather asked\n");
     EXPECT_EQ(content, "Checking.\n");
     ASSERT_EQ(calls.size(), 2u);
-    EXPECT_EQ(calls[1]["index"], 1);
     EXPECT_EQ(calls[1]["function"]["name"], "get_weather");
     EXPECT_NE(calls[0]["id"], calls[1]["id"]);
+    EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+    EXPECT_EQ(calls[1]["function"]["arguments"], R"({"city":"Oslo"})");
     EXPECT_EQ(finish, "tool_calls");
     EXPECT_EQ(writes.back(), "data: [DONE]\n\n");
   }
@@ -139,6 +158,49 @@ TEST(ChatResponse, ACallCutByTheLengthLimitIsText) {
   EXPECT_EQ(message["stop_reason"], "max_tokens");
   ASSERT_EQ(message["content"].size(), 1u);
   EXPECT_EQ(message["content"][0]["text"], cut);
+}
+
+// A call cut short after its name: whole, text with finish_reason "length"; streamed, the call as
+// far as it came, its finish_reason "length" too (OpenAI's own answer to a call the limit cuts).
+TEST(ChatResponse, ACallCutAfterItsStartStreamedEndsWithTheLengthLimit) {
+  NoCodec codec;
+  ChatCompletionRequest request;
+  const std::string cut = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa";
+  ChatCompletionResponse whole(request, "m", codec, qwen3_parser());
+  const json body = whole.whole(std::vector{whole_of(cut, FinishReason::Length)}, {});
+  EXPECT_EQ(body["choices"][0]["message"]["content"], cut);
+  ChatCompletionResponse response(request, "m", codec, qwen3_parser());
+  std::vector<std::string> writes;
+  for (const TextDelta& delta : deltas_of(cut, 4, FinishReason::Length))
+    for (std::string& write : response.stream_delta(0, delta, {})) writes.push_back(std::move(write));
+  std::string arguments, finish;
+  for (const auto& [name, chunk] : payloads(writes)) {
+    const json& choice = chunk["choices"][0];
+    if (choice["delta"].contains("tool_calls")) arguments += choice["delta"]["tool_calls"][0]["function"]["arguments"];
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_EQ(arguments, R"({"city":"Pa)");
+  EXPECT_EQ(finish, "length");
+
+  // A call that breaks after its start: its block closes, and the message does not end in tool use.
+  MessagesResponse messages("m", qwen3_parser());
+  writes.clear();
+  const std::string broken = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": ]}\n</tool_call>";
+  for (const TextDelta& delta : deltas_of(broken, 3))
+    for (std::string& write : messages.stream_delta(0, delta, {})) writes.push_back(std::move(write));
+  for (std::string& write : messages.stream_end({})) writes.push_back(std::move(write));
+  std::string partial_json, stop_reason;
+  int starts = 0, stops = 0;
+  for (const auto& [name, event] : payloads(writes)) {
+    starts += name == "content_block_start";
+    stops += name == "content_block_stop";
+    if (name == "content_block_delta") partial_json += event["delta"]["partial_json"].get<std::string>();
+    if (name == "message_delta") stop_reason = event["delta"]["stop_reason"];
+  }
+  EXPECT_EQ(starts, 1);
+  EXPECT_EQ(stops, 1);
+  EXPECT_EQ(partial_json, R"({"city":)");
+  EXPECT_EQ(stop_reason, "end_turn");
 }
 
 TEST(ChatResponse, AnthropicWholeHasThinkingTextAndToolUseBlocks) {
@@ -166,7 +228,7 @@ TEST(ChatResponse, AnthropicStreamOpensEachBlockInTurn) {
     for (std::string& write : response.stream_end({})) writes.push_back(std::move(write));
     std::vector<std::string> starts;
     std::string thinking, text, stop_reason;
-    std::vector<json> inputs;
+    std::vector<std::string> inputs;
     int64_t open = -1;
     for (const auto& [name, event] : payloads(writes)) {
       EXPECT_EQ(name, event["type"]);
@@ -175,13 +237,18 @@ TEST(ChatResponse, AnthropicStreamOpensEachBlockInTurn) {
         open = event["index"];
         EXPECT_EQ(open, static_cast<int64_t>(starts.size()));
         starts.push_back(event["content_block"]["type"]);
+        if (starts.back() == "tool_use") {
+          EXPECT_EQ(event["content_block"]["input"], json::object());
+          EXPECT_EQ(event["content_block"]["name"], "get_weather");
+          inputs.emplace_back();
+        }
       }
       if (name == "content_block_delta") {
         EXPECT_EQ(event["index"], open);
         const json& delta = event["delta"];
         if (delta["type"] == "thinking_delta") thinking += delta["thinking"].get<std::string>();
         if (delta["type"] == "text_delta") text += delta["text"].get<std::string>();
-        if (delta["type"] == "input_json_delta") inputs.push_back(json::parse(delta["partial_json"].get<std::string>()));
+        if (delta["type"] == "input_json_delta") inputs.back() += delta["partial_json"].get<std::string>();
       }
       if (name == "content_block_stop") {
         EXPECT_EQ(event["index"], open);
@@ -192,8 +259,7 @@ TEST(ChatResponse, AnthropicStreamOpensEachBlockInTurn) {
     EXPECT_EQ(starts, (std::vector<std::string>{"thinking", "text", "tool_use", "tool_use"}));
     EXPECT_EQ(thinking, "\nweather asked\n");
     EXPECT_EQ(text, "Checking.\n");
-    ASSERT_EQ(inputs.size(), 2u);
-    EXPECT_EQ(inputs[0], json::parse(R"({"city": "Paris"})"));
+    EXPECT_EQ(inputs, (std::vector<std::string>{R"({"city":"Paris"})", R"({"city":"Oslo"})"}));
     EXPECT_EQ(stop_reason, "tool_use");
     const auto all = payloads(writes);
     EXPECT_EQ(all[0].first, "message_start");

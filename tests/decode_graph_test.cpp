@@ -211,6 +211,20 @@ TEST_F(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
   EXPECT_GT(backend.replays, solo_replays) << "the scheduler's decode steps replayed captured work";
 }
 
+// Requests with reasoning budgets: a forced token replaces the device's (its row greedy, with no
+// draw), and no step is queued ahead of a token that may be forced; batched with the others, each
+// equals its solo run, and steps still take their tokens on the device where nothing is forced.
+TEST_F(DecodeGraphsWithReplayingBackend, BudgetedSchedulerRequestsEqualTheirSoloRuns) {
+  auto model = load_replaying_f32("qwen3-tiny");
+  const std::vector<int32_t> prompt = fixture_prompt(fixture("qwen3-tiny"));
+  const std::vector<GenerationRequest> requests = budgeted_scheduler_requests(prompt, 12);
+  const std::vector<std::vector<int32_t>> solo = solo_tokens(*model, requests);
+  expect_reasoning_capped(requests, solo);
+  const int solo_fed_rows = backend.fed_rows;
+  expect_solo_results(scheduled_events(*model, requests, 512), requests, solo);
+  EXPECT_GT(backend.fed_rows, solo_fed_rows) << "decode steps took their tokens from the step before them";
+}
+
 // Steps queued ahead (launch, collect) whose rows take the previous step's tokens on the device
 // (fed_from) give the tokens and logprobs of one step at a time with the tokens from the host —
 // also when the rows change order and the batch shrinks to another bucket between steps.

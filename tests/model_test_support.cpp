@@ -137,6 +137,41 @@ std::vector<GenerationRequest> penalised_scheduler_requests(const std::vector<in
   return requests;
 }
 
+std::vector<GenerationRequest> budgeted_scheduler_requests(const std::vector<int32_t>& prompt,
+                                                           int64_t base_max_tokens) {
+  std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, base_max_tokens);
+  // Markers of the prompt's tokens (any of the vocabulary's do): a close of two, forced with a
+  // token before it and one after.
+  ReasoningBudget budget;
+  budget.open = {prompt[10]};
+  budget.close = {prompt[11], prompt[12]};
+  budget.forced = {prompt[13], prompt[11], prompt[12], prompt[14]};
+  budget.opened_by_prompt = true;
+  const std::vector<std::pair<size_t, int64_t>> caps = {{0, 0}, {1, 3}, {3, 6}, {5, 2}};
+  for (const auto& [request, max_tokens] : caps) {
+    requests[request].reasoning_budget = budget;
+    requests[request].reasoning_budget->max_tokens = max_tokens;
+  }
+  // Request 4 waits for reasoning to open: a request whose budget may never apply.
+  requests[4].reasoning_budget = budget;
+  requests[4].reasoning_budget->opened_by_prompt = false;
+  requests[4].reasoning_budget->max_tokens = 1;
+  return requests;
+}
+
+void expect_reasoning_capped(const std::vector<GenerationRequest>& requests,
+                             const std::vector<std::vector<int32_t>>& tokens) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::optional<ReasoningBudget>& budget = requests[i].reasoning_budget;
+    if (!budget || !budget->opened_by_prompt) continue;
+    const auto cap = static_cast<size_t>(budget->max_tokens);
+    ASSERT_GE(tokens[i].size(), cap + budget->forced.size()) << "request " << i;
+    EXPECT_EQ(std::vector<int32_t>(tokens[i].begin() + cap, tokens[i].begin() + cap + budget->forced.size()),
+              budget->forced)
+        << "request " << i;
+  }
+}
+
 std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<GenerationRequest>& requests) {
   std::vector<std::vector<int32_t>> solo;
   for (const auto& request : requests) {
@@ -144,6 +179,7 @@ std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<Ge
     options.max_tokens = request.max_tokens;
     options.sampling = request.sampling;
     options.stop_ids = request.stop_ids;
+    options.reasoning_budget = request.reasoning_budget;
     solo.push_back(generate(model, request.prompt, options).tokens);
   }
   return solo;

@@ -60,6 +60,15 @@ std::vector<GenerationRequest> mixed_scheduler_requests(const std::vector<int32_
 std::vector<GenerationRequest> penalised_scheduler_requests(const std::vector<int32_t>& prompt,
                                                             int64_t base_max_tokens);
 
+// mixed_scheduler_requests with reasoning budgets (engine/reasoning_budget.h) on five of them:
+// four open reasoning in the prompt, capped at 0, 3, 6 and 2 tokens (a close of two tokens forced
+// with one before and one after), one waits for a marker its model may never write.
+std::vector<GenerationRequest> budgeted_scheduler_requests(const std::vector<int32_t>& prompt,
+                                                           int64_t base_max_tokens);
+// Expects each request whose prompt opened reasoning to have its forced tokens right after its cap.
+void expect_reasoning_capped(const std::vector<GenerationRequest>& requests,
+                             const std::vector<std::vector<int32_t>>& tokens);
+
 // Each request's tokens from generate() on its own (the reference a scheduled run must equal).
 std::vector<std::vector<int32_t>> solo_tokens(Model& model, const std::vector<GenerationRequest>& requests);
 

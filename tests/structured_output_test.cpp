@@ -368,15 +368,20 @@ const json kSmallTools = json::parse(R"([
     "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["a"]}}}
 ])");
 
-TEST(StructuredOutputTools, ToolChoiceForcesCallsInTheTemplatesSyntax) {
-  KILN_REQUIRE_STORIES(dir);
-  TempDir temp;
-  const auto template_path = temp.path() / "hermes.jinja";
-  write_text_file(template_path,
+// A chat template in the Hermes syntax short enough for stories260K's context, written into `dir`.
+std::filesystem::path hermes_template(const TempDir& dir) {
+  const auto path = dir.path() / "hermes.jinja";
+  write_text_file(path,
                   "{%- if tools %}Tools:{% for tool in tools %} {{ tool.function.name }}{% endfor %}. Call one in "
                   "<tool_call></tool_call>.\n{% endif %}{%- for message in messages %}{{ message.role }}: "
                   "{{ message.content }}\n{% endfor %}assistant: ");
-  ServeProcess server(stories_arguments(dir, {"--chat-template", template_path.string()}));
+  return path;
+}
+
+TEST(StructuredOutputTools, ToolChoiceForcesCallsInTheTemplatesSyntax) {
+  KILN_REQUIRE_STORIES(dir);
+  TempDir temp;
+  ServeProcess server(stories_arguments(dir, {"--chat-template", hermes_template(temp).string()}));
   ASSERT_NE(server.port(), 0) << server.log();
   for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "add"}}}}}) {
     for (bool stream : {false, true}) {
@@ -397,8 +402,16 @@ TEST(StructuredOutputTools, ToolChoiceForcesCallsInTheTemplatesSyntax) {
           const json chunk = json::parse(response->body.substr(at + 6, end - at - 6));
           at = end;
           const json& delta = chunk["choices"][0]["delta"];
+          // A call's first delta names it; the next ones carry pieces of its arguments.
           if (delta.contains("tool_calls"))
-            for (const json& call : delta["tool_calls"]) calls.push_back(call);
+            for (const json& call : delta["tool_calls"]) {
+              if (call["index"] == calls.size()) {
+                calls.push_back(call);
+                continue;
+              }
+              json& function = calls.back()["function"];
+              function["arguments"] = function["arguments"].get<std::string>() + call["function"]["arguments"].get<std::string>();
+            }
           if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
         }
       } else {
@@ -430,6 +443,25 @@ TEST(StructuredOutputTools, ToolChoiceForcesCallsInTheTemplatesSyntax) {
   ASSERT_TRUE(unknown);
   EXPECT_EQ(unknown->status, 400);
   EXPECT_EQ(json::parse(unknown->body)["error"]["message"], "no tool is named \"nope\"");
+}
+
+// The Vercel AI SDK (`ai`, @ai-sdk/openai-compatible, zod) against the real server: forced tool
+// calls and zod-schema objects, whole and streamed (tests/npm/ai_sdk_client.mjs), one server for all.
+TEST(StructuredOutputNpm, VercelAiSdkToolCallsAndObjects) {
+  KILN_REQUIRE_STORIES(dir);
+  if (run_command("command -v node").exit_code != 0) GTEST_SKIP() << "node is not installed";
+  for (const char* package : {"ai", "@ai-sdk/openai-compatible", "zod"})
+    if (!std::filesystem::exists(npm_package_dir(package) / "package.json"))
+      GTEST_SKIP() << "npm package " << package << " is not in " << npm_cache_dir() << " (scripts/setup.sh installs it)";
+  TempDir temp;
+  ServeProcess server(stories_arguments(dir, {"--chat-template", hermes_template(temp).string()}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  const CommandResult result = run_command(fmt::format(
+      "cd {} && KILN_BASE_URL=http://127.0.0.1:{} KILN_MODEL=stories260K KILN_NPM_CACHE={} timeout 120 node "
+      "tests/npm/ai_sdk_client.mjs",
+      source_dir().string(), server.port(), npm_cache_dir().string()));
+  EXPECT_EQ(result.exit_code, 0) << result.output << server.log();
+  EXPECT_NE(result.output.find("# fail 0"), std::string::npos) << result.output;
 }
 
 }  // namespace

@@ -62,6 +62,7 @@ GenerationResult generate(Model& model, const std::vector<int32_t>& prompt, cons
   sizes.prefill_chunk = options.prefill_chunk;
   check_serving_sizes(sizes, model.config());
   GenerationRequest request{prompt, options.max_tokens, options.sampling, options.stop_ids, 0};
+  request.reasoning_budget = options.reasoning_budget;
   bound_request(request, sizes.context(model.config()), model.config().vocab_size);
   // The cache holds this request's tokens, not the model's whole context.
   GenerationCore core(model, 1, static_cast<int64_t>(prompt.size()) + std::max<int64_t>(request.max_tokens, 1),

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
 #include "engine/finish_reason.h"
+#include "engine/reasoning_budget.h"
 #include "engine/sampler.h"
 #include "engine/serving_sizes.h"
 #include "model/model.h"
@@ -38,6 +40,7 @@ struct GenerationOptions {
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (it is reported)
   int64_t prefill_chunk = kDefaultPrefillChunk;  // most prompt tokens prefilled per step (a multiple of 64)
+  std::optional<ReasoningBudget> reasoning_budget;  // GenerationRequest::reasoning_budget
 };
 
 struct GenerationResult {

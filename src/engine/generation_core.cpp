@@ -43,6 +43,10 @@ void bound_request(GenerationRequest& request, int64_t context_tokens, int64_t v
   if (request.grammar && request.grammar->vocabulary().size() != vocab_size)
     fail("the grammar was compiled for a vocabulary of {} tokens, but the model has {}",
          request.grammar->vocabulary().size(), vocab_size);
+  if (request.reasoning_budget) {
+    if (request.grammar) fail("a reasoning budget cannot be combined with a grammar");
+    request.reasoning_budget->validate(vocab_size);
+  }
 }
 
 struct GenerationCore::Sequence {
@@ -58,6 +62,7 @@ struct GenerationCore::Sequence {
   std::optional<grammar::GrammarMatcher> matcher;  // with a grammar: where its output stands in it
   grammar::TokenMask mask;                         // the tokens the grammar allows next
   std::vector<float> masked_logits;
+  std::optional<ReasoningBudgetTracker> budget;    // with a reasoning budget: where the reply stands in it
 
   int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
   // The device sampler (GraphOps::sample_tokens) applies no bias, penalty or grammar mask, so such a
@@ -66,6 +71,8 @@ struct GenerationCore::Sequence {
   bool samples_on_host() const { return request.sampling.processes_logits() || matcher.has_value(); }
   // Its logits come back to the host: for logprobs, or to sample there.
   bool needs_logits() const { return request.top_logprobs > 0 || samples_on_host(); }
+  // The token its next step must produce (its reasoning budget's forced close), if any.
+  std::optional<int32_t> forced_next() const { return budget ? budget->forced_next() : std::nullopt; }
 };
 
 namespace {
@@ -154,6 +161,7 @@ void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStr
     sequence->matcher.emplace(sequence->request.grammar);
     sequence->mask = grammar::empty_mask(sequence->request.grammar->vocabulary().size());
   }
+  if (sequence->request.reasoning_budget) sequence->budget.emplace(*sequence->request.reasoning_budget);
   running_.push_back(std::move(sequence));
 }
 
@@ -207,15 +215,19 @@ void GenerationCore::fail_running(const std::exception& error) {
   running_.clear();
 }
 
-// Takes a sampled token into its request (row: its logits, for top logprobs); false when the
-// request ends with it: at a stop id, else at max_tokens.
-bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::span<const float> row) {
+// Takes a sampled token into its request (row: its logits, for top logprobs; `forced`: the token
+// was forced, not sampled, and is its own only alternative); false when the request ends with it:
+// at a stop id, else at max_tokens.
+bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::span<const float> row, bool forced) {
   ++sequence.generated;
   sequence.generated_tokens.push_back(token.token);
   sequence.next_input = token.token;
   sequence.sampler.accept(token.token);
+  if (sequence.budget) sequence.budget->accept(token.token);
   TokenEvent event{token.token, token.logprob, {}, false, FinishReason::Stop, ""};
-  if (sequence.request.top_logprobs > 0) event.top_logprobs = top_logprobs(row, sequence.request.top_logprobs);
+  if (sequence.request.top_logprobs > 0)
+    event.top_logprobs = forced ? std::vector<std::pair<int32_t, float>>{{token.token, 0.0f}}
+                                : top_logprobs(row, sequence.request.top_logprobs);
   const auto& stops = sequence.request.stop_ids;
   const bool stop_id = std::find(stops.begin(), stops.end(), token.token) != stops.end();
   // The mask allowed the token, so the matcher takes it.
@@ -269,10 +281,11 @@ bool GenerationCore::sample_on_host(Sequence& sequence, std::span<const float> l
 std::vector<DecodeRow> GenerationCore::decode_rows(bool fed) const {
   std::vector<DecodeRow> rows;
   for (const auto& sequence : running_) {
-    // A row sampled on the host is greedy on the device: its device token is not used, and it
-    // takes no draw from the request's stream.
+    // A row sampled on the host, or whose token is forced, is greedy on the device: its device
+    // token is not used, and it takes no draw from the request's stream.
+    const bool device_token_unused = sequence->samples_on_host() || sequence->forced_next();
     DecodeRow row{sequence->slot, static_cast<int32_t>(sequence->prompt_length() + sequence->generated - 1),
-                  sequence->next_input, sequence->samples_on_host() ? nullptr : &sequence->sampler};
+                  sequence->next_input, device_token_unused ? nullptr : &sequence->sampler};
     if (fed) {
       row.position += 1;
       row.fed_from = static_cast<int32_t>(std::find(in_flight_.begin(), in_flight_.end(), sequence->id) -
@@ -291,12 +304,15 @@ std::vector<uint64_t> GenerationCore::running_ids() const {
 
 // The next decode step is queued before reading the tokens of the one in flight — it takes them on
 // the device — when every running request was in that step and decodes again, none needs its
-// logits (logprobs, a grammar's mask: its next token depends on the one in flight), each has room for two more tokens, and no waiting request could be admitted now (it
-// would need a prefill step first).
+// logits (logprobs, a grammar's mask: its next token depends on the one in flight), none may have
+// either token forced (a reasoning budget's close: the step would feed the device's token, and
+// draw for it), each has room for two more tokens, and no waiting request could be admitted now
+// (it would need a prefill step first).
 bool GenerationCore::queue_next_decode(const std::function<bool()>& requests_waiting) const {
   const bool every_request_decodes_again = std::all_of(running_.begin(), running_.end(), [&](const auto& sequence) {
     return std::find(in_flight_.begin(), in_flight_.end(), sequence->id) != in_flight_.end() &&
-           !sequence->needs_logits() && sequence->generated + 2 <= sequence->request.max_tokens;
+           !sequence->needs_logits() && (!sequence->budget || sequence->budget->next_two_free()) &&
+           sequence->generated + 2 <= sequence->request.max_tokens;
   });
   return every_request_decodes_again && !(has_free_slot() && requests_waiting());
 }
@@ -321,8 +337,13 @@ bool GenerationCore::advance_in_flight(const std::function<bool()>& requests_wai
   std::vector<std::unique_ptr<Sequence>> still_running;
   for (auto& sequence : running_) {
     const auto row = std::find(in_flight_.begin(), in_flight_.end(), sequence->id);
-    if (row == in_flight_.end() || accept(*sequence, tokens[row - in_flight_.begin()], {}))
+    if (row == in_flight_.end()) {
       still_running.push_back(std::move(sequence));
+      continue;
+    }
+    const std::optional<int32_t> forced = sequence->forced_next();
+    const SampledToken token = forced ? SampledToken{*forced, 0.0f} : tokens[row - in_flight_.begin()];
+    if (accept(*sequence, token, {}, forced.has_value())) still_running.push_back(std::move(sequence));
   }
   running_ = std::move(still_running);
   in_flight_ = std::move(next);
@@ -403,6 +424,8 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
                 : std::span<const float>();
         if (sequence.matcher) {
           if (!sample_on_host(sequence, logits)) continue;
+        } else if (const std::optional<int32_t> forced = sequence.forced_next()) {
+          if (!accept(sequence, {*forced, 0.0f}, logits, true)) continue;
         } else {
           const SampledToken token = sampled_on_device && !sequence.samples_on_host() ? result.device_tokens[work_row]
                                                                                        : sequence.sampler.sample(logits);

@@ -28,6 +28,7 @@
 #include "engine/decode_graph.h"
 #include "engine/finish_reason.h"
 #include "engine/grammar/token_mask.h"
+#include "engine/reasoning_budget.h"
 #include "engine/sampler.h"
 #include "engine/step_plan.h"
 #include "model/model.h"
@@ -54,6 +55,9 @@ struct GenerationRequest {
   // must have a byte string per logit row. Such a request samples on the host from logits whose
   // refused tokens are -inf: its logprobs are those of that masked distribution.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // A cap on the reply's reasoning (engine/reasoning_budget.h): at it, the closing marker's tokens
+  // are forced. Not with a grammar, which holds every token from the first.
+  std::optional<ReasoningBudget> reasoning_budget;
 };
 
 // Checks a request against the context its sequence has (`context_tokens`, prompt and completion)
@@ -136,7 +140,7 @@ class GenerationCore {
   void end(Sequence& sequence, TokenEvent event);
   void drop_cancelled();
   void fail_running(const std::exception& error);
-  bool accept(Sequence& sequence, const SampledToken& token, std::span<const float> row);
+  bool accept(Sequence& sequence, const SampledToken& token, std::span<const float> row, bool forced = false);
   bool sample_on_host(Sequence& sequence, std::span<const float> logits);
   std::vector<DecodeRow> decode_rows(bool fed) const;
   std::vector<uint64_t> running_ids() const;

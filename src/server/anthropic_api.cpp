@@ -1,5 +1,6 @@
 #include "server/anthropic_api.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "server/api_error.h"
@@ -190,15 +191,19 @@ MessagesRequest parse_messages_body(const json& body, const std::string& served_
     choice_fields.boolean("disable_parallel_tool_use");
     choice_fields.reject_unknown();
   }
-  // Extended thinking maps onto the templates' enable_thinking switch (Qwen3-style).
+  // Extended thinking maps onto the templates' enable_thinking switch (Qwen3-style), its
+  // budget_tokens onto a cap on the reply's reasoning.
   if (const json* thinking = fields.object("thinking")) {
     JsonFields thinking_fields(*thinking, "thinking");
     const auto type = thinking_fields.string("type");
     if (type != "enabled" && type != "disabled")
       reject_field("thinking.type", "`thinking.type` must be \"enabled\" or \"disabled\"");
-    thinking_fields.integer("budget_tokens", 0, kMaxTokensLimit);
+    const auto budget = thinking_fields.integer("budget_tokens", 0, kMaxTokensLimit);
+    if (budget && *type == "disabled")
+      reject_field("thinking.budget_tokens", "`thinking.budget_tokens` applies to thinking of type \"enabled\"");
     thinking_fields.reject_unknown();
     request.prompt.template_kwargs["enable_thinking"] = *type == "enabled";
+    request.generation.reasoning_budget = budget;
   }
   if (!count_tokens) {
     fields.object("metadata");
@@ -257,29 +262,35 @@ MessagesResponse::MessagesResponse(std::string served_model, ChatOutputParser pa
 
 namespace {
 
-// A tool call's stop reason: tool_use where the reply made calls and ended by itself.
+// A tool call's stop reason: tool_use where the reply made calls, each complete, and ended by itself.
 std::string stop_reason_of(const TextDelta& end, const ChatOutput& output) {
-  if (end.finish_reason == FinishReason::Stop && !end.stop_sequence && !output.tool_calls.empty()) return "tool_use";
+  const bool calls_complete = std::all_of(output.tool_calls.begin(), output.tool_calls.end(),
+                                          [](const ToolCall& call) { return call.complete; });
+  if (end.finish_reason == FinishReason::Stop && !end.stop_sequence && !output.tool_calls.empty() && calls_complete)
+    return "tool_use";
   return anthropic_stop_reason(end.finish_reason, end.stop_sequence);
 }
 
-json tool_use_block(const ToolCall& call) {
-  return {{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", call.name}, {"input", json::parse(call.arguments)}};
+// A tool_use block; its input streams in input_json_delta events.
+json tool_use_block(const std::string& name) {
+  return {{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", name}, {"input", json::object()}};
 }
 
 }  // namespace
 
 json MessagesResponse::whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const {
   const WholeGeneration& whole = choices.front();
-  ChatOutputParser parser = parser_;
-  parser.push(whole.text);
-  parser.finish();
-  const ChatOutput& output = parser.output();
+  const ChatOutput output = parser_.parse(whole.text);
   json content = json::array();
   if (!output.reasoning.empty())
     content.push_back({{"type", "thinking"}, {"thinking", output.reasoning}, {"signature", ""}});
   if (!output.content.empty() || output.tool_calls.empty()) content.push_back({{"type", "text"}, {"text", output.content}});
-  for (const ToolCall& call : output.tool_calls) content.push_back(tool_use_block(call));
+  // Calls come out of parse() only once their arguments parsed as an object.
+  for (const ToolCall& call : output.tool_calls) {
+    json block = tool_use_block(call.name);
+    block["input"] = json::parse(call.arguments);
+    content.push_back(std::move(block));
+  }
   return {{"id", id_},
           {"type", "message"},
           {"role", "assistant"},
@@ -311,10 +322,8 @@ std::string MessagesResponse::close_block() {
   return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", blocks_ - 1}});
 }
 
-std::string MessagesResponse::open_block(const char* type) {
+std::string MessagesResponse::open_block(const char* type, const json& block) {
   std::string events = close_block();
-  const json block = std::string(type) == "thinking" ? json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
-                                                     : json{{"type", "text"}, {"text", ""}};
   events += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", blocks_++}, {"content_block", block}});
   if (!pinged_) {
     events += sse_event("ping", {{"type", "ping"}});
@@ -331,21 +340,22 @@ std::vector<std::string> MessagesResponse::stream_delta(size_t, const TextDelta&
     for (ChatOutputEvent& event : parser_.finish()) parsed.push_back(std::move(event));
   for (const ChatOutputEvent& event : parsed) {
     std::string written;
-    if (event.kind == ChatOutputEvent::Kind::ToolCall) {
+    // A call is a tool_use block, opened with an empty input that input_json_delta events fill.
+    if (event.kind == ChatOutputEvent::Kind::ToolCallStart) {
+      written = open_block("tool_use", tool_use_block(event.text));
+    } else if (event.kind == ChatOutputEvent::Kind::ToolCallArguments) {
+      written = sse_event("content_block_delta",
+                          {{"type", "content_block_delta"},
+                           {"index", blocks_ - 1},
+                           {"delta", {{"type", "input_json_delta"}, {"partial_json", event.text}}}});
+    } else if (event.kind == ChatOutputEvent::Kind::ToolCallEnd) {
       written = close_block();
-      json block = tool_use_block(event.call);
-      block["input"] = json::object();
-      const int64_t index = blocks_++;
-      written += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index}, {"content_block", block}}) +
-                 sse_event("content_block_delta",
-                           {{"type", "content_block_delta"},
-                            {"index", index},
-                            {"delta", {{"type", "input_json_delta"}, {"partial_json", event.call.arguments}}}}) +
-                 sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
     } else {
       const bool thinking = event.kind == ChatOutputEvent::Kind::Reasoning;
       const char* type = thinking ? "thinking" : "text";
-      if (open_type_ != type) written = open_block(type);
+      if (open_type_ != type)
+        written = open_block(type, thinking ? json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                                            : json{{"type", "text"}, {"text", ""}});
       written += sse_event("content_block_delta",
                            {{"type", "content_block_delta"},
                             {"index", blocks_ - 1},
@@ -360,7 +370,7 @@ std::vector<std::string> MessagesResponse::stream_delta(size_t, const TextDelta&
     return events;
   }
   // A reply with no part at all still has its (empty) text block.
-  std::string closing = blocks_ == 0 ? open_block("text") : "";
+  std::string closing = blocks_ == 0 ? open_block("text", {{"type", "text"}, {"text", ""}}) : "";
   closing += close_block();
   events.push_back(closing);
   ending_ = json{{"stop_reason", stop_reason_of(delta, parser_.output())}, {"stop_sequence", stop_sequence_field(delta)}};

@@ -43,8 +43,9 @@ std::string anthropic_stop_reason(FinishReason finish_reason, const std::optiona
 // A message's answer: a message body, or the event stream (message_start, content blocks each
 // opened, filled and closed in turn, message_delta, message_stop; an `error` event when generation
 // fails). The reply goes through `parser`: its reasoning is a `thinking` block (thinking_delta),
-// each tool call a `tool_use` block (its input in one input_json_delta) with stop_reason
-// "tool_use", the rest `text` blocks.
+// each tool call a `tool_use` block (opened with its id, name and an empty input as soon as the
+// name is known, its input then streamed in input_json_delta pieces) with stop_reason "tool_use"
+// where every call is complete, the rest `text` blocks.
 class MessagesResponse final : public GenerationResponse {
  public:
   MessagesResponse(std::string served_model, ChatOutputParser parser);
@@ -56,9 +57,9 @@ class MessagesResponse final : public GenerationResponse {
   std::string stream_failure(const ApiError& failure) const override;
 
  private:
-  // The events that close the open block (if any) and open one of `type` (text, thinking) as
-  // block `index_`.
-  std::string open_block(const char* type);
+  // The events that close the open block (if any) and open `block`, of `type` (text, thinking,
+  // tool_use), as the next block.
+  std::string open_block(const char* type, const json& block);
   std::string close_block();
 
   std::string id_;

@@ -308,6 +308,12 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
   if (const json* kwargs = fields.object("chat_template_kwargs"))
     request.prompt.template_kwargs = checked_template_kwargs(*kwargs, "chat_template_kwargs");
   request.prompt.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
+  // vLLM's name for a cap on the reply's reasoning.
+  request.generation.reasoning_budget = fields.integer("thinking_token_budget", 0, kMaxTokensLimit);
+  if (request.generation.reasoning_budget && (request.generation.grammar || request.tool_call_required))
+    reject_field("thinking_token_budget",
+                 "`thinking_token_budget` cannot be combined with a JSON `response_format` or a forced `tool_choice`, "
+                 "which hold the reply to their grammar from its first token");
 
   accept_bookkeeping_fields(fields);
   fields.reject_unknown();
@@ -505,7 +511,10 @@ ChatCompletionResponse::ChatCompletionResponse(const ChatCompletionRequest& requ
       include_usage_(request.include_usage) {}
 
 std::string ChatCompletionResponse::finish_reason(FinishReason reason, const ChatOutput& output) const {
-  return reason == FinishReason::Stop && !output.tool_calls.empty() ? "tool_calls" : openai_finish_reason(reason);
+  const bool calls_complete = std::all_of(output.tool_calls.begin(), output.tool_calls.end(),
+                                          [](const ToolCall& call) { return call.complete; });
+  return reason == FinishReason::Stop && !output.tool_calls.empty() && calls_complete ? "tool_calls"
+                                                                                      : openai_finish_reason(reason);
 }
 
 json ChatCompletionResponse::whole(std::span<const WholeGeneration> choices, const TokenUsage& usage) const {
@@ -521,10 +530,7 @@ json ChatCompletionResponse::whole(std::span<const WholeGeneration> choices, con
 }
 
 json ChatCompletionResponse::whole_choice(size_t index, const WholeGeneration& whole) const {
-  ChatOutputParser parser = parsers_[index];
-  parser.push(whole.text);
-  parser.finish();
-  const ChatOutput& output = parser.output();
+  const ChatOutput output = parsers_[index].parse(whole.text);
   json message = {{"role", "assistant"},
                   {"content", output.content.empty() && !output.tool_calls.empty() ? json() : json(output.content)}};
   if (!output.reasoning.empty()) message["reasoning_content"] = output.reasoning;
@@ -575,14 +581,20 @@ std::vector<std::string> ChatCompletionResponse::stream_delta(size_t index, cons
     switch (event.kind) {
       case ChatOutputEvent::Kind::Content: fields = {{"content", event.text}}; break;
       case ChatOutputEvent::Kind::Reasoning: fields = {{"reasoning_content", event.text}}; break;
-      case ChatOutputEvent::Kind::ToolCall:
-        call_ids_.push_back(random_id("call_"));
+      // A call as OpenAI streams one: its index, id, type and name first, then its arguments in
+      // pieces under the same index.
+      case ChatOutputEvent::Kind::ToolCallStart:
         fields = {{"tool_calls",
                    json::array({{{"index", event.call_index},
-                                 {"id", call_ids_.back()},
+                                 {"id", random_id("call_")},
                                  {"type", "function"},
-                                 {"function", {{"name", event.call.name}, {"arguments", event.call.arguments}}}}})}};
+                                 {"function", {{"name", event.text}, {"arguments", ""}}}}})}};
         break;
+      case ChatOutputEvent::Kind::ToolCallArguments:
+        fields = {{"tool_calls",
+                   json::array({{{"index", event.call_index}, {"function", {{"arguments", event.text}}}}})}};
+        break;
+      case ChatOutputEvent::Kind::ToolCallEnd: continue;
     }
     events.push_back(chunk(index, std::move(fields), std::exchange(logprobs, json()), json()));
   }

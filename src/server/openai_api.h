@@ -85,8 +85,9 @@ json models_list(const std::string& served_model, int64_t context_tokens, int64_
 // A chat completion's answer: a chat.completion body, or chat.completion.chunk events (the first
 // of each choice carrying the role) ending with [DONE]. Each choice's reply goes through its copy
 // of `parser`: its reasoning is message.reasoning_content (delta.reasoning_content), its tool calls
-// message.tool_calls (each streamed whole in one delta: index, id, type, name and arguments), with
-// finish_reason "tool_calls"; the rest is content.
+// message.tool_calls (streamed as OpenAI and vLLM stream them: a delta with the call's index, id,
+// type, name and empty arguments, then deltas with its index and the next piece of its arguments),
+// with finish_reason "tool_calls" where every call is complete; the rest is content.
 class ChatCompletionResponse final : public GenerationResponse {
  public:
   ChatCompletionResponse(const ChatCompletionRequest& request, std::string served_model, const TextCodec& codec,
@@ -104,8 +105,7 @@ class ChatCompletionResponse final : public GenerationResponse {
   std::string finish_reason(FinishReason reason, const ChatOutput& output) const;
 
   const TextCodec& codec_;
-  std::vector<ChatOutputParser> parsers_;  // one per choice, the stream's; whole() parses copies
-  std::vector<std::string> call_ids_;
+  std::vector<ChatOutputParser> parsers_;  // one per choice, the stream's; whole() parses with them
   std::string id_;
   int64_t created_;
   std::string model_;

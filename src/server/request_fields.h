@@ -24,6 +24,8 @@ struct GenerationFields {
   bool stream = false;
   int32_t n = 1;  // choices (OpenAI's `n`), each its own generation
   std::optional<grammar::Grammar> grammar;  // structured output: the grammar the output must match
+  // Reasoning tokens before its close is forced (thinking_token_budget, thinking.budget_tokens).
+  std::optional<int64_t> reasoning_budget;
 };
 
 // Most stop strings one request may give (vLLM takes any number; a bound keeps matching cheap).

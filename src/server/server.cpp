@@ -415,6 +415,12 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
   return request;
 }
 
+void Server::cap_reasoning(TextGenerationRequest& request, const GenerationFields& fields,
+                           const ChatPrompt& prompt) const {
+  if (fields.reasoning_budget)
+    request.reasoning_budget = codec_->reasoning_budget(*fields.reasoning_budget, prompt.in_reasoning);
+}
+
 std::shared_ptr<const grammar::TokenVocabulary> Server::token_vocabulary() const {
   std::call_once(vocabulary_once_, [&] {
     vocabulary_ = std::make_shared<const grammar::TokenVocabulary>(codec_->token_bytes(options_.vocab_size));
@@ -530,6 +536,7 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
     }
   }
   TextGenerationRequest generation = generation_request(std::move(prompt.ids), fields, "messages", "max_tokens");
+  cap_reasoning(generation, fields, prompt);
   generation.logprobs = request.logprobs;
   generation.top_logprobs = request.top_logprobs;
   ChatCompletionResponse response(request, options_.model_name, *codec_, prompt.parser);
@@ -552,10 +559,11 @@ void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, R
   const MessagesRequest request =
       parse_messages_request(parse_request_json(http_request.body), options_.model_name, options_.sampling_defaults);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
+  TextGenerationRequest generation =
+      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens");
+  cap_reasoning(generation, request.generation, prompt);
   MessagesResponse response(options_.model_name, std::move(prompt.parser));
-  run(exchange, record, "messages",
-      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens"), 1,
-      request.generation.stream, response);
+  run(exchange, record, "messages", generation, 1, request.generation.stream, response);
 }
 
 void Server::count_tokens(const HttpRequest& http_request, HttpExchange& exchange) {

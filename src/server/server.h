@@ -112,6 +112,9 @@ class Server {
   std::string chat_prompt_text(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                            const std::string& prompt_param, const std::string& max_tokens_param) const;
+  // The request's reasoning budget in the chat template's markers (none where the template writes
+  // no reasoning: there is nothing to cap).
+  void cap_reasoning(TextGenerationRequest& request, const GenerationFields& fields, const ChatPrompt& prompt) const;
 
   // The model's vocabulary as bytes, for structured output: built (a trie of every token) on the
   // first request that asks for it.

@@ -4,6 +4,7 @@
 #include "engine/grammar/json_schema.h"
 
 #include <algorithm>
+#include <array>
 #include <span>
 
 namespace kiln {
@@ -25,27 +26,6 @@ std::string_view call_close(ToolCallSyntax syntax) {
   return syntax == ToolCallSyntax::MiniCpmXml ? kFunctionClose : kCallClose;
 }
 
-// Where `close` first stands in `text` outside CDATA sections (a MiniCPM value may hold anything
-// in one), or npos.
-size_t find_outside_cdata(std::string_view text, std::string_view close) {
-  size_t from = 0;
-  while (true) {
-    const size_t at = text.find(close, from), cdata = text.find(kCdataOpen, from);
-    if (at == std::string_view::npos || cdata == std::string_view::npos || at < cdata) return at;
-    const size_t cdata_end = text.find(kCdataClose, cdata + kCdataOpen.size());
-    if (cdata_end == std::string_view::npos) return std::string_view::npos;
-    from = cdata_end + kCdataClose.size();
-  }
-}
-
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-
-std::string_view trimmed(std::string_view text) {
-  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
-  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
-  return text;
-}
-
 // The length of the longest end of `text` that is a proper beginning of one of `markers`: text a
 // marker may still complete, held back until more arrives.
 size_t partial_marker(std::string_view text, std::span<const std::string_view> markers) {
@@ -65,116 +45,6 @@ std::pair<size_t, std::string_view> first_marker(std::string_view text, std::spa
   for (std::string_view marker : markers)
     if (const size_t at = text.find(marker); at < first.first) first = {at, marker};
   return first;
-}
-
-// A JSON object, or an object given as a JSON string (some models quote their arguments).
-std::optional<nlohmann::ordered_json> arguments_object(const nlohmann::ordered_json& value) {
-  if (value.is_object()) return value;
-  if (value.is_string()) {
-    const auto parsed = nlohmann::ordered_json::parse(value.get<std::string>(), nullptr, false);
-    if (!parsed.is_discarded() && parsed.is_object()) return parsed;
-  }
-  return std::nullopt;
-}
-
-// {"name": N, <arguments_key>: {…}} as a call.
-std::optional<ToolCall> json_call(std::string_view body, std::initializer_list<const char*> argument_keys) {
-  const auto parsed = nlohmann::ordered_json::parse(trimmed(body), nullptr, false);
-  if (parsed.is_discarded() || !parsed.is_object()) return std::nullopt;
-  const auto name = parsed.find("name");
-  if (name == parsed.end() || !name->is_string() || name->get<std::string>().empty()) return std::nullopt;
-  for (const char* key : argument_keys)
-    if (const auto arguments = parsed.find(key); arguments != parsed.end()) {
-      const auto object = arguments_object(*arguments);
-      if (!object) return std::nullopt;
-      return ToolCall{name->get<std::string>(), object->dump()};
-    }
-  return ToolCall{name->get<std::string>(), "{}"};
-}
-
-// Text between `open` (ending in '>') and `close`, the name between `open_prefix` and '>'.
-struct XmlElement {
-  std::string name, body;
-  size_t end = 0;  // past the closing tag
-};
-std::optional<XmlElement> xml_element(std::string_view text, size_t from, std::string_view open_prefix,
-                                      std::string_view close) {
-  const size_t open = text.find(open_prefix, from);
-  if (open == std::string_view::npos || !trimmed(text.substr(from, open - from)).empty()) return std::nullopt;
-  const size_t name_end = text.find('>', open + open_prefix.size());
-  if (name_end == std::string_view::npos) return std::nullopt;
-  const size_t closing = text.find(close, name_end + 1);
-  if (closing == std::string_view::npos) return std::nullopt;
-  XmlElement element;
-  element.name = std::string(text.substr(open + open_prefix.size(), name_end - open - open_prefix.size()));
-  std::string_view body = text.substr(name_end + 1, closing - name_end - 1);
-  // The template writes a newline after the opening tag and before the closing one.
-  if (!body.empty() && body.front() == '\n') body.remove_prefix(1);
-  if (!body.empty() && body.back() == '\n') body.remove_suffix(1);
-  element.body = std::string(body);
-  element.end = closing + close.size();
-  return element;
-}
-
-std::optional<ToolCall> qwen_xml_call(std::string_view body, const nlohmann::ordered_json& tools) {
-  const auto function = xml_element(body, 0, "<function=", "</function>");
-  if (!function || function->name.empty() || !trimmed(body.substr(function->end)).empty()) return std::nullopt;
-  std::vector<std::pair<std::string, std::string>> parameters;
-  size_t at = 0;
-  const std::string_view inner = function->body;
-  while (!trimmed(inner.substr(at)).empty()) {
-    const auto parameter = xml_element(inner, at, "<parameter=", "</parameter>");
-    if (!parameter || parameter->name.empty()) return std::nullopt;
-    parameters.emplace_back(parameter->name, parameter->body);
-    at = parameter->end;
-  }
-  return ToolCall{function->name, typed_xml_arguments(parameters, tools, function->name).dump()};
-}
-
-// A quoted attribute value at `at` ("…" or '…'): the value and the position past its closing quote.
-std::optional<std::pair<std::string, size_t>> quoted(std::string_view text, size_t at) {
-  if (at >= text.size() || (text[at] != '"' && text[at] != '\'')) return std::nullopt;
-  const size_t end = text.find(text[at], at + 1);
-  if (end == std::string_view::npos) return std::nullopt;
-  return std::pair{std::string(text.substr(at + 1, end - at - 1)), end + 1};
-}
-
-size_t skip_spaces(std::string_view text, size_t at) {
-  while (at < text.size() && is_space(text[at])) ++at;
-  return at;
-}
-
-// A MiniCPM call's body: what follows `<function name=` up to its `</function>`, i.e.
-// "N"><param name="K">V</param>…
-std::optional<ToolCall> minicpm_xml_call(std::string_view body, const nlohmann::ordered_json& tools) {
-  const auto name = quoted(body, 0);
-  if (!name || name->first.empty() || name->second >= body.size() || body[name->second] != '>') return std::nullopt;
-  constexpr std::string_view kParamOpen = "<param name=", kParamClose = "</param>";
-  std::vector<std::pair<std::string, std::string>> parameters;
-  size_t at = skip_spaces(body, name->second + 1);
-  while (at < body.size()) {
-    if (body.substr(at, kParamOpen.size()) != kParamOpen) return std::nullopt;
-    const auto key = quoted(body, at + kParamOpen.size());
-    if (!key || key->second >= body.size() || body[key->second] != '>') return std::nullopt;
-    size_t value_start = key->second + 1;
-    std::string value;
-    if (body.substr(value_start, kCdataOpen.size()) == kCdataOpen) {
-      const size_t cdata_end = body.find(kCdataClose, value_start + kCdataOpen.size());
-      if (cdata_end == std::string_view::npos) return std::nullopt;
-      value = std::string(body.substr(value_start + kCdataOpen.size(), cdata_end - value_start - kCdataOpen.size()));
-      value_start = cdata_end + kCdataClose.size();
-      if (body.substr(value_start, kParamClose.size()) != kParamClose) return std::nullopt;
-      at = value_start + kParamClose.size();
-    } else {
-      const size_t close = body.find(kParamClose, value_start);
-      if (close == std::string_view::npos) return std::nullopt;
-      value = std::string(body.substr(value_start, close - value_start));
-      at = close + kParamClose.size();
-    }
-    parameters.emplace_back(key->first, std::move(value));
-    at = skip_spaces(body, at);
-  }
-  return ToolCall{name->first, typed_xml_arguments(parameters, tools, name->first).dump()};
 }
 
 }  // namespace
@@ -199,6 +69,46 @@ bool prompt_opens_reasoning(std::string_view prompt) {
   return opened != std::string_view::npos && (closed == std::string_view::npos || closed < opened);
 }
 
+std::string reasoning_close_text(std::string_view chat_template) {
+  // A line break is written "\n" in a template's string literal, or stands in its text.
+  const auto breaks = [&](size_t at, int direction) {
+    size_t count = 0;
+    while (true) {
+      if (direction > 0 && chat_template.substr(at).starts_with("\\n")) {
+        at += 2;
+      } else if (direction > 0 && at < chat_template.size() && chat_template[at] == '\n') {
+        at += 1;
+      } else if (direction < 0 && at >= 2 && chat_template.substr(at - 2, 2) == "\\n") {
+        at -= 2;
+      } else if (direction < 0 && at >= 1 && chat_template[at - 1] == '\n') {
+        at -= 1;
+      } else {
+        return count;
+      }
+      ++count;
+    }
+  };
+  // The close of a reasoning block with text in it; an empty block ("<think>\n\n</think>", which
+  // templates write where thinking is off) counts only where there is no other.
+  std::string best(kThinkClose);
+  std::pair<bool, size_t> most{false, 0};  // (closes text, line breaks)
+  for (size_t at = chat_template.find(kThinkClose); at != std::string_view::npos;
+       at = chat_template.find(kThinkClose, at + 1)) {
+    size_t before = breaks(at, -1);
+    const size_t after = breaks(at + kThinkClose.size(), 1);
+    size_t opened = at;
+    for (size_t count = before; count > 0; --count) opened -= chat_template[opened - 1] == '\n' ? 1 : 2;
+    const bool closes_text = !chat_template.substr(0, opened).ends_with(kThinkOpen);
+    if (!closes_text) before = 0;
+    const std::pair<bool, size_t> score{closes_text, before + after};
+    if (score > most) {
+      most = score;
+      best = std::string(before, '\n') + std::string(kThinkClose) + std::string(after, '\n');
+    }
+  }
+  return best;
+}
+
 const char* tool_call_syntax_name(ToolCallSyntax syntax) {
   switch (syntax) {
     case ToolCallSyntax::None: return "none";
@@ -208,37 +118,6 @@ const char* tool_call_syntax_name(ToolCallSyntax syntax) {
     case ToolCallSyntax::MiniCpmXml: return "minicpm_xml";
   }
   return "?";
-}
-
-nlohmann::ordered_json typed_xml_arguments(const std::vector<std::pair<std::string, std::string>>& parameters,
-                                           const nlohmann::ordered_json& tools, const std::string& function) {
-  const nlohmann::ordered_json* properties = nullptr;
-  if (tools.is_array())
-    for (const auto& tool : tools) {
-      const auto& spec = tool.contains("function") ? tool["function"] : tool;
-      if (spec.is_object() && spec.value("name", "") == function && spec.contains("parameters") &&
-          spec["parameters"].is_object() && spec["parameters"].contains("properties"))
-        properties = &spec["parameters"]["properties"];
-    }
-  nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
-  for (const auto& [key, value] : parameters) {
-    bool as_string = true;
-    if (properties && properties->is_object() && properties->contains(key) && (*properties)[key].is_object()) {
-      const auto& type = (*properties)[key].value("type", nlohmann::ordered_json());
-      as_string = type.is_string() ? type.get<std::string>() == "string"
-                                   : type.is_array() && std::find(type.begin(), type.end(), "string") != type.end();
-      if (type.is_null()) as_string = true;
-    }
-    if (!as_string) {
-      const auto parsed = nlohmann::ordered_json::parse(value, nullptr, false);
-      if (!parsed.is_discarded()) {
-        arguments[key] = parsed;
-        continue;
-      }
-    }
-    arguments[key] = value;
-  }
-  return arguments;
 }
 
 grammar::Grammar tool_call_grammar(ToolCallSyntax syntax, const nlohmann::ordered_json& tools,
@@ -283,8 +162,16 @@ grammar::Grammar tool_call_grammar(ToolCallSyntax syntax, const nlohmann::ordere
 
 ChatOutputParser::ChatOutputParser(ChatOutputSyntax syntax, nlohmann::ordered_json tools, bool in_reasoning)
     : syntax_(syntax),
-      tools_(std::move(tools)),
+      tools_(std::make_shared<const nlohmann::ordered_json>(std::move(tools))),
       state_(in_reasoning && syntax.reasoning ? State::Reasoning : State::Content) {}
+
+ChatOutput ChatOutputParser::parse(std::string_view reply) const {
+  ChatOutputParser parser = *this;
+  parser.stream_calls_ = false;
+  parser.push(reply);
+  parser.finish();
+  return std::move(parser.output_);
+}
 
 void ChatOutputParser::emit(std::vector<ChatOutputEvent>& events, ChatOutputEvent::Kind kind, std::string text) {
   // The spaces a template puts after </think> or between calls are layout, not content.
@@ -299,44 +186,137 @@ void ChatOutputParser::emit(std::vector<ChatOutputEvent>& events, ChatOutputEven
     events.back().text += text;
     return;
   }
-  events.push_back({kind, std::move(text), {}, 0});
+  events.push_back({kind, std::move(text), 0});
 }
 
-void ChatOutputParser::emit_call(std::vector<ChatOutputEvent>& events, ToolCall call) {
-  output_.tool_calls.push_back(call);
-  events.push_back({ChatOutputEvent::Kind::ToolCall, {}, std::move(call), output_.tool_calls.size() - 1});
-}
-
-std::optional<ToolCall> ChatOutputParser::parse_call(std::string_view body) const {
-  switch (syntax_.tool_calls) {
-    case ToolCallSyntax::None: return std::nullopt;
-    case ToolCallSyntax::Hermes: return json_call(body, {"arguments", "parameters"});
-    case ToolCallSyntax::QwenXml: return qwen_xml_call(body, tools_);
-    case ToolCallSyntax::LlamaJson: return json_call(body, {"parameters", "arguments"});
-    case ToolCallSyntax::MiniCpmXml: return minicpm_xml_call(body, tools_);
+// An event of the last call, recorded in the output: its start (the name), a piece of its
+// arguments (joined to the piece before it in the same push), its end.
+void ChatOutputParser::emit_call_event(std::vector<ChatOutputEvent>& events, ChatOutputEvent::Kind kind,
+                                       std::string text) {
+  if (kind == ChatOutputEvent::Kind::ToolCallStart) output_.tool_calls.push_back({text, "", false});
+  const size_t index = output_.tool_calls.size() - 1;
+  if (kind == ChatOutputEvent::Kind::ToolCallArguments) {
+    if (text.empty()) return;
+    output_.tool_calls.back().arguments += text;
+    if (!events.empty() && events.back().kind == kind && events.back().call_index == index) {
+      events.back().text += text;
+      return;
+    }
   }
-  return std::nullopt;
+  events.push_back({kind, std::move(text), index});
+}
+
+void ChatOutputParser::start_call(State state) {
+  state_ = state;
+  call_.emplace(syntax_.tool_calls, tools_);
+  call_text_.clear();
+  call_fed_ = close_search_from_ = 0;
+  close_search_in_cdata_ = call_started_ = call_ended_ = false;
+}
+
+size_t ChatOutputParser::find_call_close() {
+  const std::string_view close = call_close(syntax_.tool_calls);
+  const bool cdata = syntax_.tool_calls == ToolCallSyntax::MiniCpmXml;
+  size_t at = close_search_from_;
+  while (true) {
+    if (close_search_in_cdata_) {
+      const size_t cdata_end = call_text_.find(kCdataClose, at);
+      if (cdata_end == std::string::npos) {
+        close_search_from_ = std::max(at, call_text_.size() - std::min(call_text_.size(), kCdataClose.size() - 1));
+        return std::string::npos;
+      }
+      at = cdata_end + kCdataClose.size();
+      close_search_in_cdata_ = false;
+    }
+    const size_t found = call_text_.find(close, at);
+    const size_t cdata_open = cdata ? call_text_.find(kCdataOpen, at) : std::string::npos;
+    if (found != std::string::npos && found < cdata_open) return found;
+    if (cdata_open == std::string::npos) {
+      // Neither marker starts before the last few bytes, which more text may complete.
+      const size_t longest = std::max(close.size(), cdata ? kCdataOpen.size() : 0);
+      close_search_from_ = std::max(at, call_text_.size() - std::min(call_text_.size(), longest - 1));
+      return std::string::npos;
+    }
+    at = cdata_open + kCdataOpen.size();
+    close_search_in_cdata_ = true;
+  }
+}
+
+void ChatOutputParser::feed_call(std::vector<ChatOutputEvent>& events, size_t end) {
+  if (call_ended_) return;
+  if (end > call_fed_) call_->read(std::string_view(call_text_).substr(call_fed_, end - call_fed_));
+  call_fed_ = std::max(call_fed_, end);
+  if (!stream_calls_) return;
+  if (!call_started_ && call_->name()) {
+    emit_call_event(events, ChatOutputEvent::Kind::ToolCallStart, *call_->name());
+    call_started_ = true;
+  }
+  if (!call_started_) return;
+  emit_call_event(events, ChatOutputEvent::Kind::ToolCallArguments, call_->take_arguments());
+  if (call_->broken()) {
+    emit_call_event(events, ChatOutputEvent::Kind::ToolCallEnd, "");
+    call_ended_ = true;
+    skip_spaces_ = true;
+  }
+}
+
+bool ChatOutputParser::read_call(std::vector<ChatOutputEvent>& events) {
+  call_text_ += pending_;
+  pending_.clear();
+  if (state_ == State::WholeReply) {
+    feed_call(events, call_text_.size());
+    return false;
+  }
+  const std::string_view close = call_close(syntax_.tool_calls);
+  const size_t close_at = find_call_close();
+  if (close_at == std::string::npos) {
+    // Held back: an end of the text that may be the closing marker's beginning.
+    const std::array<std::string_view, 1> markers = {close};
+    feed_call(events, call_text_.size() - partial_marker(call_text_, markers));
+    return false;
+  }
+  pending_ = call_text_.substr(close_at + close.size());
+  call_text_.resize(close_at);
+  feed_call(events, close_at);
+  end_call(events, true);
+  return true;
+}
+
+// The open call's text ended (at its closing marker, or with the reply): it is a call, or content.
+void ChatOutputParser::end_call(std::vector<ChatOutputEvent>& events, bool closed) {
+  const bool whole_reply = state_ == State::WholeReply;
+  state_ = State::Content;
+  if (!call_ended_) {
+    call_->end();
+    feed_call(events, call_fed_);
+  }
+  if (call_started_) {
+    if (!call_ended_) emit_call_event(events, ChatOutputEvent::Kind::ToolCallEnd, "");
+    output_.tool_calls.back().complete = call_->complete();
+  } else if (call_->complete()) {
+    emit_call_event(events, ChatOutputEvent::Kind::ToolCallStart, *call_->name());
+    emit_call_event(events, ChatOutputEvent::Kind::ToolCallArguments, call_->take_arguments());
+    emit_call_event(events, ChatOutputEvent::Kind::ToolCallEnd, "");
+    output_.tool_calls.back().complete = true;
+  } else {
+    emit(events, ChatOutputEvent::Kind::Content,
+         whole_reply ? call_text_
+                     : std::string(call_open(syntax_.tool_calls)) + call_text_ +
+                           std::string(closed ? call_close(syntax_.tool_calls) : ""));
+    call_.reset();
+    return;
+  }
+  skip_spaces_ = true;
+  call_.reset();
 }
 
 std::vector<ChatOutputEvent> ChatOutputParser::push(std::string_view text) {
   pending_ += text;
   std::vector<ChatOutputEvent> events;
-  const std::string_view open = call_open(syntax_.tool_calls), close = call_close(syntax_.tool_calls);
+  const std::string_view open = call_open(syntax_.tool_calls);
   while (true) {
-    if (state_ == State::WholeReply) return events;
-    if (state_ == State::ToolCall) {
-      const size_t at = syntax_.tool_calls == ToolCallSyntax::MiniCpmXml ? find_outside_cdata(pending_, close)
-                                                                          : pending_.find(close);
-      if (at == std::string::npos) return events;
-      const std::string body = pending_.substr(0, at);
-      pending_.erase(0, at + close.size());
-      if (auto call = parse_call(body)) {
-        emit_call(events, std::move(*call));
-        skip_spaces_ = true;
-      } else {
-        emit(events, ChatOutputEvent::Kind::Content, std::string(open) + body + std::string(close));
-      }
-      state_ = State::Content;
+    if (state_ == State::ToolCall || state_ == State::WholeReply) {
+      if (!read_call(events)) return events;
       continue;
     }
     if (state_ == State::Content && syntax_.tool_calls == ToolCallSyntax::LlamaJson && !started_) {
@@ -344,8 +324,8 @@ std::vector<ChatOutputEvent> ChatOutputParser::push(std::string_view text) {
       if (first == std::string::npos) return events;  // only spaces so far: undecided
       started_ = true;
       if (pending_[first] == '{') {
-        state_ = State::WholeReply;
-        return events;
+        start_call(State::WholeReply);
+        continue;
       }
     }
     const bool reasoning = state_ == State::Reasoning;
@@ -366,7 +346,10 @@ std::vector<ChatOutputEvent> ChatOutputParser::push(std::string_view text) {
     }
     emit(events, kind, pending_.substr(0, at));
     pending_.erase(0, at + marker.size());
-    state_ = marker == kThinkOpen ? State::Reasoning : marker == open ? State::ToolCall : State::Content;
+    if (marker == open)
+      start_call(State::ToolCall);
+    else
+      state_ = marker == kThinkOpen ? State::Reasoning : State::Content;
     if (marker == kThinkClose) skip_spaces_ = true;
     started_ = true;
   }
@@ -378,13 +361,10 @@ std::vector<ChatOutputEvent> ChatOutputParser::finish() {
     case State::Content: emit(events, ChatOutputEvent::Kind::Content, std::move(pending_)); break;
     case State::Reasoning: emit(events, ChatOutputEvent::Kind::Reasoning, std::move(pending_)); break;
     case State::ToolCall:
-      emit(events, ChatOutputEvent::Kind::Content, std::string(call_open(syntax_.tool_calls)) + pending_);
-      break;
     case State::WholeReply:
-      if (auto call = parse_call(pending_))
-        emit_call(events, std::move(*call));
-      else
-        emit(events, ChatOutputEvent::Kind::Content, std::move(pending_));
+      // What read_call held back as a possible closing marker stays out of the reader: a call
+      // whose marker was cut short is whole without it.
+      end_call(events, false);
       break;
   }
   pending_.clear();

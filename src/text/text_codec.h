@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/reasoning_budget.h"
 #include "text/chat_output.h"
 
 namespace kiln {
@@ -46,6 +48,12 @@ class TextCodec {
   virtual std::string render_chat(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const = 0;
   // How the chat template's model writes reasoning and tool calls (text/chat_output.h).
   virtual ChatOutputSyntax chat_output_syntax() const { return {}; }
+  // A cap of `max_tokens` on a reply's reasoning in the chat template's markers, as token ids
+  // (engine/reasoning_budget.h), the reply starting inside reasoning where `opened_by_prompt`;
+  // nothing where the template writes no reasoning.
+  virtual std::optional<ReasoningBudget> reasoning_budget(int64_t max_tokens, bool opened_by_prompt) const {
+    return std::nullopt;
+  }
   // Ids that end generation (end of text, end of turn).
   virtual std::vector<int32_t> stop_token_ids() const = 0;
   // What each of the model's `rows` token ids adds to the text, as bytes (structured output

@@ -23,6 +23,7 @@ TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, Tex
   if (!request.ignore_eos) generation.stop_ids = codec.stop_token_ids();
   generation.top_logprobs = request.logprobs ? request.top_logprobs : 0;
   generation.grammar = std::move(request.grammar);
+  generation.reasoning_budget = std::move(request.reasoning_budget);
   stream_ = scheduler.submit(std::move(generation));
 }
 

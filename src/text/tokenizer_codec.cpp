@@ -36,6 +36,18 @@ TokenizerCodec::TokenizerCodec(const std::filesystem::path& model_dir, std::opti
     chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::for_tokenizer(tokenizer_));
   if (chat_template || tokenizer_.chat_template())
     output_syntax_ = kiln::chat_output_syntax(chat_template ? *chat_template : *tokenizer_.chat_template());
+  if (output_syntax_.reasoning) {
+    const std::string& source = chat_template ? *chat_template : *tokenizer_.chat_template();
+    ReasoningBudget markers;
+    markers.open = encode_within_text("<think>");
+    markers.close = encode_within_text("</think>");
+    markers.forced = encode_within_text(reasoning_close_text(source));
+    // Where the tokens of the line breaks merge with the marker's, the marker alone is forced.
+    if (std::search(markers.forced.begin(), markers.forced.end(), markers.close.begin(), markers.close.end()) ==
+        markers.forced.end())
+      markers.forced = markers.close;
+    reasoning_markers_ = std::move(markers);
+  }
   const std::vector<int32_t> anchor = tokenizer_.encode("a", false);
   if (!anchor.empty() && !tokenizer_.is_special(anchor.back())) {
     anchor_ = anchor.back();
@@ -45,6 +57,28 @@ TokenizerCodec::TokenizerCodec(const std::filesystem::path& model_dir, std::opti
 
 std::vector<int32_t> TokenizerCodec::encode(std::string_view text, bool add_special_tokens) const {
   return tokenizer_.encode(text, add_special_tokens);
+}
+
+std::vector<int32_t> TokenizerCodec::encode_within_text(std::string_view text) const {
+  // Encoded after a line break whose own tokens are then dropped: a tokenizer that marks the
+  // start of a whole text (SentencePiece's prepended "▁") does not mark a piece of one.
+  const std::vector<int32_t> line_break = tokenizer_.encode("\n", false);
+  std::string after_break = "\n";
+  after_break += text;
+  std::vector<int32_t> ids = tokenizer_.encode(after_break, false);
+  if (ids.size() > line_break.size() && std::equal(line_break.begin(), line_break.end(), ids.begin())) {
+    ids.erase(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(line_break.size()));
+    return ids;
+  }
+  return tokenizer_.encode(text, false);
+}
+
+std::optional<ReasoningBudget> TokenizerCodec::reasoning_budget(int64_t max_tokens, bool opened_by_prompt) const {
+  if (!reasoning_markers_) return std::nullopt;
+  ReasoningBudget budget = *reasoning_markers_;
+  budget.max_tokens = max_tokens;
+  budget.opened_by_prompt = opened_by_prompt;
+  return budget;
 }
 
 std::unique_ptr<TokenTextStream> TokenizerCodec::text_stream(const std::vector<int32_t>& prompt) const {

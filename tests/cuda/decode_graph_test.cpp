@@ -352,5 +352,19 @@ TEST(DecodeGraphScheduler, PenalisedRequestsEqualTheirSoloRuns) {
   expect_solo_results(scheduled_events(*loaded.model, requests, 512), requests, solo);
 }
 
+// Reasoning budgets on CUDA: forced tokens replace the device's in graph steps (the row greedy,
+// no draw) and no step is queued ahead of a token that may be forced; each request equals its solo
+// run, its forced close right after its cap.
+TEST(DecodeGraphScheduler, BudgetedRequestsEqualTheirSoloRuns) {
+  KILN_REQUIRE_CUDA();
+  const auto fixture = fixtures_dir() / "qwen3-tiny";
+  TestModel loaded = open_cuda_model(fixture / "bf16", DType::BF16);
+  const std::vector<int32_t> prompt = fixture_prompt(fixture);
+  const std::vector<GenerationRequest> requests = budgeted_scheduler_requests(prompt, 30);
+  const std::vector<std::vector<int32_t>> solo = solo_tokens(*loaded.model, requests);
+  expect_reasoning_capped(requests, solo);
+  expect_solo_results(scheduled_events(*loaded.model, requests, 512), requests, solo);
+}
+
 }  // namespace
 }  // namespace kiln::testing
