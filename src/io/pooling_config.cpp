@@ -67,7 +67,10 @@ PoolingMode read_pooling_mode(const fs::path& config_path, int64_t hidden_size) 
                                                                       {"pooling_mode_cls_token", PoolingMode::Cls}};
   std::vector<std::string> set;
   PoolingMode mode = PoolingMode::LastToken;
-  for (const auto& [key, value] : config.items()) {
+  for (const auto& item : config.items()) {
+    // Named, not a structured binding: clang 14 (the fuzz build) refuses a binding in a lambda.
+    const std::string& key = item.key();
+    const json& value = item.value();
     if (!key.starts_with("pooling_mode_")) continue;
     if (!value.is_boolean()) fail("{}: {} is {}, not true or false", config_path.string(), key, value.dump());
     if (!value.get<bool>()) continue;
