@@ -515,6 +515,10 @@ TEST_F(EmbeddingServer, BadRequestsGetA400AndTheServerGoesOn) {
   ASSERT_TRUE(chat);
   EXPECT_EQ(chat->status, 400) << chat->body;
   EXPECT_EQ(json::parse(chat->body)["error"]["code"], "generation_not_served") << chat->body;
+  auto page = http_exchange(port_, "GET", "/", "");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 404) << page->body;
+  EXPECT_EQ(json::parse(page->body)["error"]["code"], "generation_not_served") << page->body;
   EXPECT_EQ(embed({{"input", "still serving"}})["data"].size(), 1u);
   EXPECT_GE(metric_value(port_, "kiln_prompt_tokens_total"), 1);
 }

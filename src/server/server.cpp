@@ -310,7 +310,11 @@ void Server::route(const HttpRequest& request, HttpExchange& exchange, RequestRe
     exchange.respond({200, "text/plain; version=0.0.4; charset=utf-8", {}, metrics_text()});
     return;
   }
-  // The page holds no secret and asks for the key itself, so it is served without one.
+  // The page holds no secret and asks for the key itself, so it is served without one; an
+  // embeddings server has no chat to offer it (known once the model is loaded).
+  if (path == "/" && ready_.load() && embedding_scheduler_)
+    throw ApiError(404, "this server serves embeddings (kiln serve --embeddings): the web chat needs a generation model",
+                   "", "generation_not_served");
   if (path == "/") {
     metrics_.count_response(200);
     exchange.respond({200, "text/html; charset=utf-8", web_chat_headers(), std::string(web_chat_page())});
