@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
@@ -88,11 +89,14 @@ TEST(CudaBackendOps, HybridOpsRejectWhatTheyCannotCompute) {
   auto f32 = [&](const Shape& shape) { return cuda->alloc(shape, DType::F32); };
   const BatchLayout one = cuda->make_layout({{0, 0, 2, 0}}, {0, 0});
 
-  // Key dims the delta-rule kernel is not built for (48), and a value/key head mismatch.
-  Tensor q = f32({2, 1, 48}), v = f32({2, 2, 32}), gates = f32({2, 2}), out = f32({2, 2, 32});
-  Tensor state = f32({1, 2, 48, 32});
-  expect_error_mentions([&] { hybrid.gated_delta_rule(q, q, v, gates, gates, one, state, out); },
-                        {"CUDA gated_delta_rule: key_dim 48 / value_dim 32 are not built"});
+  // Key dims the delta-rule kernel is not built for (not a multiple of 8, over 128), and a
+  // value/key head mismatch.
+  Tensor v = f32({2, 2, 32}), gates = f32({2, 2}), out = f32({2, 2, 32});
+  for (int64_t key_dim : {12, 136}) {
+    Tensor q = f32({2, 1, key_dim}), state = f32({1, 2, key_dim, 32});
+    expect_error_mentions([&] { hybrid.gated_delta_rule(q, q, v, gates, gates, one, state, out); },
+                          {fmt::format("CUDA gated_delta_rule: key_dim {} / value_dim 32 are not built", key_dim)});
+  }
   Tensor q2 = f32({2, 2, 32}), v3 = f32({2, 3, 32}), gates3 = f32({2, 3}), out3 = f32({2, 3, 32});
   Tensor state3 = f32({1, 3, 32, 32});
   expect_error_mentions([&] { hybrid.gated_delta_rule(q2, q2, v3, gates3, gates3, one, state3, out3); },
@@ -369,7 +373,9 @@ TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) 
   struct HeadShape {
     int64_t heads, kv_heads, head_dim;
   };
-  for (const HeadShape shape : {HeadShape{8, 2, 64}, HeadShape{4, 1, 128}}) {
+  // Head dims 24 and 80 run zero-padded on the bf16 kernels built for 32 and 128.
+  for (const HeadShape shape :
+       {HeadShape{8, 2, 64}, HeadShape{4, 1, 128}, HeadShape{6, 2, 24}, HeadShape{4, 2, 80}}) {
     const std::vector<int32_t> lengths = {300, 70, 1030};
     const int64_t capacity = 1100;
     std::vector<Tensor> queries;  // per slot [length, heads, head_dim], host, activation dtype
@@ -435,120 +441,125 @@ TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) 
 TEST_P(CudaInvariance, GatedDeltaRowsAreBitIdenticalUnderEverySchedule) {
   HybridOps& hybrid = *cuda->hybrid_ops();
   std::mt19937 random(17);
-  constexpr int64_t kKeyHeads = 2, kValueHeads = 4, kKeyDim = 64, kValueDim = 32;
-  constexpr int64_t kChannels = 2 * kKeyHeads * kKeyDim + kValueHeads * kValueDim;
-  const std::vector<int32_t> lengths = {150, 70, 40};
-  struct Sequence {
-    Tensor x, q, k, v, g, beta;  // host, [length, …]
-  };
-  std::vector<Sequence> sequences;
-  for (int32_t length : lengths)
-    sequences.push_back({f32_as(random_f32({length, kChannels}, random), act),
-                         unit_rows(random_f32({length, kKeyHeads, kKeyDim}, random)),
-                         unit_rows(random_f32({length, kKeyHeads, kKeyDim}, random)),
-                         random_f32({length, kValueHeads, kValueDim}, random),
-                         uniform_f32({length, kValueHeads}, random, -0.5f, -0.01f),
-                         uniform_f32({length, kValueHeads}, random, 0.05f, 0.95f)});
-  const Tensor weight = cuda->upload(f32_as(random_f32({kChannels, 4}, random, 0.5f), DType::BF16));
+  constexpr int64_t kKeyHeads = 2, kValueHeads = 4, kValueDim = 32;
+  // Key dim 24 runs on the kernels built for 32, its q, k and state rows zero-padded.
+  for (const int64_t key_dim : {int64_t{64}, int64_t{24}}) {
+    SCOPED_TRACE(fmt::format("key_dim {}", key_dim));
+    const int64_t channels = 2 * kKeyHeads * key_dim + kValueHeads * kValueDim;
+    const std::vector<int32_t> lengths = {150, 70, 40};
+    struct Sequence {
+      Tensor x, q, k, v, g, beta;  // host, [length, …]
+    };
+    std::vector<Sequence> sequences;
+    for (int32_t length : lengths)
+      sequences.push_back({f32_as(random_f32({length, channels}, random), act),
+                           unit_rows(random_f32({length, kKeyHeads, key_dim}, random)),
+                           unit_rows(random_f32({length, kKeyHeads, key_dim}, random)),
+                           random_f32({length, kValueHeads, kValueDim}, random),
+                           uniform_f32({length, kValueHeads}, random, -0.5f, -0.01f),
+                           uniform_f32({length, kValueHeads}, random, 0.05f, 0.95f)});
+    const Tensor weight = cuda->upload(f32_as(random_f32({channels, 4}, random, 0.5f), DType::BF16));
 
-  struct Outputs {
-    std::vector<Tensor> convolved, core;  // per sequence, host
-    Tensor conv_state, state;
-  };
-  // Each step lists (slot, first position, tokens); a schedule covers every position in order.
-  auto run = [&](const std::vector<std::vector<std::array<int32_t, 3>>>& steps) {
-    Outputs result;
-    for (size_t slot = 0; slot < lengths.size(); ++slot) {
-      result.convolved.push_back(Tensor::empty({lengths[slot], kChannels}, act));
-      result.core.push_back(Tensor::empty({lengths[slot], kValueHeads, kValueDim}, act));
-    }
-    Tensor conv_state = cuda->alloc({3, 3, kChannels}, DType::F32);
-    Tensor state = cuda->alloc({3, kValueHeads, kKeyDim, kValueDim}, DType::F32);
-    for (const auto& step : steps) {
-      const std::vector<SequenceSpan> spans = spans_of(step);
-      const int64_t tokens = span_tokens(spans);
-      // Gathers rows [first_position, +tokens) of each span's sequence into one batch tensor.
-      auto gather = [&](Tensor Sequence::*field) {
-        const Tensor& first = sequences[0].*field;
-        Shape shape = first.shape();
-        shape[0] = tokens;
-        Tensor batch = Tensor::empty(shape, first.dtype());
-        for (const SequenceSpan& span : spans) {
-          const Tensor& source = sequences[span.slot].*field;
-          const size_t row_bytes = source.nbytes() / source.dim(0);
-          std::memcpy(static_cast<char*>(batch.raw()) + span.first_token * row_bytes,
-                      static_cast<const char*>(source.raw()) + span.first_position * row_bytes, span.tokens * row_bytes);
-        }
-        return cuda->upload(batch);
-      };
-      const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(tokens, 0));
-      Tensor convolved = cuda->alloc({tokens, kChannels}, act);
-      hybrid.causal_conv1d_silu(gather(&Sequence::x), weight, layout, conv_state, convolved);
-      Tensor core = cuda->alloc({tokens, kValueHeads, kValueDim}, act);
-      hybrid.gated_delta_rule(gather(&Sequence::q), gather(&Sequence::k), gather(&Sequence::v), gather(&Sequence::g),
-                              gather(&Sequence::beta), layout, state, core);
-      const Tensor convolved_host = cuda->download(convolved), core_host = cuda->download(core);
-      for (const SequenceSpan& span : spans)
-        for (const auto& [from, to] : {std::pair{&convolved_host, &result.convolved[span.slot]},
-                                       std::pair{&core_host, &result.core[span.slot]}}) {
-          const size_t row_bytes = from->nbytes() / from->dim(0);
-          std::memcpy(static_cast<char*>(to->raw()) + span.first_position * row_bytes,
-                      static_cast<const char*>(from->raw()) + span.first_token * row_bytes, span.tokens * row_bytes);
-        }
-    }
-    result.conv_state = cuda->download(conv_state);
-    result.state = cuda->download(state);
-    return result;
-  };
-
-  const Outputs one_shot = run({{{0, 0, 150}, {1, 0, 70}, {2, 0, 40}}});
-  std::vector<std::vector<std::array<int32_t, 3>>> one_by_one, appends;
-  for (int32_t position = 0; position < 150; ++position) {
-    std::vector<std::array<int32_t, 3>> step;
-    for (int32_t slot = 0; slot < 3; ++slot)
-      if (position < lengths[slot]) step.push_back({slot, position, 1});
-    one_by_one.push_back(step);
-  }
-  for (int32_t position = 0, size = 1; position < 150; position += size, size = size % 16 + 1) {
-    std::vector<std::array<int32_t, 3>> step;
-    for (int32_t slot = 0; slot < 3; ++slot)
-      if (position < lengths[slot]) step.push_back({slot, position, std::min(size, lengths[slot] - position)});
-    appends.push_back(step);
-  }
-  const Outputs token_by_token = run(one_by_one);
-  struct Schedule {
-    std::string name;
-    std::vector<std::vector<std::array<int32_t, 3>>> steps;
-    const Outputs* reference;
-  };
-  const std::vector<Schedule> schedules = {
-      {"alone", {{{0, 0, 150}}, {{1, 0, 70}}, {{2, 0, 40}}}, &one_shot},
-      {"other order", {{{2, 0, 40}, {0, 0, 150}, {1, 0, 70}}}, &one_shot},
-      {"chunks of 64", {{{0, 0, 64}, {1, 0, 64}}, {{0, 64, 64}, {1, 64, 6}, {2, 0, 40}}, {{0, 128, 22}}}, &one_shot},
-      {"appends of 1..16", appends, &token_by_token},
-  };
-  auto expect_same = [&](const std::string& name, const Outputs& outputs, const Outputs& reference, bool core) {
-    for (size_t slot = 0; slot < lengths.size(); ++slot)
-      for (int32_t position = 0; position < lengths[slot]; ++position) {
-        ASSERT_TRUE(same_rows(outputs.convolved[slot], position, reference.convolved[slot], position, 1))
-            << name << ": conv output of sequence " << slot << " at position " << position;
-        if (core) {
-          ASSERT_TRUE(same_rows(outputs.core[slot], position, reference.core[slot], position, 1))
-              << name << ": delta-rule output of sequence " << slot << " at position " << position;
-        }
+    struct Outputs {
+      std::vector<Tensor> convolved, core;  // per sequence, host
+      Tensor conv_state, state;
+    };
+    // Each step lists (slot, first position, tokens); a schedule covers every position in order.
+    auto run = [&](const std::vector<std::vector<std::array<int32_t, 3>>>& steps) {
+      Outputs result;
+      for (size_t slot = 0; slot < lengths.size(); ++slot) {
+        result.convolved.push_back(Tensor::empty({lengths[slot], channels}, act));
+        result.core.push_back(Tensor::empty({lengths[slot], kValueHeads, kValueDim}, act));
       }
-    EXPECT_EQ(std::memcmp(outputs.conv_state.raw(), reference.conv_state.raw(), reference.conv_state.nbytes()), 0)
-        << name;
-    if (core) {
-      EXPECT_EQ(std::memcmp(outputs.state.raw(), reference.state.raw(), reference.state.nbytes()), 0) << name;
+      Tensor conv_state = cuda->alloc({3, 3, channels}, DType::F32);
+      Tensor state = cuda->alloc({3, kValueHeads, key_dim, kValueDim}, DType::F32);
+      for (const auto& step : steps) {
+        const std::vector<SequenceSpan> spans = spans_of(step);
+        const int64_t tokens = span_tokens(spans);
+        // Gathers rows [first_position, +tokens) of each span's sequence into one batch tensor.
+        auto gather = [&](Tensor Sequence::*field) {
+          const Tensor& first = sequences[0].*field;
+          Shape shape = first.shape();
+          shape[0] = tokens;
+          Tensor batch = Tensor::empty(shape, first.dtype());
+          for (const SequenceSpan& span : spans) {
+            const Tensor& source = sequences[span.slot].*field;
+            const size_t row_bytes = source.nbytes() / source.dim(0);
+            std::memcpy(static_cast<char*>(batch.raw()) + span.first_token * row_bytes,
+                        static_cast<const char*>(source.raw()) + span.first_position * row_bytes, span.tokens * row_bytes);
+          }
+          return cuda->upload(batch);
+        };
+        const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(tokens, 0));
+        Tensor convolved = cuda->alloc({tokens, channels}, act);
+        hybrid.causal_conv1d_silu(gather(&Sequence::x), weight, layout, conv_state, convolved);
+        Tensor core = cuda->alloc({tokens, kValueHeads, kValueDim}, act);
+        hybrid.gated_delta_rule(gather(&Sequence::q), gather(&Sequence::k), gather(&Sequence::v), gather(&Sequence::g),
+                                gather(&Sequence::beta), layout, state, core);
+        const Tensor convolved_host = cuda->download(convolved), core_host = cuda->download(core);
+        for (const SequenceSpan& span : spans)
+          for (const auto& [from, to] : {std::pair{&convolved_host, &result.convolved[span.slot]},
+                                         std::pair{&core_host, &result.core[span.slot]}}) {
+            const size_t row_bytes = from->nbytes() / from->dim(0);
+            std::memcpy(static_cast<char*>(to->raw()) + span.first_position * row_bytes,
+                        static_cast<const char*>(from->raw()) + span.first_token * row_bytes, span.tokens * row_bytes);
+          }
+      }
+      result.conv_state = cuda->download(conv_state);
+      result.state = cuda->download(state);
+      return result;
+    };
+
+    const Outputs one_shot = run({{{0, 0, 150}, {1, 0, 70}, {2, 0, 40}}});
+    std::vector<std::vector<std::array<int32_t, 3>>> one_by_one, appends;
+    for (int32_t position = 0; position < 150; ++position) {
+      std::vector<std::array<int32_t, 3>> step;
+      for (int32_t slot = 0; slot < 3; ++slot)
+        if (position < lengths[slot]) step.push_back({slot, position, 1});
+      one_by_one.push_back(step);
     }
-  };
-  for (const Schedule& schedule : schedules) expect_same(schedule.name, run(schedule.steps), *schedule.reference, true);
-  expect_same("token by token against one shot (conv only)", token_by_token, one_shot, false);
-  // Sequence 2 (40 tokens) holds no whole chunk: it is recurrent in every schedule.
-  for (int32_t position = 0; position < lengths[2]; ++position)
-    ASSERT_TRUE(same_rows(token_by_token.core[2], position, one_shot.core[2], position, 1))
-        << "token by token against one shot: delta-rule output of sequence 2 at position " << position;
+    for (int32_t position = 0, size = 1; position < 150; position += size, size = size % 16 + 1) {
+      std::vector<std::array<int32_t, 3>> step;
+      for (int32_t slot = 0; slot < 3; ++slot)
+        if (position < lengths[slot]) step.push_back({slot, position, std::min(size, lengths[slot] - position)});
+      appends.push_back(step);
+    }
+    const Outputs token_by_token = run(one_by_one);
+    struct Schedule {
+      std::string name;
+      std::vector<std::vector<std::array<int32_t, 3>>> steps;
+      const Outputs* reference;
+    };
+    const std::vector<Schedule> schedules = {
+        {"alone", {{{0, 0, 150}}, {{1, 0, 70}}, {{2, 0, 40}}}, &one_shot},
+        {"other order", {{{2, 0, 40}, {0, 0, 150}, {1, 0, 70}}}, &one_shot},
+        {"chunks of 64", {{{0, 0, 64}, {1, 0, 64}}, {{0, 64, 64}, {1, 64, 6}, {2, 0, 40}}, {{0, 128, 22}}}, &one_shot},
+        {"appends of 1..16", appends, &token_by_token},
+    };
+    auto expect_same = [&](const std::string& name, const Outputs& outputs, const Outputs& reference, bool core) {
+      for (size_t slot = 0; slot < lengths.size(); ++slot)
+        for (int32_t position = 0; position < lengths[slot]; ++position) {
+          ASSERT_TRUE(same_rows(outputs.convolved[slot], position, reference.convolved[slot], position, 1))
+              << name << ": conv output of sequence " << slot << " at position " << position;
+          if (core) {
+            ASSERT_TRUE(same_rows(outputs.core[slot], position, reference.core[slot], position, 1))
+                << name << ": delta-rule output of sequence " << slot << " at position " << position;
+          }
+        }
+      EXPECT_EQ(std::memcmp(outputs.conv_state.raw(), reference.conv_state.raw(), reference.conv_state.nbytes()), 0)
+          << name;
+      if (core) {
+        EXPECT_EQ(std::memcmp(outputs.state.raw(), reference.state.raw(), reference.state.nbytes()), 0) << name;
+      }
+    };
+    for (const Schedule& schedule : schedules) expect_same(schedule.name, run(schedule.steps), *schedule.reference, true);
+    expect_same("token by token against one shot (conv only)", token_by_token, one_shot, false);
+    // Sequence 2 (40 tokens) holds no whole chunk: it is recurrent in every schedule.
+    for (int32_t position = 0; position < lengths[2]; ++position)
+      ASSERT_TRUE(same_rows(token_by_token.core[2], position, one_shot.core[2], position, 1))
+          << "token by token against one shot: delta-rule output of sequence 2 at position " << position;
+
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, CudaInvariance, ::testing::Values(DType::F32, DType::BF16),

@@ -52,8 +52,8 @@ OpCase attention_case(int64_t heads, int64_t kv_heads, int64_t head_dim, const s
     backend.attention(in[2], k_cache, v_cache, layout, 1.0f / std::sqrt(static_cast<float>(head_dim)), out);
     return std::vector<Tensor>{out};
   };
-  // The BF16 tensor-core attention takes these head dims (cuda_backend.h); others are F32-only.
-  op.bf16 = head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+  // The BF16 tensor-core attention takes head dims that are multiples of 8 up to 256 (cuda/kernels.h).
+  op.bf16 = head_dim % 8 == 0 && head_dim <= 256;
   return op;
 }
 
@@ -77,7 +77,9 @@ std::vector<OpCase> attention_cases(std::mt19937& random) {
       attention_case(16, 2, 256, spans_of({{0, 0, 20}, {1, 300, 1}}), random),
       attention_case(12, 4, 128, spans_of({{0, 0, 130}, {1, 1000, 3}}), random),
       attention_case(5, 1, 64, spans_of({{0, 0, 80}}), random),                            // GQA 5
-      attention_case(3, 1, 24, spans_of({{0, 0, 40}, {1, 90, 2}}), random),                // f32 only
+      attention_case(3, 1, 24, spans_of({{0, 0, 40}, {1, 90, 2}}), random),                // bf16 padded to 32
+      attention_case(4, 2, 80, spans_of({{0, 0, 130}, {1, 70, 1}}), random),               // bf16 padded to 128
+      attention_case(2, 1, 200, spans_of({{0, 0, 65}, {1, 300, 2}}), random),              // bf16 padded to 256
   };
 }
 
@@ -292,6 +294,14 @@ std::vector<OpCase> hybrid_cases(std::mt19937& random) {
   OpCase odd_columns = delta_rule_case(1, 1, 32, 40, spans_of({{0, 0, 70}}), random);
   odd_columns.f32_tolerance = 1e-4;
   cases.push_back(std::move(odd_columns));
+  // Key dims the CUDA kernels run zero-padded to the next built one (16, 32, 64, 128): the tiny
+  // Qwen3.5-MoE fixture's 16 / 24, and 24 and 40 through recurrent and chunked tokens alike.
+  for (const auto& [key_dim, value_dim] : {std::pair<int64_t, int64_t>{16, 24}, {24, 40}, {40, 16}}) {
+    cases.push_back(delta_rule_case(1, 2, key_dim, value_dim, spans_of({{0, 3, 9}, {1, 0, 1}}), random));
+    OpCase padded = delta_rule_case(2, 2, key_dim, value_dim, spans_of({{0, 0, 150}, {1, 60, 70}}), random);
+    padded.f32_tolerance = 1e-4;
+    cases.push_back(std::move(padded));
+  }
   return cases;
 }
 

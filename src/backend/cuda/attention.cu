@@ -260,28 +260,30 @@ struct RowTile {
 };
 
 // Copies keys [key_base + first_row, key_base + end_row) of (slot, kv_head) into shared rows
-// first_row..end_row − 1, zeros past kv_length.
+// first_row..end_row − 1, zeros past kv_length and past the model's head_dim (≤ kHeadDim).
 template <int kHeadDim>
 __device__ __forceinline__ void load_key_tile(bf16* destination, const bf16* cache, int64_t slot_base,
-                                              int64_t kv_heads, int64_t kv_head, int64_t key_base,
+                                              int64_t kv_heads, int64_t kv_head, int64_t head_dim, int64_t key_base,
                                               int64_t kv_length, int first_row = 0, int end_row = kKeyTile) {
   constexpr int kStride = Bf16Config<kHeadDim>::kStride;
   constexpr int kPieces = kHeadDim / 8;
   for (int piece = first_row * kPieces + threadIdx.x; piece < end_row * kPieces; piece += kThreads) {
     const int key = piece / kPieces, part = piece % kPieces;
-    const bool valid = key_base + key < kv_length;
-    const bf16* source = valid ? cache + ((slot_base + key_base + key) * kv_heads + kv_head) * kHeadDim + part * 8 : cache;
+    const bool valid = key_base + key < kv_length && part * 8 < head_dim;
+    const bf16* source = valid ? cache + ((slot_base + key_base + key) * kv_heads + kv_head) * head_dim + part * 8 : cache;
     cp_async_16(destination + key * kStride + part * 8, source, valid);
   }
 }
 
 // kSplitKV false: prefill, grid (row tiles, spans, kv heads), each block folds all its splits.
 // kSplitKV true: decode, grid (row tiles × max splits, spans, kv heads), one split per block.
+// head_dim is the model's (a multiple of 8, ≤ kHeadDim, the row stride of q, the cache and out); a
+// smaller one is zero-padded to kHeadDim in shared memory, and zeros add nothing to q·k or P·V.
 template <int kHeadDim, bool kSplitKV>
 __global__ void __launch_bounds__(kThreads)
     attention_bf16_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* spans,
-                          int64_t heads, int64_t kv_heads, int64_t capacity, int64_t max_splits, float scale_log2,
-                          bf16* out, float* partials) {
+                          int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t capacity, int64_t max_splits,
+                          float scale_log2, bf16* out, float* partials) {
   using Config = Bf16Config<kHeadDim>;
   constexpr int kStride = Config::kStride;
   extern __shared__ uint4 shared_words[];
@@ -313,10 +315,10 @@ __global__ void __launch_bounds__(kThreads)
   if (kSplitKV && has_work) {
     const int64_t earlier_rows = tile.first_position - key_begin;
     prefetched_rows = static_cast<int>(earlier_rows < 0 ? 0 : (earlier_rows < kKeyTile ? earlier_rows : kKeyTile));
-    load_key_tile<kHeadDim>(key_tiles, k_cache, slot_base, kv_heads, kv_head, key_begin, kv_length, 0,
+    load_key_tile<kHeadDim>(key_tiles, k_cache, slot_base, kv_heads, kv_head, head_dim, key_begin, kv_length, 0,
                             prefetched_rows);
-    load_key_tile<kHeadDim>(key_tiles + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, key_begin,
-                            kv_length, 0, prefetched_rows);
+    load_key_tile<kHeadDim>(key_tiles + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, head_dim,
+                            key_begin, kv_length, 0, prefetched_rows);
   }
   follow_previous_grid();
   if (!has_work) return;
@@ -324,18 +326,18 @@ __global__ void __launch_bounds__(kThreads)
   // Queries of the block's rows (zeros for padding rows).
   for (int piece = threadIdx.x; piece < kBlockRows * (kHeadDim / 8); piece += kThreads) {
     const int row = piece / (kHeadDim / 8), part = piece % (kHeadDim / 8);
-    const bool valid = tile.position(row) >= 0;
+    const bool valid = tile.position(row) >= 0 && part * 8 < head_dim;
     const int64_t head = kv_head * group + tile.head_in_group(row);
-    const bf16* source = valid ? q + (tile.token(row) * heads + head) * kHeadDim + part * 8 : q;
+    const bf16* source = valid ? q + (tile.token(row) * heads + head) * head_dim + part * 8 : q;
     cp_async_16(queries + row * kStride + part * 8, source, valid);
   }
   auto issue_tile = [&](int64_t index) {
     bf16* buffer = key_tiles + (index % Config::kKeyBuffers) * 2 * kKeyTile * kStride;
     const int64_t key_base = key_begin + index * kKeyTile;
     const int first_row = index == 0 ? prefetched_rows : 0;
-    load_key_tile<kHeadDim>(buffer, k_cache, slot_base, kv_heads, kv_head, key_base, kv_length, first_row);
-    load_key_tile<kHeadDim>(buffer + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, key_base, kv_length,
-                            first_row);
+    load_key_tile<kHeadDim>(buffer, k_cache, slot_base, kv_heads, kv_head, head_dim, key_base, kv_length, first_row);
+    load_key_tile<kHeadDim>(buffer + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, head_dim, key_base,
+                            kv_length, first_row);
     cp_async_commit();
   };
 
@@ -427,23 +429,26 @@ __global__ void __launch_bounds__(kThreads)
       const int row = warp * 16 + g + 8 * r;
       if (positions[r] < 0) continue;
       const int64_t head = kv_head * group + tile.head_in_group(row);
-      bf16* destination = out + (tile.token(row) * heads + head) * kHeadDim;
+      bf16* destination = out + (tile.token(row) * heads + head) * head_dim;
 #pragma unroll
-      for (int t = 0; t < kHeadDim / 8; ++t)
+      for (int t = 0; t < kHeadDim / 8; ++t) {
+        if (t * 8 >= head_dim) break;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
           destination[t * 8 + 2 * q4 + i] = from_float<bf16>(__fdiv_rn(folded(t, 2 * r + i), total_sum[r]));
+      }
     }
   }
 }
 
-// Folds the decode partials of each (token, head) in split order; one thread per head dim. The
-// positions are step inputs no kernel writes, so the split count is read before waiting for the
-// split kernel (device_math.cuh).
+// Folds the decode partials of each (token, head) in split order; one thread per head dim (of
+// kHeadDim: the partials' stride; only the model's head_dim are written out). The positions are
+// step inputs no kernel writes, so the split count is read before waiting for the split kernel
+// (device_math.cuh).
 template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim)
-    attention_combine_kernel(const float* partials, const int32_t* positions, int64_t heads, int64_t max_splits,
-                             bf16* out) {
+    attention_combine_kernel(const float* partials, const int32_t* positions, int64_t heads, int64_t head_dim,
+                             int64_t max_splits, bf16* out) {
   const int64_t token = blockIdx.x, head = blockIdx.y;
   const int d = threadIdx.x;
   const int64_t splits = positions[token] / kAttentionSplitKeys + 1;
@@ -473,7 +478,7 @@ __global__ void __launch_bounds__(kHeadDim)
       total_max = new_max;
     }
   }
-  out[(token * heads + head) * kHeadDim + d] = from_float<bf16>(__fdiv_rn(total, total_sum));
+  if (d < head_dim) out[(token * heads + head) * head_dim + d] = from_float<bf16>(__fdiv_rn(total, total_sum));
 }
 
 bool uses_split_kv(const AttentionArgs& args) { return args.tokens <= kAttentionDecodeMaxTokens; }
@@ -499,11 +504,11 @@ cudaError_t launch_bf16(const AttentionArgs& args, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(row_tiles * splits), static_cast<unsigned>(args.span_count),
                     static_cast<unsigned>(args.kv_heads));
     launch_after_previous(kernel, grid, block, kShared, stream, q, k_cache, v_cache, args.spans, args.heads,
-                          args.kv_heads, args.capacity, splits, scale_log2, out, args.partials);
+                          args.kv_heads, args.head_dim, args.capacity, splits, scale_log2, out, args.partials);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
     launch_after_previous(&attention_combine_kernel<kHeadDim>,
                           dim3(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads)), kHeadDim, 0,
-                          stream, args.partials, args.positions, args.heads, splits, out);
+                          stream, args.partials, args.positions, args.heads, args.head_dim, splits, out);
     return cudaGetLastError();
   }
   constexpr int kShared = Config::kSharedBytes(false);
@@ -513,19 +518,27 @@ cudaError_t launch_bf16(const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(args.span_count),
                   static_cast<unsigned>(args.kv_heads));
   launch_after_previous(kernel, grid, block, kShared, stream, q, k_cache, v_cache, args.spans, args.heads,
-                        args.kv_heads, args.capacity, 1, scale_log2, out, nullptr);
+                        args.kv_heads, args.head_dim, args.capacity, 1, scale_log2, out, nullptr);
   return cudaGetLastError();
+}
+
+// The head_dim a bf16 kernel is built for: the published models' 64, 128 and 256 (and 16, 32) run
+// unpadded; any other multiple of 8 runs on the next one up, zero-padded.
+int64_t padded_bf16_head_dim(int64_t head_dim) {
+  for (int64_t built : {16, 32, 64, 128, 256})
+    if (head_dim <= built) return built;
+  return 0;
 }
 
 }  // namespace
 
 bool attention_bf16_supports_head_dim(int64_t head_dim) {
-  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return head_dim > 0 && head_dim % 8 == 0 && head_dim <= 256;
 }
 
 int64_t attention_partials_floats(const AttentionArgs& args) {
   if (args.dtype != DType::BF16 || !uses_split_kv(args)) return 0;
-  return args.tokens * args.heads * max_splits(args) * (args.head_dim + 2);
+  return args.tokens * args.heads * max_splits(args) * (padded_bf16_head_dim(args.head_dim) + 2);
 }
 
 cudaError_t launch_attention(const AttentionArgs& args, cudaStream_t stream) {
@@ -537,7 +550,8 @@ cudaError_t launch_attention(const AttentionArgs& args, cudaStream_t stream) {
     if (args.head_dim <= 256) return launch_f32<8>(args, stream);
     return launch_f32<16>(args, stream);
   }
-  switch (args.head_dim) {
+  if (!attention_bf16_supports_head_dim(args.head_dim)) return cudaErrorInvalidValue;
+  switch (padded_bf16_head_dim(args.head_dim)) {
     case 16: return launch_bf16<16>(args, stream);
     case 32: return launch_bf16<32>(args, stream);
     case 64: return launch_bf16<64>(args, stream);

@@ -249,7 +249,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   const int64_t heads = dims.heads;
   require_device_layout(layout, "attention");
   if (q.dtype() == DType::BF16 && !cuda::attention_bf16_supports_head_dim(cache.head_dim))
-    fail("CUDA attention: the BF16 path supports head_dim 16, 32, 64, 128 or 256, got {}", cache.head_dim);
+    fail("CUDA attention: the BF16 path supports head_dim a multiple of 8 up to 256, got {}", cache.head_dim);
 
   cuda::AttentionArgs args;
   args.q = q.raw();

@@ -84,9 +84,9 @@ void CudaBackend::gated_delta_rule(const Tensor& q, const Tensor& k, const Tenso
   const DeltaRuleDims dims = check_gated_delta_rule(contract(), op, q, k, v, g, beta, layout.spans, state, out);
   const int64_t key_heads = dims.key_heads, key_dim = dims.key_dim;
   const int64_t value_heads = dims.value_heads, value_dim = dims.value_dim;
-  if ((key_dim != 32 && key_dim != 64 && key_dim != 128) || value_dim > cuda::kGatedDeltaMaxValueDim)
-    fail("CUDA {}: key_dim {} / value_dim {} are not built (key_dim 32, 64 or 128; value_dim ≤ {})", op, key_dim,
-         value_dim, cuda::kGatedDeltaMaxValueDim);
+  if (!cuda::gated_delta_supports_key_dim(key_dim) || value_dim > cuda::kGatedDeltaMaxValueDim)
+    fail("CUDA {}: key_dim {} / value_dim {} are not built (key_dim a multiple of 8 up to {}; value_dim ≤ {})", op,
+         key_dim, value_dim, cuda::kGatedDeltaMaxKeyDim, cuda::kGatedDeltaMaxValueDim);
   require_state_layout(layout, dims.tokens, op);
   cuda::DeltaRuleArgs args;
   args.q = q.data<float>();

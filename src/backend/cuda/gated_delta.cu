@@ -164,12 +164,13 @@ __device__ __forceinline__ float delta_rule_token(float (&column)[kKeyDim], cons
   return output;
 }
 
-// Block (span, value head), thread j = value column j; kKeyDim state entries per thread. Every
-// token recurrent: launched when no span holds a whole aligned chunk (decode, small appends).
+// Block (span, value head), thread j = value column j; kKeyDim state entries per thread (the
+// model's key_dim of them real, the rest zero: see launch_gated_delta_rule). Every token
+// recurrent: launched when no span holds a whole aligned chunk (decode, small appends).
 template <typename T, int kKeyDim>
 __global__ void delta_rule_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                                  const int32_t* spans, int64_t key_heads, int64_t value_heads, int64_t value_dim,
-                                  float* states, T* out) {
+                                  const int32_t* spans, int64_t key_heads, int64_t key_dim, int64_t value_heads,
+                                  int64_t value_dim, float* states, T* out) {
   follow_previous_grid();
   __shared__ float query[kKeyDim];
   __shared__ float key[kKeyDim];
@@ -178,16 +179,17 @@ __global__ void delta_rule_kernel(const float* q, const float* k, const float* v
   const int64_t key_head = value_head / (value_heads / key_heads);
   const int j = threadIdx.x;
   const bool active = j < value_dim;
-  float* state = states + (static_cast<int64_t>(span.slot) * value_heads + value_head) * kKeyDim * value_dim + j;
+  float* state = states + (static_cast<int64_t>(span.slot) * value_heads + value_head) * key_dim * value_dim + j;
   float column[kKeyDim];
 #pragma unroll
-  for (int p = 0; p < kKeyDim; ++p) column[p] = (active && span.first_position != 0) ? state[p * value_dim] : 0.0f;
+  for (int p = 0; p < kKeyDim; ++p)
+    column[p] = (active && span.first_position != 0 && p < key_dim) ? state[p * value_dim] : 0.0f;
   for (int32_t t = 0; t < span.tokens; ++t) {
     const int64_t row = static_cast<int64_t>(span.first_token) + t;
     __syncthreads();  // the previous token's reads of query/key are done
     for (int p = threadIdx.x; p < kKeyDim; p += blockDim.x) {
-      query[p] = q[(row * key_heads + key_head) * kKeyDim + p];
-      key[p] = k[(row * key_heads + key_head) * kKeyDim + p];
+      query[p] = p < key_dim ? q[(row * key_heads + key_head) * key_dim + p] : 0.0f;
+      key[p] = p < key_dim ? k[(row * key_heads + key_head) * key_dim + p] : 0.0f;
     }
     __syncthreads();
     if (!active) continue;
@@ -199,7 +201,8 @@ __global__ void delta_rule_kernel(const float* q, const float* k, const float* v
   }
   if (active)
 #pragma unroll
-    for (int p = 0; p < kKeyDim; ++p) state[p * value_dim] = column[p];
+    for (int p = 0; p < kKeyDim; ++p)
+      if (p < key_dim) state[p * value_dim] = column[p];
 }
 
 // --- the chunked form (spec A.6.5), in the CPU backend's formulas and summation orders
@@ -253,7 +256,7 @@ static_assert(ChunkLayout<128>::kBytes <= 227 * 1024, "the dk = 128 chunk kernel
 // What every phase of the chunk kernel reads: the op's tensors and this block's place in them.
 struct ChunkBlock {
   const float *q, *k, *v, *g, *beta;
-  int64_t key_heads, value_heads, value_dim, key_head, value_head;
+  int64_t key_heads, key_dim, value_heads, value_dim, key_head, value_head;  // key_dim ≤ kKeyDim
   int64_t tile_column0, column;  // the tile's first value column, and this lane's
   int64_t first_row;             // the span's first token in the batch
   float* shared;
@@ -267,9 +270,10 @@ __device__ void chunk_kernel_prefetch(const ChunkBlock& b, int32_t begin, float*
   const int64_t first_row = b.first_row + begin;
   for (int index = threadIdx.x; index < kChunk * kPieces; index += blockDim.x) {
     const int i = index / kPieces, piece = index % kPieces;
-    const int64_t offset = ((first_row + i) * b.key_heads + b.key_head) * kKeyDim + 4 * piece;
-    cp_async_16(buffer + Layout::kKeys + i * Layout::kRowStride + 4 * piece, b.k + offset, true);
-    cp_async_16(buffer + Layout::kQueries + i * Layout::kRowStride + 4 * piece, b.q + offset, true);
+    const bool real = 4 * piece < b.key_dim;  // the padding past the model's key_dim is zero-filled
+    const int64_t offset = real ? ((first_row + i) * b.key_heads + b.key_head) * b.key_dim + 4 * piece : 0;
+    cp_async_16(buffer + Layout::kKeys + i * Layout::kRowStride + 4 * piece, b.k + offset, real);
+    cp_async_16(buffer + Layout::kQueries + i * Layout::kRowStride + 4 * piece, b.q + offset, real);
   }
   for (int index = threadIdx.x; index < kChunk * kChunkTileColumns; index += blockDim.x) {
     const int i = index / kChunkTileColumns;
@@ -305,8 +309,8 @@ __device__ __noinline__ void chunk_kernel_recurrent(const ChunkBlock& b, int32_t
       const int64_t row = b.first_row + t;
       __syncwarp();
       for (int p = lane; p < kKeyDim; p += 32) {
-        query[p] = b.q[(row * b.key_heads + b.key_head) * kKeyDim + p];
-        key[p] = b.k[(row * b.key_heads + b.key_head) * kKeyDim + p];
+        query[p] = p < b.key_dim ? b.q[(row * b.key_heads + b.key_head) * b.key_dim + p] : 0.0f;
+        key[p] = p < b.key_dim ? b.k[(row * b.key_heads + b.key_head) * b.key_dim + p] : 0.0f;
       }
       __syncwarp();
       const float decay = expf(b.g[row * b.value_heads + b.value_head]);
@@ -495,25 +499,28 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const floa
       }
   }
   {
-    constexpr int kRows = kKeyDim / kChunkWarps;
+    // At least 4 state rows per warp (one float4 of k): with dk = 16 only warps 0..3 take part.
+    constexpr int kRows = kKeyDim / kChunkWarps >= 4 ? kKeyDim / kChunkWarps : 4;
     const int p0 = warp * kRows;
-    const float decay_whole = decay_from_start[kChunk - 1];
-    float entry[kRows];
+    if (p0 < kKeyDim) {
+      const float decay_whole = decay_from_start[kChunk - 1];
+      float entry[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) entry[r] = tile[(p0 + r) * kChunkTileColumns + lane] * decay_whole;
-    for (int m = 0; m < kChunk; ++m) {
-      const float delta = corrected[m * kChunkTileColumns + lane];
+      for (int r = 0; r < kRows; ++r) entry[r] = tile[(p0 + r) * kChunkTileColumns + lane] * decay_whole;
+      for (int m = 0; m < kChunk; ++m) {
+        const float delta = corrected[m * kChunkTileColumns + lane];
 #pragma unroll
-      for (int r = 0; r < kRows; r += 4) {
-        const float4 scaled = row4(keys, m, p0 + r);
-        entry[r + 0] += scaled.x * delta;
-        entry[r + 1] += scaled.y * delta;
-        entry[r + 2] += scaled.z * delta;
-        entry[r + 3] += scaled.w * delta;
+        for (int r = 0; r < kRows; r += 4) {
+          const float4 scaled = row4(keys, m, p0 + r);
+          entry[r + 0] += scaled.x * delta;
+          entry[r + 1] += scaled.y * delta;
+          entry[r + 2] += scaled.z * delta;
+          entry[r + 3] += scaled.w * delta;
+        }
       }
-    }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) tile[(p0 + r) * kChunkTileColumns + lane] = entry[r];
+      for (int r = 0; r < kRows; ++r) tile[(p0 + r) * kChunkTileColumns + lane] = entry[r];
+    }
   }
   __syncthreads();
 }
@@ -521,8 +528,8 @@ __device__ void chunk_kernel_step(const ChunkBlock& b, int32_t begin, const floa
 template <typename T, int kKeyDim>
 __global__ void __launch_bounds__(kChunkWarps * 32)
     delta_rule_chunked_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                              const int32_t* spans, int64_t key_heads, int64_t value_heads, int64_t value_dim,
-                              float* states, T* out) {
+                              const int32_t* spans, int64_t key_heads, int64_t key_dim, int64_t value_heads,
+                              int64_t value_dim, float* states, T* out) {
   follow_previous_grid();
   extern __shared__ float4 shared_words[];
   using Layout = ChunkLayout<kKeyDim>;
@@ -534,6 +541,7 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
   b.g = g;
   b.beta = beta;
   b.key_heads = key_heads;
+  b.key_dim = key_dim;
   b.value_heads = value_heads;
   b.value_dim = value_dim;
   b.value_head = blockIdx.y;
@@ -551,10 +559,10 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
   if (chunks > 0) chunk_kernel_prefetch<kKeyDim>(b, head, buffer(0));
 
   float* tile = b.shared + Layout::kState;
-  float* state = states + (static_cast<int64_t>(span.slot) * value_heads + b.value_head) * kKeyDim * value_dim;
+  float* state = states + (static_cast<int64_t>(span.slot) * value_heads + b.value_head) * key_dim * value_dim;
   for (int index = threadIdx.x; index < kKeyDim * kChunkTileColumns; index += blockDim.x) {
     const int64_t p = index / kChunkTileColumns, column = b.tile_column0 + index % kChunkTileColumns;
-    tile[index] = (column < value_dim && span.first_position != 0) ? state[p * value_dim + column] : 0.0f;
+    tile[index] = (column < value_dim && p < key_dim && span.first_position != 0) ? state[p * value_dim + column] : 0.0f;
   }
   __syncthreads();
 
@@ -573,7 +581,7 @@ __global__ void __launch_bounds__(kChunkWarps * 32)
 
   for (int index = threadIdx.x; index < kKeyDim * kChunkTileColumns; index += blockDim.x) {
     const int64_t p = index / kChunkTileColumns, column = b.tile_column0 + index % kChunkTileColumns;
-    if (column < value_dim) state[p * value_dim + column] = tile[index];
+    if (column < value_dim && p < key_dim) state[p * value_dim + column] = tile[index];
   }
 }
 
@@ -692,22 +700,28 @@ cudaError_t launch_gated_delta_rule(const DeltaRuleArgs& args, cudaStream_t stre
         const dim3 grid(static_cast<unsigned>(args.span_count), static_cast<unsigned>(args.value_heads),
                         blocks_for(args.value_dim, kChunkTileColumns));
         status = launch_after_previous(kernel, grid, kChunkWarps * 32, ChunkLayout<kKeyDim>::kBytes, stream, args.q,
-                                       args.k, args.v, args.g, args.beta, args.spans, args.key_heads,
+                                       args.k, args.v, args.g, args.beta, args.spans, args.key_heads, args.key_dim,
                                        args.value_heads, args.value_dim, args.states, static_cast<T*>(args.out));
       } else {
         const dim3 grid(static_cast<unsigned>(args.span_count), static_cast<unsigned>(args.value_heads));
         const int threads = static_cast<int>((args.value_dim + 31) / 32 * 32);
         status = launch_after_previous(&delta_rule_kernel<T, kKeyDim>, grid, threads, 0, stream, args.q, args.k,
-                                       args.v, args.g, args.beta, args.spans, args.key_heads, args.value_heads,
-                                       args.value_dim, args.states, static_cast<T*>(args.out));
+                                       args.v, args.g, args.beta, args.spans, args.key_heads, args.key_dim,
+                                       args.value_heads, args.value_dim, args.states, static_cast<T*>(args.out));
       }
     };
-    switch (args.key_dim) {
-      case 32: run(std::integral_constant<int, 32>{}); break;
-      case 64: run(std::integral_constant<int, 64>{}); break;
-      case 128: run(std::integral_constant<int, 128>{}); break;
-      default: break;
-    }
+    // Built for key_dim 16, 32, 64 and 128 (the published models' 128 unpadded); any other multiple
+    // of 8 runs on the next one up, its q, k and state rows zero-padded in registers and shared
+    // memory: zero entries stay zero through the update and add nothing to any dot product.
+    if (!gated_delta_supports_key_dim(args.key_dim)) return;
+    if (args.key_dim <= 16)
+      run(std::integral_constant<int, 16>{});
+    else if (args.key_dim <= 32)
+      run(std::integral_constant<int, 32>{});
+    else if (args.key_dim <= 64)
+      run(std::integral_constant<int, 64>{});
+    else
+      run(std::integral_constant<int, 128>{});
   });
   return status == cudaSuccess ? cudaGetLastError() : status;
 }

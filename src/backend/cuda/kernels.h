@@ -277,6 +277,12 @@ struct DeltaRuleArgs {
   bool whole_chunks = false;  // some span holds a whole chunk aligned to a multiple of the chunk length
 };
 cudaError_t launch_gated_delta_rule(const DeltaRuleArgs& args, cudaStream_t stream);
+// key_dim a multiple of 8 up to 128: the chunk kernel keeps a chunk's k and q, the state tile and
+// the chunk's coefficients in one block's shared memory, which for key_dim 256 exceeds Hopper's 227 KB.
+constexpr int64_t kGatedDeltaMaxKeyDim = 128;
+inline bool gated_delta_supports_key_dim(int64_t key_dim) {
+  return key_dim > 0 && key_dim % 8 == 0 && key_dim <= kGatedDeltaMaxKeyDim;
+}
 
 // out = ⟦⟦rmsnorm(x)⟧·w⟧·silu(z) per row of `width` (x, z, out in dtype; out may alias x).
 cudaError_t launch_rms_norm_gated(const void* x, const void* z, DType dtype, const void* weight, DType weight_dtype,
