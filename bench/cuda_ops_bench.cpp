@@ -6,7 +6,8 @@
 //     enough weight copies to exceed the 60 MB L2, so the figure is HBM bandwidth, not cache.
 //   prefill matmul (bf16, m = 512/4096): TFLOP/s.
 //   quantized matmul (4-bit and 8-bit group 64, FP8 blocks, against bf16; Llama-3.1-8B shapes):
-//     decode bytes per second over the copy bandwidth, and the 512-row prefill's time.
+//     decode bytes per second over the copy bandwidth, and the 512-row prefill's time; and the
+//     fused decode kernel in each of its launch shapes (quantized-shapes).
 //   attention: decode (1 token per sequence, split-KV) in KV bytes per second; prefill TFLOP/s.
 //   cuBLAS (loaded at run time when libcublas.so.13 is there): whether a row of x·wᵀ keeps its
 //     bits as the row count changes — the invariance contract kiln's own GEMMs keep — and its
@@ -31,6 +32,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
@@ -502,11 +504,72 @@ void bench_quantized_matmul(double copy_gbps) {
   }
 }
 
+// The fused quantized decode product (m = 1) in each launch shape, on the Llama-3.1-8B products,
+// each timed in a captured graph: bytes of every part of the weight per second over the copy
+// bandwidth (the shape `default` names is the one launch_matmul_quantized_decode picks).
+void bench_quantized_decode_shapes(double copy_gbps) {
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(6);
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess) fail("cudaGetDeviceProperties failed");
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) fail("cudaStreamCreate failed");
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 4096}, {4096, 4096}, {14336, 4096}, {4096, 14336},
+                                                           {128256, 4096}};
+  for (const std::string format : {"4-bit g64", "8-bit g64", "fp8"}) {
+    for (const auto& [n, k] : shapes) {
+      const Weight host = random_weight(format, n, k, random);
+      const int copies = static_cast<int>(std::max<size_t>(1, (size_t{256} << 20) / host.nbytes() + 1));
+      std::vector<Weight> weights;
+      for (int i = 0; i < copies; ++i) weights.push_back(cuda->upload_weight(host));
+      Tensor x = cuda->upload(random_host({1, k}, DType::BF16, random, 1.0f));
+      Tensor out = cuda->alloc({1, n}, DType::BF16);
+      cuda->synchronize();
+      cuda::MatmulArgs args;
+      args.x = x.raw();
+      args.out = out.raw();
+      args.m = 1, args.n = n, args.k = k;
+      args.x_dtype = args.out_dtype = DType::BF16;
+      args.multiprocessors = properties.multiProcessorCount;
+      std::printf("quantized decode shapes %-10s %6lld x %5lld", format.c_str(), static_cast<long long>(n),
+                  static_cast<long long>(k));
+      for (int shape = -1; shape < cuda::quantized_decode_launch_shape_count(); ++shape) {
+        constexpr int kCalls = 60, kReplays = 20;
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        for (int i = 0; i < kCalls; ++i)
+          cuda::launch_matmul_quantized_decode(args, quantized_weight_args(weights[i % copies]), stream, shape);
+        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+          fail("capturing quantized decode shape {} failed", shape);
+        cudaGraphLaunch(exec, stream);
+        cudaStreamSynchronize(stream);
+        const auto start = std::chrono::steady_clock::now();
+        for (int replay = 0; replay < kReplays; ++replay) cudaGraphLaunch(exec, stream);
+        if (cudaStreamSynchronize(stream) != cudaSuccess) fail("quantized decode shape {} failed", shape);
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / (kCalls * kReplays);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        const double percent = 100.0 * static_cast<double>(host.nbytes()) / seconds / 1e9 / copy_gbps;
+        if (shape < 0) {
+          std::printf("  default %6.1fus %5.1f%%", seconds * 1e6, percent);
+        } else {
+          const cuda::QuantizedDecodeLaunchShape launch = cuda::quantized_decode_launch_shape(shape);
+          std::printf("  %dx%d %6.1fus %5.1f%%", launch.rows, launch.warps, seconds * 1e6, percent);
+        }
+      }
+      std::printf("\n");
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 }  // namespace kiln
 
-// Sections to run: any of launch, decode, decode-shapes, decode-ops, prefill, cublas, attention,
-// delta-rule (default: all).
+// Sections to run: any of launch, decode, decode-shapes, quantized, quantized-shapes, decode-ops,
+// prefill, cublas, attention, delta-rule (default: all).
 int main(int argc, char** argv) {
   using namespace kiln;
   try {
@@ -529,6 +592,7 @@ int main(int argc, char** argv) {
     }
     if (wanted("decode-shapes")) bench_decode_shapes(copy_gbps);
     if (wanted("quantized")) bench_quantized_matmul(copy_gbps);
+    if (wanted("quantized-shapes")) bench_quantized_decode_shapes(copy_gbps);
     if (wanted("decode-ops")) bench_decode_ops();
     if (wanted("prefill")) bench_prefill_matmul();
     if (wanted("cublas")) bench_cublas();

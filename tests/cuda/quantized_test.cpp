@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/kernels.h"
 #include "core/weight.h"
 #include "cuda_test_support.h"
@@ -95,6 +96,41 @@ TEST(CudaQuantizedMatmul, Fp8BlocksAreBitIdenticalToTheDecodedBf16Matmul) {
   for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{200, 328}, {200, 336}, {520, 2176}})
     for (DType scale_dtype : {DType::F32, DType::BF16})
       expect_decoded_bits(*backend, random_fp8(n, k, scale_dtype, random), random);
+}
+
+// Every launch shape of the fused decode kernel (16- or 8-row blocks, four or eight warps) gives
+// the bits of the dense product of the decoded weight: K of nine segments (so eight warps share
+// them unevenly) with a partial last one, 200 rows ending in a partial block of either height.
+TEST(CudaQuantizedMatmul, EveryFusedLaunchShapeGivesTheDecodedBits) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(29);
+  const int64_t n = 200, k = 8 * 1024 + 512;
+  for (const Weight& host : {random_affine(n, k, 4, 64, DType::BF16, random),
+                             random_affine(n, k, 8, 32, DType::F16, random), random_fp8(n, k, DType::F32, random)}) {
+    const Weight quantized = backend->upload_weight(host);
+    const Tensor dense = backend->upload(decoded(host, DType::BF16));
+    for (int64_t m : {int64_t{1}, int64_t{3}, cuda::kMatmulDecodeMaxRows}) {
+      const Tensor x = backend->upload(f32_as(random_f32({m, k}, random), DType::BF16));
+      Tensor reference = backend->alloc({m, n}, DType::BF16);
+      backend->matmul(x, dense, nullptr, reference);
+      const Tensor expected = backend->download(reference);
+      for (int shape = 0; shape < cuda::quantized_decode_launch_shape_count(); ++shape) {
+        SCOPED_TRACE(fmt::format("{}, m = {}, shape {}", host.describe(), m, shape));
+        Tensor out = backend->alloc({m, n}, DType::BF16);
+        cuda::MatmulArgs args;
+        args.x = x.raw();
+        args.out = out.raw();
+        args.m = m, args.n = n, args.k = k;
+        args.x_dtype = args.out_dtype = DType::BF16;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(cuda::launch_matmul_quantized_decode(args, quantized_weight_args(quantized), nullptr, shape),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_TRUE(same_bytes(backend->download(out), expected));
+      }
+    }
+  }
 }
 
 TEST(CudaQuantizedMatmul, F32ActivationsAreBitIdenticalToTheDecodedF32Matmul) {

@@ -30,6 +30,9 @@ namespace kiln {
 // Fails with the CUDA error's text unless `status` is cudaSuccess (clearing a non-sticky error first).
 void check_cuda(cudaError_t status, const char* what);
 
+// A quantized weight on the device (core/weight.h's layout) as the quantized kernels take it.
+cuda::QuantizedWeightArgs quantized_weight_args(const Weight& w);
+
 class CudaBackend final : public Backend, public GraphOps, public HybridOps {
  public:
   // --- the device, memory, batch layouts and captured steps (cuda_backend.cpp) ---

@@ -10,8 +10,6 @@
 
 namespace kiln {
 
-namespace {
-
 cuda::QuantizedWeightArgs quantized_weight_args(const Weight& w) {
   cuda::QuantizedWeightArgs args;
   args.format = w.format() == WeightFormat::Affine ? cuda::QuantizedFormat::Affine : cuda::QuantizedFormat::Fp8Block;
@@ -28,6 +26,8 @@ cuda::QuantizedWeightArgs quantized_weight_args(const Weight& w) {
   args.block_columns = w.block_columns();
   return args;
 }
+
+namespace {
 
 // The scratch's parts start on 256-byte boundaries (the allocator's own alignment).
 constexpr uint64_t kScratchAlignment = 256;

@@ -167,9 +167,15 @@ cudaError_t launch_embedding_quantized(const QuantizedWeightArgs& table, const i
 // matrix for the BF16 kernels. Both give the same bits.
 bool quantized_decode_fused(const QuantizedWeightArgs& weight);
 // The BF16 decode product (m ≤ kMatmulDecodeMaxRows) with the weight decoded inside the kernel:
-// args.w is unused; every element as launch_matmul_bf16 gives on the decoded BF16 weight.
+// args.w is unused; every element as launch_matmul_bf16 gives on the decoded BF16 weight, in every
+// launch shape (shape −1: the one chosen for the product's size; the others for benchmarks).
+struct QuantizedDecodeLaunchShape {
+  int rows, warps;
+};
+int quantized_decode_launch_shape_count();
+QuantizedDecodeLaunchShape quantized_decode_launch_shape(int shape);
 cudaError_t launch_matmul_quantized_decode(const MatmulArgs& args, const QuantizedWeightArgs& weight,
-                                           cudaStream_t stream);
+                                           cudaStream_t stream, int shape = -1);
 // The largest m the bf16 decode (weight-streaming) kernel takes; larger m uses the prefill GEMM.
 // Both give bit-identical elements (the same segments and 16-k steps per element; matmul.cu).
 // At m = 8 the GEMM's 64-row tiles stream the 8B's 14336×4096 product in 35.0 µs against this

@@ -10,6 +10,7 @@
 #include <cuda_fp8.h>
 
 #include <climits>
+#include <iterator>
 
 #include "backend/cuda/matmul_common.cuh"
 
@@ -141,9 +142,8 @@ __global__ void embedding_quantized_kernel(QuantizedWeightArgs table, const int3
     out[token * table.k + column] = from_float<OutT>(decoded_element(table, id, column));
 }
 
-// --- the fused decode kernel: a block per kRows weight rows, its warps taking K segments in turn ---
-constexpr int kRows = 16;
-constexpr int kWarps = 4;
+// --- the fused decode kernel: a block per kRows weight rows (16, or 8 with the mma's lower half
+// zero), its kWarps warps taking K segments in turn ---
 constexpr int kStages = 6;
 
 // A stage holds each of the kRows rows' packed bytes for its 128 k (rows padded by 16 bytes, so
@@ -152,7 +152,7 @@ constexpr int kStages = 6;
 // quarter of the BF16 kernel's weight bytes; stages of 256 bytes per row at every width (512 k at
 // 4 bits, five stages) were measured and were slower at batch 1 (114 against 123 tok/s on the 8B,
 // docs/perf.md 2026-12-07): the bytes in flight are not what holds this kernel back.
-template <int kBitsPerElement>
+template <int kBitsPerElement, int kRows>
 struct FusedLayout {
   static constexpr int kStageK = 128;  // four chunks
   static constexpr int kChunksPerStage = kStageK / kChunk;
@@ -169,9 +169,11 @@ struct FusedLayout {
 };
 
 // A lane's share of a stage's packed-row copies: units lane % U of rows lane / U + i · (32 / U).
-template <int kBitsPerElement>
+template <int kBitsPerElement, int kRows>
 struct FusedWeightCopies {
-  using Layout = FusedLayout<kBitsPerElement>;
+  using Layout = FusedLayout<kBitsPerElement, kRows>;
+  static_assert(32 % Layout::kUnitsPerRow == 0 && kRows % (32 / Layout::kUnitsPerRow) == 0,
+                "a warp's copies cover whole rows of the stage");
   static constexpr int kRowStep = 32 / Layout::kUnitsPerRow;
   static constexpr int kCopies = kRows / kRowStep;
   const uint8_t* source;  // the lane's unit of its first row, at the row's first byte
@@ -203,12 +205,13 @@ struct FusedWeightCopies {
   }
 };
 
-template <int kBitsPerElement>
+template <int kBitsPerElement, int kRows>
 __device__ __forceinline__ void load_fused_inputs(uint8_t* stage, const bf16* x, int64_t m, int64_t k, int64_t k_base) {
-  constexpr int kChunksPerStage = FusedLayout<kBitsPerElement>::kChunksPerStage;
+  using Layout = FusedLayout<kBitsPerElement, kRows>;
+  constexpr int kChunksPerStage = Layout::kChunksPerStage;
   constexpr int kPiecesPerLine = kChunksPerStage * 4;
   const int lane = threadIdx.x % 32;
-  uint8_t* inputs = stage + FusedLayout<kBitsPerElement>::kWeightBytes;
+  uint8_t* inputs = stage + Layout::kWeightBytes;
   for (int piece = lane; piece < m * kPiecesPerLine; piece += 32) {
     const int row = piece / kPiecesPerLine;
     const int chunk = (piece / 4) % kChunksPerStage;
@@ -256,11 +259,12 @@ __device__ __forceinline__ uint4 decode_chunk_words(const uint8_t* bytes, int q,
   return make_uint4(first.x, first.y, second.x, second.y);
 }
 
-template <QuantizedFormat kFormat, int kBits, typename Scale>
+template <QuantizedFormat kFormat, int kBits, typename Scale, int kRows, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     matmul_quantized_decode_kernel(const bf16* x, QuantizedWeightArgs w, const void* bias, DType bias_dtype, void* out,
                                    DType out_dtype, int64_t m) {
-  using Layout = FusedLayout<kBits>;
+  using Layout = FusedLayout<kBits, kRows>;
+  constexpr bool kLowerRows = kRows == 16;  // whether the mma's rows g + 8 are weight rows
   constexpr int kStageK = Layout::kStageK, kChunksPerStage = Layout::kChunksPerStage;
   constexpr int kStagesPerSegment = Layout::kStagesPerSegment;
   extern __shared__ uint4 shared_words[];
@@ -296,12 +300,12 @@ __global__ void __launch_bounds__(kWarps * 32)
                                                                   : lower_row / w.block_rows * w.scale_columns;
   const int scale_width = kFormat == QuantizedFormat::Affine ? w.group_size : w.block_columns;
 
-  const FusedWeightCopies<kBits> weight_copies(w.values, n, k * kBits / 8, row0);
+  const FusedWeightCopies<kBits, kRows> weight_copies(w.values, n, k * kBits / 8, row0);
   for (int s = 0; s < kStages - 1; ++s)
     if (s < my_stages) weight_copies.issue(ring + s * stage_bytes, stage_of(s) * Layout::kRowBytes);
   follow_previous_grid();
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < my_stages) load_fused_inputs<kBits>(ring + s * stage_bytes, x, m, k, stage_of(s) * kStageK);
+    if (s < my_stages) load_fused_inputs<kBits, kRows>(ring + s * stage_bytes, x, m, k, stage_of(s) * kStageK);
     cp_async_commit();
   }
   float acc[4] = {};
@@ -315,10 +319,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t chunk_k = stage_index * kStageK + chunk * kChunk;
       const int64_t column = (chunk_k < k ? chunk_k : k - 1) / scale_width;
       upper_scale[chunk] = to_float(scales[upper_scales + column]);
-      lower_scale[chunk] = to_float(scales[lower_scales + column]);
+      lower_scale[chunk] = kLowerRows ? to_float(scales[lower_scales + column]) : 0.0f;
       if constexpr (kFormat == QuantizedFormat::Affine) {
         upper_bias[chunk] = to_float(biases[upper_scales + column]);
-        lower_bias[chunk] = to_float(biases[lower_scales + column]);
+        lower_bias[chunk] = kLowerRows ? to_float(biases[lower_scales + column]) : 0.0f;
       } else {
         upper_bias[chunk] = lower_bias[chunk] = 0.0f;
       }
@@ -329,7 +333,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (prefetch < my_stages) {
       uint8_t* stage = ring + (prefetch % kStages) * stage_bytes;
       weight_copies.issue(stage, stage_of(prefetch) * Layout::kRowBytes);
-      load_fused_inputs<kBits>(stage, x, m, k, stage_of(prefetch) * kStageK);
+      load_fused_inputs<kBits, kRows>(stage, x, m, k, stage_of(prefetch) * kStageK);
     }
     cp_async_commit();
     const uint8_t* stage = ring + (i % kStages) * stage_bytes;
@@ -341,8 +345,11 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int chunk_byte = chunk * kChunk * kBits / 8;
       const uint4 upper = decode_chunk_words<kFormat, kBits>(stage + g * Layout::kRowStride + chunk_byte, q,
                                                              second_inside, upper_scale[chunk], upper_bias[chunk]);
-      const uint4 lower = decode_chunk_words<kFormat, kBits>(stage + (g + 8) * Layout::kRowStride + chunk_byte, q,
-                                                             second_inside, lower_scale[chunk], lower_bias[chunk]);
+      const uint4 lower = kLowerRows ? decode_chunk_words<kFormat, kBits>(stage + (g + 8) * Layout::kRowStride +
+                                                                              chunk_byte,
+                                                                          q, second_inside, lower_scale[chunk],
+                                                                          lower_bias[chunk])
+                                     : make_uint4(0, 0, 0, 0);
       const uint8_t* inputs = stage + Layout::kWeightBytes + chunk * m * kChunkBytes;
       const int row = g < m ? g : static_cast<int>(m) - 1;
       mma_chunk(acc, upper, lower, load_chunk_words(inputs, row, q));
@@ -364,13 +371,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int segment = 0; segment < segments; ++segment)
 #pragma unroll
     for (int e = 0; e < 4; ++e) total[e] = total[e] + segment_sums[(segment * 4 + e) * 32 + lane];
-  store_tile(total, row0, 0, true, bias, bias_dtype, out, out_dtype, m, n);
+  store_tile(total, row0, 0, kLowerRows, bias, bias_dtype, out, out_dtype, m, n);
 }
 
-template <QuantizedFormat kFormat, int kBits, typename Scale>
+template <QuantizedFormat kFormat, int kBits, typename Scale, int kRows, int kWarps>
 cudaError_t launch_fused(const MatmulArgs& args, const QuantizedWeightArgs& w, cudaStream_t stream) {
-  using Layout = FusedLayout<kBits>;
-  auto* kernel = &matmul_quantized_decode_kernel<kFormat, kBits, Scale>;
+  using Layout = FusedLayout<kBits, kRows>;
+  auto* kernel = &matmul_quantized_decode_kernel<kFormat, kBits, Scale, kRows, kWarps>;
   static std::atomic<uint64_t> opted_in{0};
   const int max_shared = Layout::rings_bytes(kWarps, kMatmulDecodeMaxRows) +
                          static_cast<int>(kMatmulMaxSegments) * Layout::kSegmentBytes;
@@ -383,11 +390,38 @@ cudaError_t launch_fused(const MatmulArgs& args, const QuantizedWeightArgs& w, c
                                args.out_dtype, args.m);
 }
 
+// The launch shapes (weight rows per block, warps per block). Every shape gives the same bits; they
+// differ in how many warps the grid puts on a multiprocessor to hide the decode's latency.
+constexpr QuantizedDecodeLaunchShape kFusedShapes[] = {{16, 4}, {8, 4}, {16, 8}, {8, 8}};
+
+template <QuantizedFormat kFormat, int kBits, typename Scale>
+cudaError_t launch_fused_shape(const MatmulArgs& args, const QuantizedWeightArgs& w, int shape, cudaStream_t stream) {
+  switch (shape) {
+    case 0: return launch_fused<kFormat, kBits, Scale, 16, 4>(args, w, stream);
+    case 1: return launch_fused<kFormat, kBits, Scale, 8, 4>(args, w, stream);
+    case 2: return launch_fused<kFormat, kBits, Scale, 16, 8>(args, w, stream);
+    case 3: return launch_fused<kFormat, kBits, Scale, 8, 8>(args, w, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 template <typename Scale>
-cudaError_t launch_fused_format(const MatmulArgs& args, const QuantizedWeightArgs& w, cudaStream_t stream) {
-  if (w.format == QuantizedFormat::Fp8Block) return launch_fused<QuantizedFormat::Fp8Block, 8, Scale>(args, w, stream);
-  if (w.bits == 4) return launch_fused<QuantizedFormat::Affine, 4, Scale>(args, w, stream);
-  return launch_fused<QuantizedFormat::Affine, 8, Scale>(args, w, stream);
+cudaError_t launch_fused_format(const MatmulArgs& args, const QuantizedWeightArgs& w, int shape, cudaStream_t stream) {
+  if (w.format == QuantizedFormat::Fp8Block)
+    return launch_fused_shape<QuantizedFormat::Fp8Block, 8, Scale>(args, w, shape, stream);
+  if (w.bits == 4) return launch_fused_shape<QuantizedFormat::Affine, 4, Scale>(args, w, shape, stream);
+  return launch_fused_shape<QuantizedFormat::Affine, 8, Scale>(args, w, shape, stream);
+}
+
+// The shape for a product: eight warps where K has eight or more segments (so that no warp walks
+// several), 8-row blocks where 16-row ones would leave fewer than four blocks per multiprocessor
+// (a warp's decode between the mma steps is a long dependent chain: more warps hide it).
+int default_fused_shape(const MatmulArgs& args) {
+  const int64_t segments = (args.k + kMatmulSegmentK - 1) / kMatmulSegmentK;
+  const int64_t wide_blocks = (args.n + 15) / 16;
+  const bool narrow = wide_blocks < 4 * args.multiprocessors;
+  if (segments >= 8) return narrow ? 3 : 2;
+  return narrow ? 1 : 0;
 }
 
 }  // namespace
@@ -453,14 +487,20 @@ bool quantized_decode_fused(const QuantizedWeightArgs& weight) {
   return (weight.bits == 4 || weight.bits == 8) && (weight.k * weight.bits) % 128 == 0;
 }
 
+int quantized_decode_launch_shape_count() { return static_cast<int>(std::size(kFusedShapes)); }
+QuantizedDecodeLaunchShape quantized_decode_launch_shape(int shape) { return kFusedShapes[shape]; }
+
 cudaError_t launch_matmul_quantized_decode(const MatmulArgs& args, const QuantizedWeightArgs& weight,
-                                           cudaStream_t stream) {
-  if (args.m < 1 || args.m > kMatmulDecodeMaxRows || !quantized_decode_fused(weight)) return cudaErrorInvalidValue;
+                                           cudaStream_t stream, int shape) {
+  if (args.m < 1 || args.m > kMatmulDecodeMaxRows || !quantized_decode_fused(weight) ||
+      shape >= quantized_decode_launch_shape_count())
+    return cudaErrorInvalidValue;
   if (args.n == 0) return cudaSuccess;
+  if (shape < 0) shape = default_fused_shape(args);
   switch (weight.scale_dtype) {
-    case DType::BF16: return launch_fused_format<bf16>(args, weight, stream);
-    case DType::F16: return launch_fused_format<__half>(args, weight, stream);
-    case DType::F32: return launch_fused_format<float>(args, weight, stream);
+    case DType::BF16: return launch_fused_format<bf16>(args, weight, shape, stream);
+    case DType::F16: return launch_fused_format<__half>(args, weight, shape, stream);
+    case DType::F32: return launch_fused_format<float>(args, weight, shape, stream);
     default: return cudaErrorInvalidValue;
   }
 }
