@@ -290,6 +290,29 @@ void bench_attention(DType act, double copy_gbps) {
   }
 }
 
+// Seconds per launch of `launch(i)` (a kernel launch on `stream`, i = 0, 1, …), 60 of them captured
+// in one graph and the graph replayed 20 times: launch shapes timed as decode steps run them.
+template <typename Launch>
+double seconds_per_graph_launch(cudaStream_t stream, Launch&& launch) {
+  constexpr int kCalls = 60, kReplays = 20;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < kCalls; ++i) launch(i);
+  if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+    fail("capturing a launch shape failed");
+  cudaGraphLaunch(exec, stream);
+  cudaStreamSynchronize(stream);
+  const auto start = std::chrono::steady_clock::now();
+  for (int replay = 0; replay < kReplays; ++replay) cudaGraphLaunch(exec, stream);
+  if (cudaStreamSynchronize(stream) != cudaSuccess) fail("a launch shape failed");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / (kCalls * kReplays);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return seconds;
+}
+
 // Every decode launch shape (kernels.h) on the products of a Llama-3-8B and a Llama-3.2-1B layer at
 // m = 1, each timed in a captured graph: the data behind launch_matmul_bf16's choice of shape.
 void bench_decode_shapes(double copy_gbps) {
@@ -328,25 +351,10 @@ void bench_decode_shapes(double copy_gbps) {
     cuda->synchronize();
     std::printf("decode shapes %-11s", products.what);
     for (int shape = 0; shape < cuda::decode_launch_shape_count(); ++shape) {
-      constexpr int kCalls = 60, kReplays = 20;
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-      for (int i = 0; i < kCalls; ++i)
+      const double seconds = seconds_per_graph_launch(stream, [&](int i) {
         cuda::launch_matmul_bf16_decode(calls[i % copies].data(), static_cast<int>(products.widths.size()), shape,
                                         stream);
-      if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
-          cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
-        fail("capturing decode shape {} failed", shape);
-      cudaGraphLaunch(exec, stream);
-      cudaStreamSynchronize(stream);
-      const auto start = std::chrono::steady_clock::now();
-      for (int replay = 0; replay < kReplays; ++replay) cudaGraphLaunch(exec, stream);
-      if (cudaStreamSynchronize(stream) != cudaSuccess) fail("decode shape {} failed", shape);
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / (kCalls * kReplays);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      });
       const cuda::DecodeLaunchShape launch = cuda::decode_launch_shape(shape);
       std::printf("  %dx%dx%d %5.1fus %4.1f%%", launch.columns, launch.warps, launch.stages, seconds * 1e6,
                   100 * bytes / seconds / 1e9 / copy_gbps);
@@ -534,23 +542,9 @@ void bench_quantized_decode_shapes(double copy_gbps) {
       std::printf("quantized decode shapes %-10s %6lld x %5lld", format.c_str(), static_cast<long long>(n),
                   static_cast<long long>(k));
       for (int shape = -1; shape < cuda::quantized_decode_launch_shape_count(); ++shape) {
-        constexpr int kCalls = 60, kReplays = 20;
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-        for (int i = 0; i < kCalls; ++i)
+        const double seconds = seconds_per_graph_launch(stream, [&](int i) {
           cuda::launch_matmul_quantized_decode(args, quantized_weight_args(weights[i % copies]), stream, shape);
-        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
-          fail("capturing quantized decode shape {} failed", shape);
-        cudaGraphLaunch(exec, stream);
-        cudaStreamSynchronize(stream);
-        const auto start = std::chrono::steady_clock::now();
-        for (int replay = 0; replay < kReplays; ++replay) cudaGraphLaunch(exec, stream);
-        if (cudaStreamSynchronize(stream) != cudaSuccess) fail("quantized decode shape {} failed", shape);
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / (kCalls * kReplays);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
+        });
         const double percent = 100.0 * static_cast<double>(host.nbytes()) / seconds / 1e9 / copy_gbps;
         if (shape < 0) {
           std::printf("  default %6.1fus %5.1f%%", seconds * 1e6, percent);

@@ -26,8 +26,9 @@ using namespace kiln::testing;
 
 namespace {
 
-// Rows that take the decode kernel (1, 3, kMatmulDecodeMaxRows) and the prefill GEMM (64, 300).
-const std::vector<int64_t> kRowCounts = {1, 3, cuda::kMatmulDecodeMaxRows, 64, 300};
+// Rows that take the fused decode kernel (1, 3, kMatmulDecodeMaxRows, kQuantizedDecodeMaxRows) and
+// the prefill GEMM (64, 300) on the decoded weight.
+const std::vector<int64_t> kRowCounts = {1, 3, cuda::kMatmulDecodeMaxRows, cuda::kQuantizedDecodeMaxRows, 64, 300};
 
 // A random host affine weight [n, k]: uniform codes; scales and biases (in `scale_dtype`) as MLX
 // makes them, biases near −scale · 2^(bits−1).
@@ -110,7 +111,7 @@ TEST(CudaQuantizedMatmul, EveryFusedLaunchShapeGivesTheDecodedBits) {
                              random_affine(n, k, 8, 32, DType::F16, random), random_fp8(n, k, DType::F32, random)}) {
     const Weight quantized = backend->upload_weight(host);
     const Tensor dense = backend->upload(decoded(host, DType::BF16));
-    for (int64_t m : {int64_t{1}, int64_t{3}, cuda::kMatmulDecodeMaxRows}) {
+    for (int64_t m : {int64_t{1}, int64_t{3}, cuda::kQuantizedDecodeMaxRows}) {
       const Tensor x = backend->upload(f32_as(random_f32({m, k}, random), DType::BF16));
       Tensor reference = backend->alloc({m, n}, DType::BF16);
       backend->matmul(x, dense, nullptr, reference);

@@ -71,7 +71,7 @@ CudaBackend::MatmulScratch CudaBackend::matmul_scratch(std::span<const MatmulTar
   for (size_t t = 0; t < targets.size(); ++t) {
     const Weight& w = *targets[t].w;
     if (w.quantized()) {
-      scratch.fused[t] = activations_ == DType::BF16 && products[t].m <= cuda::kMatmulDecodeMaxRows &&
+      scratch.fused[t] = activations_ == DType::BF16 && products[t].m <= cuda::kQuantizedDecodeMaxRows &&
                          cuda::quantized_decode_fused(quantized_weight_args(w));
       if (scratch.fused[t]) continue;
       const uint64_t bytes = static_cast<uint64_t>(w.dim(0)) * static_cast<uint64_t>(w.dim(1)) * dtype_size(activations_);

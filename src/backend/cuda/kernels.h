@@ -172,6 +172,10 @@ bool quantized_decode_fused(const QuantizedWeightArgs& weight);
 struct QuantizedDecodeLaunchShape {
   int rows, warps;
 };
+// The most rows the fused kernel takes: all of the mma's 8 columns. Its time is the decode of the
+// weight, whatever the rows (up to 8), while the other path decodes the whole matrix into scratch
+// and reads it back, so it takes more rows than the BF16 decode kernel (kMatmulDecodeMaxRows).
+constexpr int64_t kQuantizedDecodeMaxRows = 8;
 int quantized_decode_launch_shape_count();
 QuantizedDecodeLaunchShape quantized_decode_launch_shape(int shape);
 cudaError_t launch_matmul_quantized_decode(const MatmulArgs& args, const QuantizedWeightArgs& weight,

@@ -145,6 +145,8 @@ __global__ void embedding_quantized_kernel(QuantizedWeightArgs table, const int3
 // --- the fused decode kernel: a block per kRows weight rows (16, or 8 with the mma's lower half
 // zero), its kWarps warps taking K segments in turn ---
 constexpr int kStages = 6;
+// Hopper's opt-in limit of shared memory per block.
+constexpr int kMaxSharedPerBlock = 227 * 1024;
 
 // A stage holds each of the kRows rows' packed bytes for its 128 k (rows padded by 16 bytes, so
 // that the eight rows one load instruction reads fall in distinct banks), then the m rows of x
@@ -308,25 +310,42 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (s < my_stages) load_fused_inputs<kBits, kRows>(ring + s * stage_bytes, x, m, k, stage_of(s) * kStageK);
     cp_async_commit();
   }
-  float acc[4] = {};
-  for (int64_t i = 0; i < my_stages; ++i) {
-    const int64_t stage_index = stage_of(i);
-    // The stage's scales are requested before its bytes are awaited.
-    float upper_scale[kChunksPerStage], upper_bias[kChunksPerStage], lower_scale[kChunksPerStage],
+  // A stage's scales (and affine biases) of the lane's two rows, as stored: requested one stage
+  // ahead, so that their latency (from memory at each segment's first stage) overlaps a stage of
+  // decoding instead of stalling it.
+  struct StageScales {
+    Scale upper_scale[kChunksPerStage], upper_bias[kChunksPerStage], lower_scale[kChunksPerStage],
         lower_bias[kChunksPerStage];
+  };
+  auto request_scales = [&](int64_t stage_index, StageScales& out) {
 #pragma unroll
     for (int chunk = 0; chunk < kChunksPerStage; ++chunk) {
       const int64_t chunk_k = stage_index * kStageK + chunk * kChunk;
       const int64_t column = (chunk_k < k ? chunk_k : k - 1) / scale_width;
-      upper_scale[chunk] = to_float(scales[upper_scales + column]);
-      lower_scale[chunk] = kLowerRows ? to_float(scales[lower_scales + column]) : 0.0f;
+      out.upper_scale[chunk] = scales[upper_scales + column];
+      if constexpr (kLowerRows) out.lower_scale[chunk] = scales[lower_scales + column];
       if constexpr (kFormat == QuantizedFormat::Affine) {
-        upper_bias[chunk] = to_float(biases[upper_scales + column]);
-        lower_bias[chunk] = kLowerRows ? to_float(biases[lower_scales + column]) : 0.0f;
-      } else {
-        upper_bias[chunk] = lower_bias[chunk] = 0.0f;
+        out.upper_bias[chunk] = biases[upper_scales + column];
+        if constexpr (kLowerRows) out.lower_bias[chunk] = biases[lower_scales + column];
       }
     }
+  };
+  StageScales next_scales;
+  if (my_stages > 0) request_scales(stage_of(0), next_scales);
+  float acc[4] = {};
+  for (int64_t i = 0; i < my_stages; ++i) {
+    const int64_t stage_index = stage_of(i);
+    float upper_scale[kChunksPerStage], upper_bias[kChunksPerStage], lower_scale[kChunksPerStage],
+        lower_bias[kChunksPerStage];
+#pragma unroll
+    for (int chunk = 0; chunk < kChunksPerStage; ++chunk) {
+      upper_scale[chunk] = to_float(next_scales.upper_scale[chunk]);
+      lower_scale[chunk] = kLowerRows ? to_float(next_scales.lower_scale[chunk]) : 0.0f;
+      const bool affine = kFormat == QuantizedFormat::Affine;
+      upper_bias[chunk] = affine ? to_float(next_scales.upper_bias[chunk]) : 0.0f;
+      lower_bias[chunk] = affine && kLowerRows ? to_float(next_scales.lower_bias[chunk]) : 0.0f;
+    }
+    if (i + 1 < my_stages) request_scales(stage_of(i + 1), next_scales);
     cp_async_wait<kStages - 2>();
     __syncwarp();
     const int64_t prefetch = i + kStages - 1;
@@ -379,12 +398,14 @@ cudaError_t launch_fused(const MatmulArgs& args, const QuantizedWeightArgs& w, c
   using Layout = FusedLayout<kBits, kRows>;
   auto* kernel = &matmul_quantized_decode_kernel<kFormat, kBits, Scale, kRows, kWarps>;
   static std::atomic<uint64_t> opted_in{0};
-  const int max_shared = Layout::rings_bytes(kWarps, kMatmulDecodeMaxRows) +
-                         static_cast<int>(kMatmulMaxSegments) * Layout::kSegmentBytes;
+  const int max_shared = std::min(Layout::rings_bytes(kWarps, kQuantizedDecodeMaxRows) +
+                                      static_cast<int>(kMatmulMaxSegments) * Layout::kSegmentBytes,
+                                  kMaxSharedPerBlock);
   if (cudaError_t status = allow_dynamic_shared(kernel, max_shared, opted_in); status != cudaSuccess) return status;
   const int segments = static_cast<int>((args.k + kMatmulSegmentK - 1) / kMatmulSegmentK);
   const int warps = std::max(1, std::min(kWarps, segments));
   const int shared = Layout::rings_bytes(warps, args.m) + segments * Layout::kSegmentBytes;
+  if (shared > max_shared) return cudaErrorInvalidValue;
   return launch_after_previous(kernel, dim3(blocks_for(args.n, kRows)), dim3(warps * 32), static_cast<size_t>(shared),
                                stream, static_cast<const bf16*>(args.x), w, args.bias, args.bias_dtype, args.out,
                                args.out_dtype, args.m);
@@ -416,11 +437,18 @@ cudaError_t launch_fused_format(const MatmulArgs& args, const QuantizedWeightArg
 // The shape for a product: eight warps where K has eight or more segments (so that no warp walks
 // several), 8-row blocks where 16-row ones would leave fewer than four blocks per multiprocessor
 // (a warp's decode between the mma steps is a long dependent chain: more warps hide it).
-int default_fused_shape(const MatmulArgs& args) {
+// Eight warps with eight rows of x and 8-bit codes can need more shared memory than a block may
+// have (six stages of 144-byte rows and 8 × 64-byte x chunks per warp): then four.
+int default_fused_shape(const MatmulArgs& args, const QuantizedWeightArgs& w) {
   const int64_t segments = (args.k + kMatmulSegmentK - 1) / kMatmulSegmentK;
   const int64_t wide_blocks = (args.n + 15) / 16;
   const bool narrow = wide_blocks < 4 * args.multiprocessors;
-  if (segments >= 8) return narrow ? 3 : 2;
+  const int rows = narrow ? 8 : 16;
+  const int bits = w.format == QuantizedFormat::Fp8Block ? 8 : w.bits;
+  const int64_t stage = rows * (FusedLayout<8, 16>::kStageK * bits / 8 + 16) +
+                        FusedLayout<8, 16>::kChunksPerStage * args.m * kChunkBytes;
+  const bool eight_warps_fit = 8 * kStages * stage + segments * FusedLayout<8, 16>::kSegmentBytes <= kMaxSharedPerBlock;
+  if (segments >= 8 && eight_warps_fit) return narrow ? 3 : 2;
   return narrow ? 1 : 0;
 }
 
@@ -492,11 +520,11 @@ QuantizedDecodeLaunchShape quantized_decode_launch_shape(int shape) { return kFu
 
 cudaError_t launch_matmul_quantized_decode(const MatmulArgs& args, const QuantizedWeightArgs& weight,
                                            cudaStream_t stream, int shape) {
-  if (args.m < 1 || args.m > kMatmulDecodeMaxRows || !quantized_decode_fused(weight) ||
+  if (args.m < 1 || args.m > kQuantizedDecodeMaxRows || !quantized_decode_fused(weight) ||
       shape >= quantized_decode_launch_shape_count())
     return cudaErrorInvalidValue;
   if (args.n == 0) return cudaSuccess;
-  if (shape < 0) shape = default_fused_shape(args);
+  if (shape < 0) shape = default_fused_shape(args, weight);
   switch (weight.scale_dtype) {
     case DType::BF16: return launch_fused_format<bf16>(args, weight, shape, stream);
     case DType::F16: return launch_fused_format<__half>(args, weight, shape, stream);
