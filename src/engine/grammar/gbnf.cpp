@@ -182,9 +182,25 @@ class GbnfParser {
 
   // A character set as one byte-set symbol where it is one, else a rule of its UTF-8 texts.
   Sequence chars(const CharSet& set, const std::string& rule) {
-    const std::vector<Sequence> texts = char_set_sequences(set, CharEncoding::Utf8);
+    std::vector<Sequence> texts = char_set_sequences(set, CharEncoding::Utf8);
     if (texts.size() == 1 && texts.front().size() == 1) return texts.front();
-    return {Symbol::reference(generated_rule(rule, texts))};
+    const int32_t chars_rule = generated_rule(rule, texts);
+    char_texts_[chars_rule] = std::move(texts);
+    return {Symbol::reference(chars_rule)};
+  }
+
+  // The alternatives of "one copy of `once`, then `next`". A character set's texts are written in
+  // place of a reference to their rule: the matcher's token tables then follow a run of
+  // characters within one rule ([^"]* as a JSON string's characters are), instead of finding
+  // the rule finished after every character and each token's rest depending on what follows.
+  std::vector<Sequence> copy_then(const Symbol& once, int32_t next) const {
+    if (once.kind == Symbol::Kind::Rule)
+      if (const auto texts = char_texts_.find(once.rule); texts != char_texts_.end()) {
+        std::vector<Sequence> alternatives;
+        for (const Sequence& text : texts->second) alternatives.push_back(concat(text, {Symbol::reference(next)}));
+        return alternatives;
+      }
+    return {{once, Symbol::reference(next)}};
   }
 
   CharSet char_class() {
@@ -288,11 +304,13 @@ class GbnfParser {
     const Symbol once = item.size() == 1 ? item.front() : Symbol::reference(generated_rule(rule, {item}));
     // Checked before anything is built. Each copy becomes a position of the finished grammar, but
     // may still sit in a sequence not yet added to it: the copies are counted on their own, and
-    // the optional copies (four positions each, added at once) with the grammar's positions.
+    // the rules of the optional copies (added at once) with the grammar's positions.
     const int64_t optional = max == kUnbounded ? 1 : max - min;
+    size_t copy_positions = 2;  // a rule's empty alternative, and the End of the copy's last one
+    for (const Sequence& alternative : copy_then(once, 0)) copy_positions += alternative.size() + 1;
     copies_ += static_cast<size_t>(min) + 1;
     if (copies_ > kMaxRequestGrammarPositions ||
-        grammar_.positions() + static_cast<size_t>(4 * optional) > kMaxRequestGrammarPositions)
+        grammar_.positions() + static_cast<size_t>(optional) * copy_positions > kMaxRequestGrammarPositions)
       error(start, fmt::format("the grammar is too large: it passes {} positions (counted repetitions copy what "
                                "they repeat)",
                                kMaxRequestGrammarPositions));
@@ -301,12 +319,16 @@ class GbnfParser {
       // more ::= | once more (right recursion: the matcher's stack stays flat)
       const int32_t more_rule = grammar_.add_rule(fmt::format("{}-{}", rule, ++generated_));
       grammar_.add_alternative(more_rule, {});
-      grammar_.add_alternative(more_rule, {once, Symbol::reference(more_rule)});
+      for (const Sequence& alternative : copy_then(once, more_rule)) grammar_.add_alternative(more_rule, alternative);
       result.push_back(Symbol::reference(more_rule));
     } else if (optional > 0) {
-      // up_to[k] ::= | once up_to[k-1]: at most k more copies.
-      int32_t up_to = generated_rule(rule, {{}, {once}});
-      for (int64_t k = 2; k <= optional; ++k) up_to = generated_rule(rule, {{}, {once, Symbol::reference(up_to)}});
+      // up_to[k] ::= | once up_to[k-1]: at most k more copies (up_to[0] matches nothing more).
+      int32_t up_to = generated_rule(rule, {{}});
+      for (int64_t k = 1; k <= optional; ++k) {
+        std::vector<Sequence> alternatives = copy_then(once, up_to);
+        alternatives.insert(alternatives.begin(), Sequence{});
+        up_to = generated_rule(rule, alternatives);
+      }
       result.push_back(Symbol::reference(up_to));
     }
     check_size(start);
@@ -318,6 +340,7 @@ class GbnfParser {
   int depth_ = 0;
   int generated_ = 0;
   size_t copies_ = 0;  // symbols written by counted repetitions so far
+  std::map<int32_t, std::vector<Sequence>> char_texts_;  // the texts of each character-set rule
   Grammar grammar_;
   std::map<std::string, int32_t> rules_;
   std::map<std::string, size_t> first_use_, defined_at_;
