@@ -1,6 +1,7 @@
 #include "engine/grammar/char_set.h"
 
 #include <algorithm>
+#include <array>
 
 
 namespace kiln::grammar {
@@ -45,6 +46,20 @@ void utf8_sequences(uint32_t first, uint32_t last, std::vector<Sequence>& out) {
   for (size_t i = 0; i < low_bytes.size(); ++i)
     sequence.push_back(byte_range(static_cast<uint8_t>(low_bytes[i]), static_cast<uint8_t>(high_bytes[i])));
   out.push_back(std::move(sequence));
+}
+
+// JSON's two-character escape of `c`, or nothing.
+std::string_view json_short_escape(char c) {
+  switch (c) {
+    case '"': return "\\\"";
+    case '\\': return "\\\\";
+    case '\b': return "\\b";
+    case '\f': return "\\f";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    default: return {};
+  }
 }
 
 void append_sequences(const CharSet& set, std::vector<Sequence>& out) {
@@ -108,40 +123,31 @@ std::vector<Sequence> char_set_sequences(const CharSet& set, CharEncoding encodi
     return out;
   }
   // Written as themselves: printable ASCII and DEL except the quote and the backslash (and, markup
-  // safe, < > &), and everything past ASCII as UTF-8.
-  CharSet escaped = CharSet::range(0, 0x1F).add('"', '"').add('\\', '\\');
-  if (encoding == CharEncoding::JsonStringMarkupSafe) escaped.add('<', '<').add('>', '>').add('&', '&');
+  // safe, < > &), and everything past ASCII as UTF-8. The rest as escapes: the short ones where
+  // JSON has them, else \u00XX, gathered by their third hex digit (\u000 or \u001 then a set of
+  // last digits, \u002 …) so that a wide set costs a few alternatives, not one per character.
+  static constexpr std::string_view kHex = "0123456789abcdef";
+  const bool markup_safe = encoding == CharEncoding::JsonStringMarkupSafe;
   CharSet plain;
-  for (const CharSet::Range& range : set.ranges())
-    for (uint32_t first = range.first; first <= range.last;) {
-      // Runs of characters on one side of `escaped`.
-      const bool is_escaped = escaped.contains(first);
-      uint32_t last = first;
-      if (!is_escaped) {
-        while (last < range.last && !escaped.contains(last + 1) && last < 0x7F) ++last;
-        if (first > 0x7F) last = range.last;
-        plain.add(first, last);
+  std::array<ByteSet, 8> by_third_digit;  // \u00XY: X's set of Y digits, for X < 8
+  for (const CharSet::Range& range : set.ranges()) {
+    for (uint32_t character = range.first; character <= std::min<uint32_t>(range.last, 0x7F); ++character) {
+      const char c = static_cast<char>(character);
+      const std::string_view short_escape = json_short_escape(c);
+      if (!short_escape.empty()) {
+        out.push_back(literal(short_escape));
+      } else if (character < 0x20 || (markup_safe && (c == '<' || c == '>' || c == '&'))) {
+        const auto last_digit = static_cast<uint8_t>(kHex[character & 15]);
+        by_third_digit[character >> 4].add(last_digit, last_digit);
       } else {
-        static constexpr std::string_view kHex = "0123456789abcdef";
-        std::string text = "\\";
-        switch (first) {
-          case '"': text += '"'; break;
-          case '\\': text += '\\'; break;
-          case '\b': text += 'b'; break;
-          case '\f': text += 'f'; break;
-          case '\n': text += 'n'; break;
-          case '\r': text += 'r'; break;
-          case '\t': text += 't'; break;
-          default:
-            text += "u00";
-            text += kHex[first >> 4];
-            text += kHex[first & 15];
-        }
-        out.push_back(literal(text));
+        plain.add(character, character);
       }
-      if (last == range.last) break;
-      first = last + 1;
     }
+    if (range.last > 0x7F) plain.add(std::max<uint32_t>(range.first, 0x80), range.last);
+  }
+  for (size_t digit = 0; digit < by_third_digit.size(); ++digit)
+    if (!by_third_digit[digit].empty())
+      out.push_back(concat(literal(std::string("\\u00") + kHex[digit]), {Symbol::byte_set(by_third_digit[digit])}));
   append_sequences(plain, out);
   return out;
 }
