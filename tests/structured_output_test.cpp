@@ -311,7 +311,8 @@ TEST(StructuredOutput, OutputConstraintFieldsCompileOrNameTheirError) {
     EXPECT_TRUE(accepts(compiled, "x12")) << extra.dump();
     EXPECT_FALSE(accepts(compiled, "x")) << extra.dump();
   }
-  for (const json& extra : {json{{"guided_regex", "x\\d+"}}, json{{"structured_outputs", {{"regex", "x\\d+"}}}}}) {
+  for (const json& extra : {json{{"guided_regex", "x\\d+"}, {"guided_decoding_backend", "xgrammar"}},
+                            json{{"structured_outputs", {{"regex", "x\\d+"}}}}}) {
     const auto compiled = grammar_of(extra);
     EXPECT_TRUE(accepts(compiled, "x12")) << extra.dump();
     EXPECT_FALSE(accepts(compiled, "x1a")) << extra.dump();
@@ -372,7 +373,9 @@ TEST(StructuredOutput, OutputConstraintFieldsCompileOrNameTheirError) {
     } catch (const server::ApiError& error) {
       EXPECT_EQ(error.status(), 400);
       EXPECT_EQ(error.param(), refusal.param);
-      if (!refusal.message.empty()) EXPECT_EQ(std::string(error.what()), refusal.message);
+      if (!refusal.message.empty()) {
+        EXPECT_EQ(std::string(error.what()), refusal.message);
+      }
     }
   }
   // The legacy completions endpoint reads the same fields.
@@ -880,7 +883,9 @@ TEST(StructuredOutputTools, XmlSyntaxesAndAnthropicToolChoiceForceValidCalls) {
           EXPECT_EQ(reason, anthropic ? "tool_use" : "tool_calls") << response->body;
           ASSERT_EQ(calls.size(), 1u) << response->body;
           const std::string name = calls[0]["name"];
-          if (named) EXPECT_EQ(name, "add");
+          if (named) {
+            EXPECT_EQ(name, "add");
+          }
           EXPECT_EQ(schema_violation(calls[0]["arguments"], parameters_of(name)), "") << response->body;
         }
       }

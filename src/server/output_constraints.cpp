@@ -145,6 +145,8 @@ void read_openai_output_constraints(JsonFields& fields, GenerationFields& genera
   take("guided_regex", regex_field);
   take("guided_choice", choice_field);
   take("guided_grammar", gbnf_field);
+  // vLLM's choice of grammar engine: kiln has one, and the texts allowed are the same.
+  fields.string("guided_decoding_backend");
   if (grammar) generation.grammar = std::move(grammar);
 }
 

@@ -5,6 +5,7 @@
 //   structured_outputs   vLLM's: {"json": schema} | {"regex": …} | {"choice": [strings]} | {"grammar": GBNF}
 //                        | {"json_object": true}
 //   guided_json, guided_regex, guided_choice, guided_grammar   vLLM's older spellings of the same
+//                        (its guided_decoding_backend is accepted and changes nothing)
 // A regex matches the whole reply (engine/grammar/regex.h), a choice is one of its strings exactly.
 // Two constraints in one request, a malformed regex or grammar (with its position) or a schema
 // the compiler refuses (naming the keyword) are a 400 naming the field.
