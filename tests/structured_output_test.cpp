@@ -227,7 +227,9 @@ TEST(StructuredOutput, ForcedToolCallsParseAsCallsWithValidArguments) {
         ASSERT_FALSE(output.tool_calls.empty()) << text;
         for (const ToolCall& call : output.tool_calls) {
           names.insert(call.name);
-          if (forced) EXPECT_EQ(call.name, *forced);
+          if (forced) {
+            EXPECT_EQ(call.name, *forced);
+          }
           EXPECT_TRUE(call.complete) << text;
           EXPECT_EQ(schema_violation(json::parse(call.arguments), tool_parameters(call.name)), "") << text;
         }

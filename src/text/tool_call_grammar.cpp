@@ -1,6 +1,5 @@
 #include "text/tool_call_grammar.h"
 
-#include <algorithm>
 #include <map>
 #include <set>
 #include <string_view>
@@ -29,16 +28,6 @@ Symbol ref(int32_t rule) { return Symbol::reference(rule); }
 // Keywords that say nothing about a value.
 const std::set<std::string, std::less<>> kAnnotations = {"title",   "description", "default",  "examples",
                                                          "$comment", "deprecated", "readOnly", "writeOnly"};
-
-// Whether the reader takes a parameter's value as the string written (text/tool_call_reader.cpp's
-// typed_value): its type is or allows "string", or it names none.
-bool read_as_string(const json& property) {
-  if (!property.is_object()) return true;
-  const json type = property.value("type", json());
-  if (type.is_string()) return type == "string";
-  if (type.is_array()) return std::find(type.begin(), type.end(), "string") != type.end();
-  return true;
-}
 
 // Raw text that never holds a given marker, as a small automaton over characters: each state's
 // moves (a character set and the state it leads to). State 0 is the start; every state may end.
@@ -127,7 +116,7 @@ class ToolCallGrammar {
 
   // A parameter's value as the reader takes it back.
   Sequence value(const std::string& key, const json& property, const json& parameters) {
-    if (!read_as_string(property)) {
+    if (!xml_value_is_string(property)) {
       // The property's schema with the tool's definitions beside it, so that its $refs resolve.
       json schema = property;
       for (const char* definitions : {"$defs", "definitions"})
