@@ -1,20 +1,24 @@
 // Structured output's cost: building the vocabulary trie, compiling grammars against it, and the
 // token mask of each step.
-//   kiln_grammar_bench TOKENIZER_DIR_OR_JSON [STEPS] [SCHEMA_JSON_FILE]
-// For a JSON schema and for json_object it walks STEPS tokens (default 2000) through the masks,
-// choosing a random allowed token (half of the time one that closes a string, array or object, so
-// the walk visits the structure and not only long strings), and prints the mask time per step
-// (mean, p50, p99, max) in the thread's CPU time. A schema file replaces the built-in schema.
+//   kiln_grammar_bench TOKENIZER_DIR_OR_JSON [STEPS] [SCHEMA_JSON_FILE] [--regex PATTERN] [--gbnf GBNF_FILE]
+// For a JSON schema, json_object, a regex and a GBNF grammar it walks STEPS tokens (default 2000)
+// through the masks, choosing a random allowed token (half of the time one that closes a string,
+// array or object, so the walk visits the structure and not only long strings), and prints the
+// mask time per step (mean, p50, p99, max) in the thread's CPU time. A schema file, a pattern or a
+// GBNF file replaces the built-in one.
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "engine/grammar/gbnf.h"
 #include "engine/grammar/json_schema.h"
+#include "engine/grammar/regex.h"
 #include "engine/grammar/token_mask.h"
 #include "tokenizer/tokenizer.h"
 
@@ -68,16 +72,51 @@ void walk(const char* name, const std::shared_ptr<const CompiledGrammar>& gramma
               1e6 * sorted.back(), steps, documents);
 }
 
+// A file's whole text.
+std::string read_file(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) kiln::fail("{}: cannot open", path);
+  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+}
+
+std::shared_ptr<const CompiledGrammar> compile_timed(const char* name, Grammar grammar,
+                                                     const std::shared_ptr<const TokenVocabulary>& vocabulary) {
+  const double start = thread_seconds();
+  auto compiled = std::make_shared<const CompiledGrammar>(std::move(grammar), vocabulary);
+  std::printf("%s: %zu grammar positions compiled in %.1f ms\n", name, compiled->grammar().positions(),
+              1e3 * (thread_seconds() - start));
+  return compiled;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: kiln_grammar_bench TOKENIZER_DIR_OR_JSON [STEPS] [SCHEMA_JSON_FILE]\n");
+  std::vector<std::string> positional;
+  // A sentence-like regex and a GBNF grammar of nested lists with quoted words.
+  std::string pattern = "[A-Z][a-z]{1,12}( [a-z]{1,12}){2,20}(, [a-z]+ \\d{1,4})?\\.( [A-Z][a-z]+[^\\n]{0,40}\\.)*";
+  std::string gbnf =
+      "root ::= list\n"
+      "list ::= \"[\" ws (item (\",\" ws item)*)? \"]\"\n"
+      "item ::= list | [0-9]{1,6} | \"\\\"\" [^\"\\\\\\x00-\\x1F]* \"\\\"\"\n"
+      "ws ::= [ \\n]?\n";
+  for (int i = 1; i < argc; ++i) {
+    const std::string argument = argv[i];
+    if ((argument == "--regex" || argument == "--gbnf") && i + 1 < argc) {
+      (argument == "--regex" ? pattern : gbnf) = argument == "--regex" ? std::string(argv[i + 1]) : read_file(argv[i + 1]);
+      ++i;
+    } else {
+      positional.push_back(argument);
+    }
+  }
+  if (positional.empty()) {
+    std::fprintf(stderr,
+                 "usage: kiln_grammar_bench TOKENIZER_DIR_OR_JSON [STEPS] [SCHEMA_JSON_FILE] [--regex PATTERN] "
+                 "[--gbnf GBNF_FILE]\n");
     return 2;
   }
   try {
-    const int steps = argc > 2 ? std::stoi(argv[2]) : 2000;
-    const kiln::Tokenizer tokenizer = kiln::Tokenizer::load(argv[1]);
+    const int steps = positional.size() > 1 ? std::stoi(positional[1]) : 2000;
+    const kiln::Tokenizer tokenizer = kiln::Tokenizer::load(positional[0]);
     double start = thread_seconds();
     std::vector<std::string> bytes(tokenizer.vocab_size());
     for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) bytes[id] = tokenizer.token_bytes(id);
@@ -100,21 +139,15 @@ int main(int argc, char** argv) {
       },
       "required": ["name", "age", "active"]
     })");
-    if (argc > 3) {
-      std::ifstream file(argv[3]);
-      if (!file) kiln::fail("{}: cannot open", argv[3]);
-      schema = json::parse(file);
-    }
-    start = thread_seconds();
-    const auto schema_grammar = std::make_shared<const CompiledGrammar>(json_schema_grammar(schema), vocabulary);
-    std::printf("json_schema: %zu grammar positions compiled in %.1f ms\n", schema_grammar->grammar().positions(),
-                1e3 * (thread_seconds() - start));
-    start = thread_seconds();
-    const auto object_grammar = std::make_shared<const CompiledGrammar>(json_object_grammar(), vocabulary);
-    std::printf("json_object: %zu grammar positions compiled in %.1f ms\n", object_grammar->grammar().positions(),
-                1e3 * (thread_seconds() - start));
+    if (positional.size() > 2) schema = json::parse(read_file(positional[2]));
+    const auto schema_grammar = compile_timed("json_schema", json_schema_grammar(schema), vocabulary);
+    const auto object_grammar = compile_timed("json_object", json_object_grammar(), vocabulary);
+    const auto regex_compiled = compile_timed("regex", regex_grammar(pattern), vocabulary);
+    const auto gbnf_compiled = compile_timed("gbnf", gbnf_grammar(gbnf), vocabulary);
     walk("json_schema", schema_grammar, steps);
     walk("json_object", object_grammar, steps);
+    walk("regex", regex_compiled, steps);
+    walk("gbnf", gbnf_compiled, steps);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "kiln_grammar_bench: %s\n", error.what());
     return 1;

@@ -42,10 +42,12 @@ done
 targets=${#binaries[@]}
 mkdir -p "$corpus_dir"
 
-# The dictionary of a target: Jinja tokens for templates, none for raw HTTP, JSON keys otherwise.
+# The dictionary of a target: Jinja tokens for templates, regex and GBNF syntax for grammar texts,
+# none for raw HTTP, JSON keys otherwise.
 dictionary_of() {
   case $1 in
     jinja) echo "$fuzz_dir/dict/jinja.dict" ;;
+    grammar_text) echo "$fuzz_dir/dict/grammar.dict" ;;
     http_request) ;;
     *) echo "$fuzz_dir/dict/json.dict" ;;
   esac

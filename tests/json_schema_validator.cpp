@@ -1,5 +1,6 @@
 #include "json_schema_validator.h"
 
+#include <cctype>
 #include <cmath>
 #include <regex>
 
@@ -35,12 +36,63 @@ const json& resolve(const std::string& reference, const json& root) {
   return root.at(container).at(reference.substr(slash + 1));
 }
 
+// RFC 3339 full-date: the day must exist in its month (the proleptic Gregorian calendar).
+bool is_date(const std::string& text) {
+  if (!std::regex_match(text, std::regex(R"(\d{4}-\d\d-\d\d)"))) return false;
+  const int year = std::stoi(text.substr(0, 4)), month = std::stoi(text.substr(5, 2)), day = std::stoi(text.substr(8, 2));
+  const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+  static const int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  if (month < 1 || month > 12 || day < 1) return false;
+  return day <= kDays[month - 1] + (month == 2 && leap ? 1 : 0);
+}
+
+// RFC 5321/5322's dot-atom addresses with a host name of two or more labels.
+bool is_email(const std::string& text) {
+  const size_t at = text.find('@');
+  if (at == std::string::npos || text.find('@', at + 1) != std::string::npos) return false;
+  const std::string local = text.substr(0, at), domain = text.substr(at + 1);
+  const std::string atext = "!#$%&'*+/=?^_`{|}~-";
+  if (local.empty() || local.front() == '.' || local.back() == '.' || local.find("..") != std::string::npos)
+    return false;
+  for (char c : local)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && atext.find(c) == std::string::npos) return false;
+  size_t labels = 0, start = 0;
+  while (true) {
+    const size_t dot = domain.find('.', start);
+    const std::string label = domain.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (label.empty() || label.front() == '-' || label.back() == '-') return false;
+    for (char c : label)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') return false;
+    ++labels;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return labels >= 2;
+}
+
+// Four decimal octets, 0 to 255, without leading zeros.
+bool is_ipv4(const std::string& text) {
+  if (!std::regex_match(text, std::regex(R"((\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3}))"))) return false;
+  size_t start = 0;
+  for (int octet = 0; octet < 4; ++octet) {
+    const size_t dot = text.find('.', start);
+    const std::string digits = text.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if ((digits.size() > 1 && digits[0] == '0') || std::stoi(digits) > 255) return false;
+    start = dot + 1;
+  }
+  return true;
+}
+
 bool matches_format(const std::string& text, const std::string& format) {
-  static const std::string date = R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))";
   static const std::string time = R"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))";
-  if (format == "date") return std::regex_match(text, std::regex(date));
+  if (format == "date") return is_date(text);
   if (format == "time") return std::regex_match(text, std::regex(time));
-  if (format == "date-time") return std::regex_match(text, std::regex(date + "T" + time));
+  if (format == "date-time") {
+    const size_t t = text.find('T');
+    return t != std::string::npos && is_date(text.substr(0, t)) && std::regex_match(text.substr(t + 1), std::regex(time));
+  }
+  if (format == "email") return is_email(text);
+  if (format == "ipv4") return is_ipv4(text);
   if (format == "uuid") return std::regex_match(text, std::regex("[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}"));
   return false;
 }
@@ -103,6 +155,27 @@ std::string schema_violation(const json& value, const json& schema, const json& 
     if (schema.contains("maxLength") && length > schema["maxLength"].get<size_t>()) return "string too long";
     if (schema.contains("format") && !matches_format(value.get<std::string>(), schema["format"]))
       return value.dump() + " is not a " + schema["format"].get<std::string>();
+    // JSON Schema patterns are ECMAScript regexes, unanchored.
+    if (schema.contains("pattern") &&
+        !std::regex_search(value.get<std::string>(), std::regex(schema["pattern"].get<std::string>())))
+      return value.dump() + " does not match the pattern " + schema["pattern"].dump();
+  }
+  if (value.is_number()) {
+    // Integers compare exactly (doubles lose them past 2^53); anything else as doubles.
+    const auto compare = [&](const json& bound) {
+      if (value.is_number_integer() && bound.is_number_integer()) {
+        const int64_t a = value.get<int64_t>(), b = bound.get<int64_t>();
+        return a < b ? -1 : a > b ? 1 : 0;
+      }
+      const double a = value.get<double>(), b = bound.get<double>();
+      return a < b ? -1 : a > b ? 1 : 0;
+    };
+    if (schema.contains("minimum") && compare(schema["minimum"]) < 0) return value.dump() + " is below minimum";
+    if (schema.contains("maximum") && compare(schema["maximum"]) > 0) return value.dump() + " is above maximum";
+    if (schema.contains("exclusiveMinimum") && compare(schema["exclusiveMinimum"]) <= 0)
+      return value.dump() + " is not above exclusiveMinimum";
+    if (schema.contains("exclusiveMaximum") && compare(schema["exclusiveMaximum"]) >= 0)
+      return value.dump() + " is not below exclusiveMaximum";
   }
   return "";
 }

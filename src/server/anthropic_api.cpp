@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "server/api_error.h"
+#include "server/output_constraints.h"
 #include "server/sse.h"
 
 namespace kiln::server {
@@ -182,15 +183,23 @@ MessagesRequest parse_messages_body(const json& body, const std::string& served_
     JsonFields choice_fields(*choice, "tool_choice");
     const auto type = choice_fields.string("type");
     if (!type) reject_field("tool_choice.type", "`tool_choice.type` is required");
-    if (*type == "any" || *type == "tool") reject_unsupported("tool_choice", "forcing a tool call with `tool_choice`");
-    if (*type == "none")
+    const auto name = choice_fields.string("name");
+    if (*type == "tool" && !name) reject_field("tool_choice.name", "`tool_choice.name` is required for type \"tool\"");
+    if (*type != "tool" && name) reject_field("tool_choice.name", "`tool_choice.name` is only for type \"tool\"");
+    if (*type == "any" || *type == "tool") {
+      request.tool_call_required = true;
+      request.forced_tool = name;
+    } else if (*type == "none") {
       request.prompt.tools = json();
-    else if (*type != "auto")
+    } else if (*type != "auto") {
       reject_field("tool_choice.type", "`tool_choice.type` must be auto, any, tool or none");
-    choice_fields.string("name");
-    choice_fields.boolean("disable_parallel_tool_use");
+    }
+    // With auto the model may still write several calls; only a forced reply is held to one.
+    request.parallel_tool_calls = !choice_fields.boolean("disable_parallel_tool_use").value_or(false);
     choice_fields.reject_unknown();
   }
+  if (request.tool_call_required && (!request.prompt.tools.is_array() || request.prompt.tools.empty()))
+    reject_field("tool_choice", "`tool_choice` forces a tool call, but the request offers no `tools`");
   // Extended thinking maps onto the templates' enable_thinking switch (Qwen3-style), its
   // budget_tokens onto a cap on the reply's reasoning.
   if (const json* thinking = fields.object("thinking")) {
@@ -205,7 +214,14 @@ MessagesRequest parse_messages_body(const json& body, const std::string& served_
     request.prompt.template_kwargs["enable_thinking"] = *type == "enabled";
     request.generation.reasoning_budget = budget;
   }
+  read_anthropic_output_config(fields, request.generation);
   if (!count_tokens) {
+    if (request.generation.grammar && request.tool_call_required)
+      reject_field("output_config.format", "`output_config.format` cannot be combined with a `tool_choice` that forces "
+                                           "a tool call");
+    if (request.generation.reasoning_budget && (request.generation.grammar || request.tool_call_required))
+      reject_field("thinking", "extended `thinking` cannot be combined with `output_config.format` or a forced "
+                               "`tool_choice`, which hold the reply to their grammar from its first token");
     fields.object("metadata");
     fields.string("service_tier");
   }

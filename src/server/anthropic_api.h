@@ -22,11 +22,17 @@ using json = nlohmann::ordered_json;
 struct MessagesRequest {
   json messages;  // converted for the chat template (system first, tool results as tool messages)
   ChatPromptOptions prompt;
-  GenerationFields generation;  // max_tokens is required by this API
+  GenerationFields generation;  // max_tokens is required by this API; output_config.format's grammar
+  // tool_choice "any" (some call) or "tool" (that call): the reply is held to the template's
+  // tool-call syntax (text/tool_call_grammar.h); disable_parallel_tool_use allows one call.
+  bool tool_call_required = false;
+  std::optional<std::string> forced_tool;
+  bool parallel_tool_calls = true;
 };
 
 // Every field is type- and range-checked; unknown fields and unsupported options are a 400. What
-// the request does not set of its sampling comes from `defaults` (the server's).
+// the request does not set of its sampling comes from `defaults` (the server's). Structured
+// outputs (output_config.format, a JSON schema) are compiled to their grammar here.
 MessagesRequest parse_messages_request(const json& body, const std::string& served_model,
                                        const SamplingParams& defaults = {});
 // The body of /v1/messages/count_tokens: a Messages request without max_tokens (the conversation,

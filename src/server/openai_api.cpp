@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "core/error.h"
-#include "engine/grammar/json_schema.h"
 #include "server/api_error.h"
+#include "server/output_constraints.h"
 #include "server/sse.h"
 #include "tokenizer/jinja_builtins.h"
 
@@ -193,42 +193,6 @@ void read_stream_fields(JsonFields& fields, GenerationFields& generation, bool& 
   }
 }
 
-// response_format: text, json_object (any JSON object) or json_schema ({name, schema, strict,
-// description}), the last two as the grammar the output must match (engine/grammar/json_schema.h).
-// A schema the compiler does not support is a 400 naming the keyword.
-void read_response_format(JsonFields& fields, GenerationFields& generation) {
-  const json* format = fields.object("response_format");
-  if (!format) return;
-  JsonFields format_fields(*format, "response_format");
-  const auto type = format_fields.string("type");
-  if (!type) reject_field("response_format.type", "`response_format.type` is required");
-  if (*type == "json_object") {
-    generation.grammar = grammar::json_object_grammar();
-  } else if (*type == "json_schema") {
-    const json* spec = format_fields.object("json_schema");
-    if (!spec) reject_field("response_format.json_schema", "`response_format.json_schema` is required");
-    JsonFields spec_fields(*spec, "response_format.json_schema");
-    const auto name = spec_fields.string("name");
-    if (!name || name->empty())
-      reject_field(spec_fields.param("name"), "`{}` must be a non-empty string", spec_fields.param("name"));
-    spec_fields.string("description");
-    // kiln always holds the output to the schema: strict or not changes nothing.
-    spec_fields.boolean("strict");
-    const json* schema = spec_fields.object("schema");
-    if (!schema) reject_field(spec_fields.param("schema"), "`{}` is required", spec_fields.param("schema"));
-    spec_fields.reject_unknown();
-    try {
-      generation.grammar = grammar::json_schema_grammar(*schema);
-    } catch (const Error& error) {
-      throw ApiError(400, quote_client_text(error.what()), spec_fields.param("schema"), "unsupported_schema");
-    }
-  } else if (*type != "text") {
-    reject_field("response_format.type", "`response_format.type` must be text, json_object or json_schema; got \"{}\"",
-                 quote_client_text(*type));
-  }
-  format_fields.reject_unknown();
-}
-
 // Fields OpenAI accepts that change nothing here (client bookkeeping, caching hints); type-checked,
 // then unused.
 void accept_bookkeeping_fields(JsonFields& fields) {
@@ -297,13 +261,15 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
       reject_field("tool_choice", "`tool_choice` must be \"none\", \"auto\" or \"required\", got \"{}\"",
                    quote_client_text(tool_choice->get<std::string>()));
   }
-  read_response_format(fields, request.generation);
+  read_openai_output_constraints(fields, request.generation);
   request.parallel_tool_calls = fields.boolean("parallel_tool_calls").value_or(true);
   if (request.tool_call_required) {
     if (!request.prompt.tools.is_array() || request.prompt.tools.empty())
       reject_field("tool_choice", "`tool_choice` forces a tool call, but the request offers no `tools`");
     if (request.generation.grammar)
-      reject_field("tool_choice", "`tool_choice` forcing a tool call and a JSON `response_format` cannot be combined");
+      reject_field("tool_choice",
+                   "`tool_choice` forcing a tool call cannot be combined with an output constraint (response_format, "
+                   "grammar, structured_outputs, guided_*)");
   }
   if (const json* kwargs = fields.object("chat_template_kwargs"))
     request.prompt.template_kwargs = checked_template_kwargs(*kwargs, "chat_template_kwargs");
@@ -312,7 +278,7 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
   request.generation.reasoning_budget = fields.integer("thinking_token_budget", 0, kMaxTokensLimit);
   if (request.generation.reasoning_budget && (request.generation.grammar || request.tool_call_required))
     reject_field("thinking_token_budget",
-                 "`thinking_token_budget` cannot be combined with a JSON `response_format` or a forced `tool_choice`, "
+                 "`thinking_token_budget` cannot be combined with an output constraint or a forced `tool_choice`, "
                  "which hold the reply to their grammar from its first token");
 
   accept_bookkeeping_fields(fields);
@@ -363,7 +329,7 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
   read_stream_fields(fields, request.generation, request.include_usage);
   if (auto logprobs = fields.integer("logprobs", 0, kMaxCompletionLogprobs))
     request.logprobs = static_cast<int32_t>(*logprobs);
-  read_response_format(fields, request.generation);
+  read_openai_output_constraints(fields, request.generation);
   if (fields.boolean("echo").value_or(false)) reject_unsupported("echo", "echo");
   if (fields.string("suffix")) reject_unsupported("suffix", "suffix");
   accept_bookkeeping_fields(fields);

@@ -32,7 +32,7 @@ struct ChatCompletionRequest {
   int32_t top_logprobs = 0;
   bool include_usage = false;  // stream_options.include_usage
   // tool_choice "required" (some call) or naming a function (that call): the reply is held to the
-  // template's tool-call syntax (tool_call_grammar, text/chat_output.h).
+  // template's tool-call syntax (text/tool_call_grammar.h).
   bool tool_call_required = false;
   std::optional<std::string> forced_tool;
   bool parallel_tool_calls = true;  // "required" allows several calls
@@ -47,8 +47,9 @@ struct CompletionRequest {
 };
 
 // Every field is type- and range-checked; an unknown field, or a known option this server does not
-// implement (best_of other than n), is a 400. A JSON response_format is compiled to its grammar
-// here (a schema the compiler refuses is a 400 naming the keyword); a forced tool_choice is
+// implement (best_of other than n), is a 400. An output constraint (response_format, grammar,
+// structured_outputs, guided_*: server/output_constraints.h) is compiled to its grammar here (one
+// the compiler refuses is a 400 naming the keyword or the position); a forced tool_choice is
 // recorded, its grammar made once the template's call syntax is known (Server::chat_completions).
 // `model` must name the served model (else 404). What the request does not set of its sampling
 // comes from `defaults` (the server's: the model's generation_config.json).

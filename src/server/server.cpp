@@ -13,6 +13,7 @@
 #include "server/openai_api.h"
 #include "server/openai_embeddings.h"
 #include "server/web_chat.h"
+#include "text/tool_call_grammar.h"
 
 namespace kiln::server {
 
@@ -419,6 +420,25 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
   return request;
 }
 
+grammar::Grammar Server::forced_tool_grammar(const ChatPrompt& prompt, const json& tools,
+                                             const std::optional<std::string>& forced, bool several,
+                                             const std::string& param) const {
+  // The grammar holds the reply to calls from its first token; a prompt that opened <think>
+  // expects reasoning first.
+  if (prompt.in_reasoning)
+    throw ApiError(400,
+                   fmt::format("`{}` cannot force a tool call where the prompt opens reasoning (<think>); turn "
+                               "thinking off (chat_template_kwargs {{\"enable_thinking\": false}}, or Anthropic's "
+                               "thinking {{\"type\": \"disabled\"}})",
+                               param),
+                   param, "unsupported_tool_choice");
+  try {
+    return tool_call_grammar(codec_->chat_output_syntax().tool_calls, tools, forced, several);
+  } catch (const Error& error) {
+    throw ApiError(400, quote_client_text(error.what()), param, "unsupported_tool_choice");
+  }
+}
+
 void Server::cap_reasoning(TextGenerationRequest& request, const GenerationFields& fields,
                            const ChatPrompt& prompt) const {
   if (fields.reasoning_budget)
@@ -524,21 +544,9 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
       parse_request_json(http_request.body), options_.model_name, options_.sampling_defaults);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
   GenerationFields fields = request.generation;
-  if (request.tool_call_required) {
-    // The grammar holds the reply to calls from its first token; a prompt that opened <think>
-    // expects reasoning first.
-    if (prompt.in_reasoning)
-      throw ApiError(400,
-                     "`tool_choice` cannot force a tool call where the prompt opens reasoning (<think>); turn "
-                     "thinking off with chat_template_kwargs {\"enable_thinking\": false}",
-                     "tool_choice", "unsupported_tool_choice");
-    try {
-      fields.grammar = tool_call_grammar(codec_->chat_output_syntax().tool_calls, request.prompt.tools,
-                                         request.forced_tool, request.parallel_tool_calls);
-    } catch (const Error& error) {
-      throw ApiError(400, quote_client_text(error.what()), "tool_choice", "unsupported_tool_choice");
-    }
-  }
+  if (request.tool_call_required)
+    fields.grammar = forced_tool_grammar(prompt, request.prompt.tools, request.forced_tool,
+                                         request.parallel_tool_calls, "tool_choice");
   TextGenerationRequest generation = generation_request(std::move(prompt.ids), fields, "messages", "max_tokens");
   cap_reasoning(generation, fields, prompt);
   generation.logprobs = request.logprobs;
@@ -563,9 +571,12 @@ void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, R
   const MessagesRequest request =
       parse_messages_request(parse_request_json(http_request.body), options_.model_name, options_.sampling_defaults);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
-  TextGenerationRequest generation =
-      generation_request(std::move(prompt.ids), request.generation, "messages", "max_tokens");
-  cap_reasoning(generation, request.generation, prompt);
+  GenerationFields fields = request.generation;
+  if (request.tool_call_required)
+    fields.grammar = forced_tool_grammar(prompt, request.prompt.tools, request.forced_tool, request.parallel_tool_calls,
+                                         "tool_choice");
+  TextGenerationRequest generation = generation_request(std::move(prompt.ids), fields, "messages", "max_tokens");
+  cap_reasoning(generation, fields, prompt);
   MessagesResponse response(options_.model_name, std::move(prompt.parser));
   run(exchange, record, "messages", generation, 1, request.generation.stream, response);
 }

@@ -112,6 +112,12 @@ class Server {
   std::string chat_prompt_text(const nlohmann::ordered_json& messages, const ChatPromptOptions& options) const;
   TextGenerationRequest generation_request(std::vector<int32_t> prompt, const GenerationFields& fields,
                                            const std::string& prompt_param, const std::string& max_tokens_param) const;
+  // The grammar a forced tool choice holds the reply to, in the template's tool-call syntax
+  // (text/tool_call_grammar.h): `forced` names the tool, else any; a 400 naming `param` where the
+  // prompt opened reasoning, the syntax cannot be forced or a tool's schema is refused.
+  grammar::Grammar forced_tool_grammar(const ChatPrompt& prompt, const nlohmann::ordered_json& tools,
+                                       const std::optional<std::string>& forced, bool several,
+                                       const std::string& param) const;
   // The request's reasoning budget in the chat template's markers (none where the template writes
   // no reasoning: there is nothing to cap).
   void cap_reasoning(TextGenerationRequest& request, const GenerationFields& fields, const ChatPrompt& prompt) const;

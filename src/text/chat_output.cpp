@@ -1,8 +1,5 @@
 #include "text/chat_output.h"
 
-#include "core/error.h"
-#include "engine/grammar/json_schema.h"
-
 #include <algorithm>
 #include <array>
 #include <span>
@@ -118,46 +115,6 @@ const char* tool_call_syntax_name(ToolCallSyntax syntax) {
     case ToolCallSyntax::MiniCpmXml: return "minicpm_xml";
   }
   return "?";
-}
-
-grammar::Grammar tool_call_grammar(ToolCallSyntax syntax, const nlohmann::ordered_json& tools,
-                                   const std::optional<std::string>& forced, bool several) {
-  if (syntax != ToolCallSyntax::Hermes && syntax != ToolCallSyntax::LlamaJson)
-    fail("forcing a tool call is supported for Hermes and Llama JSON tool calls; this chat template's are {}",
-         tool_call_syntax_name(syntax));
-  grammar::Grammar rules;
-  const int32_t call = rules.add_rule("call");
-  for (const auto& tool : tools) {
-    const std::string name = tool["function"]["name"];
-    if (forced && name != *forced) continue;
-    const nlohmann::ordered_json parameters =
-        tool["function"].value("parameters", nlohmann::ordered_json{{"type", "object"}});
-    int32_t arguments;
-    try {
-      arguments = grammar::add_json_schema(rules, parameters);
-    } catch (const Error& error) {
-      fail("the parameters of tool {}: {}", name, error.what());
-    }
-    const std::string opening = nlohmann::ordered_json(name).dump();
-    grammar::Sequence body =
-        syntax == ToolCallSyntax::Hermes
-            ? grammar::literal("<tool_call>\n{\"name\":" + opening + ",\"arguments\":")
-            : grammar::literal("{\"name\":" + opening + ",\"parameters\":");
-    body.push_back(grammar::Symbol::reference(arguments));
-    body = grammar::concat(body, grammar::literal(syntax == ToolCallSyntax::Hermes ? "}\n</tool_call>" : "}"));
-    rules.add_alternative(call, body);
-  }
-  if (rules.alternatives(call).empty()) fail("no tool is named \"{}\"", forced.value_or(""));
-  if (forced || !several || syntax == ToolCallSyntax::LlamaJson) {
-    rules.set_root(call);
-    return rules;
-  }
-  const int32_t calls = rules.add_rule("calls");
-  rules.add_alternative(calls, {grammar::Symbol::reference(call)});
-  rules.add_alternative(calls, grammar::concat({grammar::Symbol::reference(call)},
-                                               grammar::concat(grammar::literal("\n"), {grammar::Symbol::reference(calls)})));
-  rules.set_root(calls);
-  return rules;
 }
 
 ChatOutputParser::ChatOutputParser(ChatOutputSyntax syntax, nlohmann::ordered_json tools, bool in_reasoning)

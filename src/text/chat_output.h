@@ -37,7 +37,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/grammar/grammar.h"
 #include "text/tool_call_reader.h"
 
 namespace kiln {
@@ -142,15 +141,5 @@ class ChatOutputParser {
   bool call_started_ = false;
   bool call_ended_ = false;
 };
-
-// The grammar of a reply made only of tool calls in `syntax` (OpenAI's tool_choice "required", or
-// one naming a function): with `forced`, one call of that tool; without, one call of any of
-// `tools`, or one or more where `several` (not in Llama JSON, whose replies hold one call). Each call is written compactly, its
-// arguments held to its tool's `parameters` schema (engine/grammar/json_schema.h): Hermes
-// `<tool_call>\n{"name":"…","arguments":{…}}\n</tool_call>`, calls separated by a newline; Llama
-// `{"name":"…","parameters":{…}}`. Fails (kiln::Error) for Qwen XML and no syntax, a name that is
-// not a tool's, or a schema the compiler refuses.
-grammar::Grammar tool_call_grammar(ToolCallSyntax syntax, const nlohmann::ordered_json& tools,
-                                   const std::optional<std::string>& forced, bool several);
 
 }  // namespace kiln

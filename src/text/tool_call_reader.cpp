@@ -50,14 +50,7 @@ const json* tool_properties(const json* tools, const std::string& name) {
 // An XML parameter's value typed by its property's schema: a string where the property's type
 // allows one (or names none), else the value parsed as JSON when it parses.
 json typed_value(const json* properties, const std::string& key, const std::string& value) {
-  bool as_string = true;
-  if (properties && properties->contains(key) && (*properties)[key].is_object()) {
-    const json& type = (*properties)[key].value("type", json());
-    if (type.is_string())
-      as_string = type.get<std::string>() == "string";
-    else if (type.is_array())
-      as_string = std::find(type.begin(), type.end(), "string") != type.end();
-  }
+  const bool as_string = !properties || !properties->contains(key) || xml_value_is_string((*properties)[key]);
   if (!as_string) {
     json parsed = json::parse(value, nullptr, false);
     if (!parsed.is_discarded()) return parsed;
@@ -83,6 +76,14 @@ std::optional<Quoted> quoted(std::string_view text, size_t at, bool& broken) {
 }
 
 }  // namespace
+
+bool xml_value_is_string(const json& property) {
+  if (!property.is_object()) return true;
+  const json& type = property.value("type", json());
+  if (type.is_string()) return type.get<std::string>() == "string";
+  if (type.is_array()) return std::find(type.begin(), type.end(), "string") != type.end();
+  return true;
+}
 
 ToolCallReader::ToolCallReader(ToolCallSyntax syntax, std::shared_ptr<const json> tools)
     : syntax_(syntax), tools_(std::move(tools)) {}

@@ -31,6 +31,10 @@ namespace kiln {
 
 enum class ToolCallSyntax { None, Hermes, QwenXml, LlamaJson, MiniCpmXml };
 
+// Whether the XML syntaxes read a parameter's value as the string written: its property's type is
+// or allows "string", or it names none (else the value is parsed as JSON when it parses).
+bool xml_value_is_string(const nlohmann::ordered_json& property);
+
 class ToolCallReader {
  public:
   // `tools`: the request's tools in OpenAI's shape (the XML syntaxes type values by their schemas).

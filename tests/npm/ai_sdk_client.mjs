@@ -32,18 +32,22 @@ const kiln = createOpenAICompatible({
 const model = kiln.chatModel(modelName);
 const common = { model, maxRetries: 0, temperature: 1, seed: 4 };
 
-// Integers without z.number().int(): zod writes its safe-integer bounds as minimum and maximum,
-// keywords kiln's schema subset does not have yet.
+// Integers: zod writes their bounds (the safe-integer ones for a bare z.number().int()) as minimum
+// and maximum, which kiln compiles to exact digit grammars.
 const tools = {
   go: tool({ description: 'Walk somewhere', inputSchema: z.object({ to: z.enum(['N', 'S']) }) }),
   add: tool({
     description: 'Add things',
-    inputSchema: z.object({ a: z.enum(['one', 'two']), b: z.boolean(), note: z.string().max(12).optional() }),
+    inputSchema: z.object({
+      a: z.enum(['one', 'two']), b: z.boolean(), times: z.number().int().min(1).max(12),
+      note: z.string().max(12).optional(),
+    }),
   }),
 };
 
 const story = z.object({
   title: z.string().max(24),
+  year: z.number().int(),
   mood: z.enum(['happy', 'sad', 'sleepy']),
   friends: z.array(z.string().max(10)).min(1).max(3),
   ending: z.boolean(),

@@ -188,7 +188,7 @@ test('models and errors', async () => {
   await assert.rejects(
     openai.chat.completions.create({ model, messages: user('hi'), n: 0 }),
     (error) => error.status === 400 && error.param === 'n' && error.type === 'invalid_request_error');
-  const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 0 } } };
+  const schema = { type: 'object', properties: { n: { type: 'number', minimum: 0 } } };
   await assert.rejects(
     openai.chat.completions.create({
       model, messages: user('hi'), response_format: { type: 'json_schema', json_schema: { name: 's', schema } } }),

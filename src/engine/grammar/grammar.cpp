@@ -93,6 +93,27 @@ void Grammar::check() const {
   };
   for (size_t rule = 0; rule < rules(); ++rule)
     if (marks[rule] == Mark::Unvisited) visit(static_cast<int32_t>(rule));
+  // Rules that match some text, to a fixed point: an alternative whose byte sets are not empty and
+  // whose rules match some text.
+  std::vector<bool> productive(rules(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t rule = 0; rule < rules(); ++rule) {
+      if (productive[rule]) continue;
+      for (int32_t position : alternatives_[rule]) {
+        for (;; ++position) {
+          const Symbol& symbol = symbols_[position];
+          if (symbol.kind == Symbol::Kind::End) {
+            productive[rule] = changed = true;
+            break;
+          }
+          if (symbol.kind == Symbol::Kind::Bytes ? symbol.bytes.empty() : !productive[symbol.rule]) break;
+        }
+        if (productive[rule]) break;
+      }
+    }
+  }
+  if (!productive[root_]) fail("grammar: the root rule {} matches no text", names_[root_]);
 }
 
 }  // namespace kiln::grammar

@@ -15,6 +15,12 @@
 
 namespace kiln::grammar {
 
+// Compiling costs a walk of the vocabulary per grammar position (a wide one, inside a string, some
+// tens of microseconds per thousand tokens), and a grammar made from a request (a JSON schema, a
+// regex, a GBNF grammar) is compiled while the client waits: past this many positions it is
+// refused rather than compiled for seconds.
+inline constexpr size_t kMaxRequestGrammarPositions = 20000;
+
 class ByteSet {
  public:
   static ByteSet of(uint8_t byte) { return ByteSet().add(byte, byte); }
@@ -67,8 +73,9 @@ class Grammar {
   const Symbol& at(int32_t position) const { return symbols_[position]; }
   size_t positions() const { return symbols_.size(); }
 
-  // Fails (kiln::Error naming the rule) when the root is unset, a reference names no rule, or a rule
-  // is left-recursive.
+  // Fails (kiln::Error naming the rule) when the root is unset, a reference names no rule, a rule
+  // is left-recursive, or the root matches no text at all (a matcher would start with nothing
+  // allowed).
   void check() const;
 
  private:
