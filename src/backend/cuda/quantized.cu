@@ -434,21 +434,25 @@ cudaError_t launch_fused_format(const MatmulArgs& args, const QuantizedWeightArg
   return launch_fused_shape<QuantizedFormat::Affine, 8, Scale>(args, w, shape, stream);
 }
 
-// The shape for a product: eight warps where K has eight or more segments (so that no warp walks
-// several), 8-row blocks where 16-row ones would leave fewer than four blocks per multiprocessor
-// (a warp's decode between the mma steps is a long dependent chain: more warps hide it).
-// Eight warps with eight rows of x and 8-bit codes can need more shared memory than a block may
-// have (six stages of 144-byte rows and 8 × 64-byte x chunks per warp): then four.
+// The shape for a product, from the shape sweep on the 8B's products (kiln_cuda_bench
+// quantized-shapes, docs/perf.md 2026-12-07): 8-row blocks only where 16-row ones would be fewer
+// than the multiprocessors (a 1024-row product: 16 % faster; at 4096 rows 8-row blocks were 5–25 %
+// slower); eight warps where K has eight or more segments (so that no warp walks several: the
+// 4-bit down product 54 → 45 µs), then in 8-row blocks for 8-bit codes, which decode faster and
+// want more bytes in flight (58 against 65 µs). Eight warps with eight rows of x and 8-bit codes
+// can need more shared memory than a block may have: then four.
 int default_fused_shape(const MatmulArgs& args, const QuantizedWeightArgs& w) {
   const int64_t segments = (args.k + kMatmulSegmentK - 1) / kMatmulSegmentK;
   const int64_t wide_blocks = (args.n + 15) / 16;
-  const bool narrow = wide_blocks < 4 * args.multiprocessors;
-  const int rows = narrow ? 8 : 16;
   const int bits = w.format == QuantizedFormat::Fp8Block ? 8 : w.bits;
-  const int64_t stage = rows * (FusedLayout<8, 16>::kStageK * bits / 8 + 16) +
-                        FusedLayout<8, 16>::kChunksPerStage * args.m * kChunkBytes;
-  const bool eight_warps_fit = 8 * kStages * stage + segments * FusedLayout<8, 16>::kSegmentBytes <= kMaxSharedPerBlock;
-  if (segments >= 8 && eight_warps_fit) return narrow ? 3 : 2;
+  const bool narrow = wide_blocks < args.multiprocessors;
+  if (segments >= 8) {
+    const int rows = narrow || bits == 8 ? 8 : 16;
+    const int64_t stage = rows * (FusedLayout<8, 16>::kStageK * bits / 8 + 16) +
+                          FusedLayout<8, 16>::kChunksPerStage * args.m * kChunkBytes;
+    if (8 * kStages * stage + segments * FusedLayout<8, 16>::kSegmentBytes <= kMaxSharedPerBlock)
+      return rows == 8 ? 3 : 2;
+  }
   return narrow ? 1 : 0;
 }
 
