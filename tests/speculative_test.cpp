@@ -246,6 +246,21 @@ TEST(SpeculativeScheduling, SpeculativeAndPlainRequestsShareABatch) {
   }
 }
 
+// The scheduler tests' request sets — top-k, top-p, min-p, logprobs, bias and penalties, stop ids,
+// reasoning budgets (whose requests decode plainly) — each with n-gram speculation: every request
+// gets its plain solo run, on a dense and on the hybrid fixture.
+TEST(SpeculativeScheduling, EveryKindOfRequestGetsItsPlainRun) {
+  for (const char* fixture : {"llama3-tiny", "qwen3_5-text-tiny"}) {
+    TestModel opened = open_cpu_model(fixtures_dir() / fixture / "f32");
+    const std::vector<int32_t> prompt = fixture_prompt(fixtures_dir() / fixture);
+    for (auto requests : {penalised_scheduler_requests(prompt, 40), budgeted_scheduler_requests(prompt, 40)}) {
+      const std::vector<std::vector<int32_t>> solo = solo_tokens(*opened.model, requests);
+      for (auto& request : requests) request.speculation = {std::make_shared<NgramProposer>(), 3};
+      expect_solo_results(scheduled_events(*opened.model, requests, 512), requests, solo);
+    }
+  }
+}
+
 // The scheduler publishes its counts: the oracle's proposals are all accepted.
 TEST(SpeculativeScheduling, PublishesItsCounts) {
   TestModel opened = open_cpu_model(stories_dir());
