@@ -83,6 +83,19 @@ TEST(SpeculativeServe, RequestsChooseTheirSpeculationAndGetThePlainText) {
   EXPECT_GT(metric_value(server.port(), "kiln_speculative_verify_steps_total"), 0);
   EXPECT_GT(metric_value(server.port(), "kiln_speculative_accepted_tokens_total"), 0);
   EXPECT_GT(metric_value(server.port(), "kiln_speculative_acceptance_ratio"), 0);
+
+  // Without --speculative, a request may decline speculation but not ask for it.
+  ServeProcess plain_server(stories_arguments(dir, {"--max-batch", "2"}));
+  ASSERT_NE(plain_server.port(), 0) << "kiln serve did not start:\n" << plain_server.log();
+  json body = {{"model", "stories260K"}, {"prompt", "Once"}, {"max_tokens", 3}, {"speculative", false}};
+  const auto declined = post(plain_server.port(), "/v1/completions", body);
+  ASSERT_TRUE(declined);
+  EXPECT_EQ(declined->status, 200) << declined->body;
+  body["speculative"] = json::object();
+  const auto asked = post(plain_server.port(), "/v1/completions", body);
+  ASSERT_TRUE(asked);
+  EXPECT_EQ(asked->status, 400);
+  EXPECT_NE(asked->body.find("without speculative decoding"), std::string::npos) << asked->body;
 }
 
 TEST(SpeculativeFlags, AreCheckedAtStart) {

@@ -134,11 +134,12 @@ void serve(const ServeCommand& options) {
   const int64_t context = options.sizes.context(prepared.plan.config);
   std::optional<PoolingConfig> pooling;
   if (options.embeddings) pooling = read_pooling_config(options.model.model_dir, prepared.plan.config.hidden_size);
-  refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings});
   if (options.speculative.enabled()) {
     if (options.embeddings) fail("--speculative applies to generation, not to --embeddings");
     options.speculative.check(prepared);
   }
+  refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings,
+                                      options.speculative.enabled()});
   const TokenizerCodec codec(options.model.model_dir, read_chat_template(options.chat_template));
   const int64_t vocab_size = prepared.plan.config.vocab_size;
   codec.tokenizer().check_fits_model(vocab_size);
@@ -186,17 +187,15 @@ void serve(const ServeCommand& options) {
   }
   server_options.api_key = options.api_key;
   server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
-  // A draft model loads here, before the port opens (it is small; its load is not in the memory
-  // check). Any request may ask for n-gram proposals, and for the draft where there is one.
+  // A draft model loads here, before the port opens (it is small; its weights and cache are not in
+  // the memory check). With --speculative, a request may also ask for n-gram proposals.
   SpeculativeSetup speculation;
-  if (!pooling) {
+  if (options.speculative.enabled()) {
+    speculation = make_speculation(options.speculative, options.model, prepared.plan.config, options.sizes.max_batch,
+                                   context, options.sizes.prefill_chunk);
+    server_options.speculation = speculation.speculation;
     server_options.proposers["ngram"] = std::make_shared<NgramProposer>();
-    if (options.speculative.enabled()) {
-      speculation = make_speculation(options.speculative, options.model, prepared.plan.config,
-                                     options.sizes.max_batch, context, options.sizes.prefill_chunk);
-      server_options.speculation = speculation.speculation;
-      server_options.proposers[speculation.speculation.proposer->name()] = speculation.speculation.proposer;
-    }
+    server_options.proposers[speculation.speculation.proposer->name()] = speculation.speculation.proposer;
   }
 
   // Declared before the server, which uses them until it is destroyed.

@@ -426,13 +426,14 @@ Speculation Server::speculation_for(const std::optional<GenerationFields::Specul
   Speculation speculation = options_.speculation;
   if (field->num_tokens) speculation.tokens = static_cast<int32_t>(*field->num_tokens);
   const std::string method = field->method.value_or(speculation.enabled() ? speculation.proposer->name() : "ngram");
+  if (options_.proposers.empty())
+    throw ApiError(400, "this server runs without speculative decoding (kiln serve --speculative)", "speculative");
   const auto proposer = options_.proposers.find(method);
   if (proposer == options_.proposers.end()) {
     std::string offered;
     for (const auto& [name, unused] : options_.proposers) offered += (offered.empty() ? "" : ", ") + name;
     throw ApiError(400, fmt::format("speculative.method \"{}\" is not offered by this server (it offers: {})",
-                                    quote_client_text(method), offered.empty() ? "none" : offered),
-                   "speculative.method");
+                                    quote_client_text(method), offered), "speculative.method");
   }
   speculation.proposer = proposer->second;
   return speculation;
