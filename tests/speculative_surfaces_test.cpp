@@ -67,8 +67,8 @@ TEST(SpeculativeServe, RequestsChooseTheirSpeculationAndGetThePlainText) {
   ASSERT_TRUE(plain);
   ASSERT_EQ(plain->status, 200) << plain->body;
   const std::string text = json::parse(plain->body)["choices"][0]["text"];
-  for (const json& speculative : {json(nullptr), json{{"method", "ngram"}}, json{{"method", "draft"}, {"num_tokens", 5}},
-                                  json{{"num_tokens", 2}}}) {
+  const json ways = {nullptr, {{"method", "ngram"}}, {{"method", "draft"}, {"num_tokens", 5}}, {{"num_tokens", 2}}};
+  for (const json& speculative : ways) {
     json extra = json::object();
     if (!speculative.is_null()) extra["speculative"] = speculative;
     const auto response = completion(extra);

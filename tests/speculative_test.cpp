@@ -135,14 +135,15 @@ TEST_P(SpeculativeDecoding, GivesThePlainRunBitForBit) {
     ASSERT_EQ(plain.tokens.size(), static_cast<size_t>(kGeneratedTokens)) << at;
     EXPECT_EQ(plain.counts.verify_steps, 0);
 
-    const GeneratedRun ngram =
-        run_generate(model, prompt, with_speculation(plain_options(temperature), std::make_shared<NgramProposer>(), 4));
+    const auto ngram_proposer = std::make_shared<NgramProposer>();
+    const GeneratedRun ngram = run_generate(model, prompt, with_speculation(plain_options(temperature), ngram_proposer, 4));
     expect_same_run(ngram, plain, at + ", ngram");
     EXPECT_GT(ngram.counts.verify_steps, 0) << at;
 
     for (const size_t period : {3u, 5u}) {
       auto adversary = std::make_shared<AdversarialProposer>(prompt, plain.tokens, vocab, period);
-      const GeneratedRun checked = run_generate(model, prompt, with_speculation(plain_options(temperature), adversary, 4));
+      const GeneratedRun checked =
+          run_generate(model, prompt, with_speculation(plain_options(temperature), adversary, 4));
       expect_same_run(checked, plain, at + ", adversarial period " + std::to_string(period));
       EXPECT_GT(checked.counts.accepted, 0) << at;
       EXPECT_LT(checked.counts.accepted, checked.counts.proposed) << at << ": nothing was rolled back";
@@ -171,7 +172,8 @@ TEST_P(SpeculativeDecoding, DraftModelGivesThePlainRun) {
   for (const float temperature : {0.0f, 0.8f}) {
     const GeneratedRun plain = run_generate(*target.model, prompt, plain_options(temperature));
     auto proposer = std::make_shared<DraftModelProposer>(*draft.model, 1, 512);
-    const GeneratedRun drafted = run_generate(*target.model, prompt, with_speculation(plain_options(temperature), proposer, 4));
+    const GeneratedRun drafted =
+        run_generate(*target.model, prompt, with_speculation(plain_options(temperature), proposer, 4));
     expect_same_run(drafted, plain, "draft at temperature " + std::to_string(temperature));
     if (temperature == 0.0f) EXPECT_EQ(drafted.counts.accepted, drafted.counts.proposed);
   }

@@ -143,7 +143,9 @@ RegisterCommand register_bench([](CLI::App& app) {
                     "Run decode steps directly even where the backend captures them as graphs (for comparison)");
   options->speculative.add_to(*command, true);
   command->add_option("--ids", options->ids, "With --speculative: the prompt's token ids (default: the model's BOS)");
-  command->add_option("--temperature", options->temperature, "With --speculative: the sampling temperature (seeded by --seed)")
+  command
+      ->add_option("--temperature", options->temperature,
+                   "With --speculative: the sampling temperature (seeded by --seed)")
       ->capture_default_str();
   command->add_option("--repeats", options->repeats, "With --speculative: runs of each kind, the fastest reported")
       ->check(CLI::PositiveNumber)

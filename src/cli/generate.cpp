@@ -118,8 +118,10 @@ RegisterCommand register_generate([](CLI::App& app) {
                  finish_reason_name(result.finish_reason), result.prefill_seconds * 1e3,
                  result.decode_seconds > 0 ? (result.tokens.size() - 1) / result.decode_seconds : 0.0);
       if (const SpeculationCounts& counts = result.speculation; counts.verify_steps > 0)
-        fmt::print(stderr, "kiln: {} verify steps, {} of {} proposed tokens accepted ({:.1f} %), {:.2f} tokens per verify "
-                   "step\n", counts.verify_steps, counts.accepted, counts.proposed,
+        fmt::print(stderr,
+                   "kiln: {} verify steps, {} of {} proposed tokens accepted ({:.1f} %), {:.2f} tokens per verify "
+                   "step\n",
+                   counts.verify_steps, counts.accepted, counts.proposed,
                    counts.proposed ? 100.0 * counts.accepted / counts.proposed : 0.0,
                    static_cast<double>(counts.verify_steps + counts.accepted) / counts.verify_steps);
       return;

@@ -13,7 +13,9 @@ namespace {
 
 constexpr std::string_view kDraftPrefix = "draft:";
 
-bool names_mtp_tensor(const std::string& name) { return name.starts_with("mtp.") || name.find(".mtp.") != std::string::npos; }
+bool names_mtp_tensor(const std::string& name) {
+  return name.starts_with("mtp.") || name.find(".mtp.") != std::string::npos;
+}
 
 // What defines a tokenizer.json's mapping between text and ids: its model (vocabulary, merges) and
 // its added tokens. Formatting and the other sections (normalizer options written differently, a

@@ -65,7 +65,8 @@ std::optional<GenerationFields::Speculative> read_speculative(JsonFields& fields
     if (value->get<bool>()) reject_field(param, "`speculative` is false or an object {{\"method\", \"num_tokens\"}}");
     return GenerationFields::Speculative{true, std::nullopt, std::nullopt};
   }
-  if (!value->is_object()) reject_field(param, "`speculative` must be false or an object {{\"method\", \"num_tokens\"}}");
+  if (!value->is_object())
+    reject_field(param, "`speculative` must be false or an object {{\"method\", \"num_tokens\"}}");
   JsonFields speculative(*value, param);
   GenerationFields::Speculative field;
   field.method = speculative.string("method");
