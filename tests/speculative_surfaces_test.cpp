@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
 
 #include "serve_process.h"
@@ -133,6 +134,25 @@ TEST(SpeculativeGenerate, PrintsThePlainIdsAndItsCounts) {
   EXPECT_EQ(std::count(plain_ids.begin(), plain_ids.end(), ','), 79);
   EXPECT_EQ(ids(drafted.output), ids(plain.output));
   EXPECT_NE(drafted.output.find("tokens per verify step"), std::string::npos) << drafted.output;
+}
+
+// Split over two tensor-parallel ranks, the hybrid fixture's rollbacks restore every rank's state.
+TEST(SpeculativeGenerate, TensorParallelHybridRanksRollBackTogether) {
+  KILN_REQUIRE_STORIES(dir);
+  const std::string model = "--model " + (fixtures_dir() / "qwen3_5-text-tiny" / "f32").string() +
+                            " --tensor-parallel 2 --ids 1,5,9,3,5,9,3,5,9,7 --max-tokens 200 --temperature 0 ";
+  const CommandResult plain = run_command(kiln_command("generate " + model));
+  const CommandResult speculative = run_command(kiln_command("generate " + model + "--speculative ngram"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(speculative.exit_code, 0) << speculative.output;
+  const auto ids = [](const std::string& output) { return output.substr(0, output.find_first_not_of("0123456789,")); };
+  EXPECT_EQ(ids(speculative.output), ids(plain.output));
+  // Some proposals were accepted and some rejected: the restore ran after partial acceptance.
+  std::smatch counts;
+  ASSERT_TRUE(std::regex_search(speculative.output, counts, std::regex(R"((\d+) of (\d+) proposed tokens accepted)")))
+      << speculative.output;
+  EXPECT_GT(std::stoi(counts[1]), 0);
+  EXPECT_LT(std::stoi(counts[1]), std::stoi(counts[2]));
 }
 
 TEST(SpeculativeBench, ReportsTheSpeedUpOfAnExactRun) {
