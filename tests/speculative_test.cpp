@@ -263,6 +263,63 @@ TEST(SpeculativeScheduling, EveryKindOfRequestGetsItsPlainRun) {
   }
 }
 
+// Requests drafting together (one batched draft step per token) propose what each proposes alone:
+// the scheduler's counts are the sum of the solo runs', and every request gets its plain run.
+TEST(SpeculativeScheduling, DraftsOfABatchAreThoseOfEachRequestAlone) {
+  TestModel target = open_cpu_model(stories_dir());
+  TestModel draft = open_cpu_model(stories_dir());
+  const std::vector<int32_t> prompt = test_prompt(stories_dir());
+  std::vector<GenerationRequest> requests(3);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    // Prompts of different lengths: the drafts catch up on them in chunks of different sizes.
+    for (size_t copy = 0; copy <= i * 6; ++copy)
+      requests[i].prompt.insert(requests[i].prompt.end(), prompt.begin(), prompt.end());
+    requests[i].max_tokens = 60 + 10 * static_cast<int64_t>(i);
+    requests[i].sampling.temperature = i == 1 ? 0.8f : 0.0f;
+    requests[i].sampling.seed = 9;
+  }
+  SpeculationCounts solo_counts;
+  std::vector<GeneratedRun> solo;
+  for (const auto& request : requests) {
+    GenerationOptions options;
+    options.max_tokens = request.max_tokens;
+    options.sampling = request.sampling;
+    options.prefill_chunk = 64;
+    solo.push_back(run_generate(*target.model, request.prompt, options));
+    const GeneratedRun drafted = run_generate(
+        *target.model, request.prompt,
+        with_speculation(options, std::make_shared<DraftModelProposer>(*draft.model, 1, 512, 64), 3));
+    expect_same_run(drafted, solo.back(), "alone");
+    solo_counts.verify_steps += drafted.counts.verify_steps;
+    solo_counts.proposed += drafted.counts.proposed;
+    solo_counts.accepted += drafted.counts.accepted;
+  }
+  auto proposer = std::make_shared<DraftModelProposer>(*draft.model, 3, 512, 64);
+  for (auto& request : requests) request.speculation = {proposer, 3};
+  SchedulerOptions options;
+  options.max_batch = 3;
+  options.context_tokens = 512;
+  options.prefill_chunk = 64;
+  Scheduler scheduler(*target.model, options);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& request : requests) streams.push_back(scheduler.submit(request));
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::vector<int32_t> tokens;
+    for (;;) {
+      std::optional<TokenEvent> event = streams[i]->next(std::chrono::seconds(60));
+      ASSERT_TRUE(event.has_value());
+      if (event->token >= 0) tokens.push_back(event->token);
+      if (event->finished) break;
+    }
+    EXPECT_EQ(tokens, solo[i].tokens) << "request " << i;
+  }
+  scheduler.shutdown(true);
+  const SpeculationCounts counts = scheduler.stats().speculation;
+  EXPECT_EQ(counts.verify_steps, solo_counts.verify_steps);
+  EXPECT_EQ(counts.proposed, solo_counts.proposed);
+  EXPECT_EQ(counts.accepted, solo_counts.accepted);
+}
+
 // The scheduler publishes its counts: the oracle's proposals are all accepted.
 TEST(SpeculativeScheduling, PublishesItsCounts) {
   TestModel opened = open_cpu_model(stories_dir());

@@ -4,7 +4,8 @@
 // Its slot holds the tokens it has run; before proposing it keeps the longest run of them that
 // begins the request's tokens now and appends the rest, so what the target rejected is rolled back
 // with it (truncation, which a KV cache allows: a draft whose state sums up the history is refused).
-// Each request's draft runs on its own, one forward per proposed token, on the target's backend.
+// The requests of a step draft together, one batched forward per proposed token, on the target's
+// backend (invariance: a request's draft tokens do not depend on the batch).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,9 @@ class DraftModelProposer final : public Proposer {
   ~DraftModelProposer() override;
   std::string name() const override { return "draft"; }
   std::unique_ptr<SequenceProposer> start(std::span<const int32_t> prompt) override;
+  // The requests' drafts run together: one draft step per chunk of what their slots have not run,
+  // then one per proposed token, each step a batch of every request still drafting.
+  void propose_together(std::span<ProposalAsk> asks) override;
 
  private:
   class Sequence;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -339,20 +340,33 @@ bool GenerationCore::verify(Sequence& sequence, std::span<const float> rows) {
 // tokens, and fewer than its max_tokens leave (a verify step emits up to one token more than it
 // proposes). A request that runs tokens again proposes nothing: its state is saved before the step
 // that proposes, and must first hold every token it emitted.
+// The requests of one method are asked together (a draft model runs them as one batch).
 void GenerationCore::propose() {
   const auto vocab = static_cast<int32_t>(model_.config().vocab_size);
+  std::map<Proposer*, std::vector<ProposalAsk>> asks;
+  std::map<Proposer*, std::vector<Sequence*>> askers;
   for (auto& sequence : running_) {
     sequence->proposal.clear();
     if (!sequence->speculates() || sequence->prefilled < sequence->prompt_length() || sequence->replay > 0) continue;
     const int64_t room = sequence->request.max_tokens - sequence->generated - 1;
     const auto count = static_cast<int32_t>(std::min<int64_t>(sequence->request.speculation.tokens, room));
     if (count <= 0) continue;
-    std::vector<int32_t> proposal = sequence->proposer->propose(sequence->history, count);
-    // A proposal past `count` or outside the vocabulary is cut there: it could never be accepted.
-    if (proposal.size() > static_cast<size_t>(count)) proposal.resize(static_cast<size_t>(count));
-    const auto invalid = std::find_if(proposal.begin(), proposal.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
-    proposal.erase(invalid, proposal.end());
-    sequence->proposal = std::move(proposal);
+    Proposer* method = sequence->request.speculation.proposer.get();
+    asks[method].push_back({sequence->proposer.get(), sequence->history, count, {}});
+    askers[method].push_back(sequence.get());
+  }
+  for (auto& [method, method_asks] : asks) {
+    method->propose_together(method_asks);
+    for (size_t i = 0; i < method_asks.size(); ++i) {
+      std::vector<int32_t>& proposal = method_asks[i].proposal;
+      // A proposal past its count or outside the vocabulary is cut there: it could never be accepted.
+      if (proposal.size() > static_cast<size_t>(method_asks[i].count))
+        proposal.resize(static_cast<size_t>(method_asks[i].count));
+      const auto invalid =
+          std::find_if(proposal.begin(), proposal.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
+      proposal.erase(invalid, proposal.end());
+      askers[method][i]->proposal = std::move(proposal);
+    }
   }
 }
 

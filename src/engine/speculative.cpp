@@ -60,6 +60,10 @@ class ReplaySequence final : public SequenceProposer {
 
 }  // namespace
 
+void Proposer::propose_together(std::span<ProposalAsk> asks) {
+  for (ProposalAsk& ask : asks) ask.proposal = ask.sequence->propose(ask.tokens, ask.count);
+}
+
 NgramProposer::NgramProposer(int32_t min_match, int32_t max_match) : min_match_(min_match), max_match_(max_match) {
   if (min_match < 1 || max_match < min_match)
     fail("an n-gram proposer needs 1 ≤ min_match ≤ max_match, got {} and {}", min_match, max_match);

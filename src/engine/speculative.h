@@ -42,6 +42,14 @@ class SequenceProposer {
   virtual std::vector<int32_t> propose(std::span<const int32_t> tokens, int32_t count) = 0;
 };
 
+// One request's part of a step's proposals: what SequenceProposer::propose takes, and its answer.
+struct ProposalAsk {
+  SequenceProposer* sequence = nullptr;
+  std::span<const int32_t> tokens;
+  int32_t count = 0;
+  std::vector<int32_t> proposal;  // filled by Proposer::propose_together
+};
+
 // A method of proposing, shared by the requests that use it; used on the thread that steps the
 // generation core.
 class Proposer {
@@ -51,6 +59,9 @@ class Proposer {
   virtual std::string name() const = 0;
   // The proposer of a request whose prompt is `prompt`.
   virtual std::unique_ptr<SequenceProposer> start(std::span<const int32_t> prompt) = 0;
+  // The proposals of one step's requests that use this method (each asker started by it). By
+  // default each is asked on its own; a proposer that runs a model runs them in one batch.
+  virtual void propose_together(std::span<ProposalAsk> asks);
 };
 
 // A request's speculation: none without a proposer.
