@@ -108,6 +108,7 @@ TEST(SpeculativeFlags, AreCheckedAtStart) {
   expect_one_line_error({"generate " + model + "--speculative eagle", "unknown method"});
   expect_one_line_error({"generate " + model + "--speculative oracle", "unknown method"});
   expect_one_line_error({"serve --model " + dir.string() + " --port 0 --speculative mtp", "no MTP weights"});
+  expect_one_line_error({"fit --model " + dir.string() + " --speculative mtp", "no MTP weights"});
 
   // A draft whose tokenizer maps a token to another id.
   TempDir other;
