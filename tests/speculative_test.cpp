@@ -354,6 +354,54 @@ TEST(SpeculativeScheduling, PublishesItsCounts) {
   EXPECT_LE(counts.verify_steps + counts.accepted, kGeneratedTokens - 1);
 }
 
+// A proposer that answers more tokens than asked, and ids outside the vocabulary: the core keeps at
+// most the count asked, up to the first invalid id, and the output is still the plain run's.
+class UnrulyProposer final : public Proposer {
+ public:
+  explicit UnrulyProposer(std::vector<int32_t> continuation) : continuation_(std::move(continuation)) {}
+  std::string name() const override { return "unruly"; }
+  std::unique_ptr<SequenceProposer> start(std::span<const int32_t> prompt) override {
+    return std::make_unique<Sequence>(prompt.size(), continuation_);
+  }
+
+ private:
+  class Sequence final : public SequenceProposer {
+   public:
+    Sequence(size_t prompt_length, const std::vector<int32_t>& continuation)
+        : prompt_length_(prompt_length), continuation_(continuation) {}
+    std::vector<int32_t> propose(std::span<const int32_t> tokens, int32_t count) override {
+      const size_t generated = tokens.size() - prompt_length_;
+      ++calls_;
+      std::vector<int32_t> proposal;
+      for (size_t i = 0; i < static_cast<size_t>(count) + 3 && generated + i < continuation_.size(); ++i)
+        proposal.push_back(continuation_[generated + i]);
+      // Every third call, an id past the vocabulary after the first two right tokens.
+      if (calls_ % 3 == 0 && proposal.size() > 2) proposal[2] = 1 << 30;
+      return proposal;
+    }
+
+   private:
+    size_t prompt_length_;
+    const std::vector<int32_t>& continuation_;
+    int calls_ = 0;
+  };
+  std::vector<int32_t> continuation_;
+};
+
+TEST(SpeculativeRequests, AProposalIsCutToItsCountAndTheVocabulary) {
+  TestModel opened = open_cpu_model(stories_dir());
+  const std::vector<int32_t> prompt = test_prompt(stories_dir());
+  const GeneratedRun plain = run_generate(*opened.model, prompt, plain_options(0));
+  const auto unruly = std::make_shared<UnrulyProposer>(plain.tokens);
+  const GeneratedRun cut = run_generate(*opened.model, prompt, with_speculation(plain_options(0), unruly, 4));
+  expect_same_run(cut, plain, "unruly proposals");
+  // Every proposal kept was the plain run's: all accepted, never more than 4 a step, and fewer on
+  // the steps whose proposal held an invalid id.
+  EXPECT_EQ(cut.counts.accepted, cut.counts.proposed);
+  EXPECT_LT(cut.counts.proposed, 4 * cut.counts.verify_steps);
+  EXPECT_GT(cut.counts.proposed, 2 * cut.counts.verify_steps);
+}
+
 TEST(SpeculativeRequests, RefuseATokenCountOutOfRange) {
   for (const int32_t tokens : {0, 17, -1}) {
     GenerationRequest request;
