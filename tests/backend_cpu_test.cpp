@@ -542,4 +542,28 @@ TEST(CpuMemory, MemoryComesFromMeminfoAndAMissingLineIsAnError) {
   EXPECT_LE(machine.available, machine.total);
 }
 
+// A slot's rows copied out and back (speculative decoding's rollback of a recurrent state) keep
+// every byte, a negative zero and a NaN's payload included; copy refuses another dtype or size.
+TEST(CpuBackend, CopyKeepsEveryByte) {
+  auto backend = make_cpu_backend();
+  Tensor states = Tensor::empty({3, 2, 4}, DType::F32);
+  float* values = states.data<float>();
+  for (int i = 0; i < 24; ++i) values[i] = static_cast<float>(i) * 0.37f - 3.0f;
+  values[9] = -0.0f;
+  const uint32_t payload_nan = 0x7fc12345u;
+  std::memcpy(&values[10], &payload_nan, sizeof payload_nan);
+  const Tensor original = backend->download(states);
+  Tensor saved = backend->alloc({3, 2, 4}, DType::F32);
+  Tensor saved_slot = saved.slice_rows(1, 1);
+  backend->copy(states.slice_rows(1, 1), saved_slot);
+  backend->zero(states);
+  Tensor state_slot = states.slice_rows(1, 1);
+  backend->copy(saved_slot, state_slot);
+  EXPECT_EQ(std::memcmp(states.data<float>() + 8, original.data<float>() + 8, 8 * sizeof(float)), 0);
+  Tensor other_dtype = Tensor::empty({1, 2, 4}, DType::I32);
+  EXPECT_THROW(backend->copy(state_slot, other_dtype), Error);
+  Tensor other_size = Tensor::empty({1, 2, 3}, DType::F32);
+  EXPECT_THROW(backend->copy(state_slot, other_size), Error);
+}
+
 }  // namespace

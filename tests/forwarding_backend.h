@@ -26,6 +26,7 @@ class ForwardingCpuBackend : public Backend, public HybridOps {
   Tensor upload(const Tensor& host) override { return cpu_->upload(host); }
   Tensor download(const Tensor& tensor) override { return cpu_->download(tensor); }
   void zero(Tensor& tensor) override { cpu_->zero(tensor); }
+  void copy(const Tensor& from, Tensor& to) override { cpu_->copy(from, to); }
   BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override {
     return cpu_->make_layout(spans, token_ids);
   }

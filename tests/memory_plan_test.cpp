@@ -141,6 +141,26 @@ TEST(MemoryPlan, AnEmbeddingServersStepIsWhatTheCpuBackendHandsOut) {
   }
 }
 
+// A server whose requests may speculate holds, for a hybrid model, a saved recurrent state per slot:
+// the plan counts what the CPU backend hands out for it; a KV cache saves nothing.
+TEST(MemoryPlan, SpeculationCountsTheSavedStatesOfAHybridCache) {
+  for (const char* family : {"llama3-tiny", "qwen3_5-text-tiny"}) {
+    SCOPED_TRACE(family);
+    const ModelPlan model_plan = plan_model(fixtures_dir() / family / "f32", Device::CPU, true);
+    CountingCpuBackend backend;
+    const MemoryPlan plain = plan_memory(model_plan, backend, std::nullopt, {3, 200, 64});
+    const MemoryPlan speculative = plan_memory(model_plan, backend, std::nullopt, {3, 200, 64, false, true});
+    const std::unique_ptr<Model> model = build_model(model_plan, backend);
+    const std::unique_ptr<ModelCache> cache = model->make_cache(plain.cache_slots, 200);
+    const uint64_t before_save = backend.live();
+    cache->save_slot_state(0);
+    const uint64_t saved = backend.live() - before_save;
+    EXPECT_EQ(speculative.cache - plain.cache, saved);
+    if (std::string(family) == "llama3-tiny") EXPECT_EQ(saved, 0u);
+    else EXPECT_GT(saved, 0u);
+  }
+}
+
 TEST(MemoryPlan, ConvertedWeightsArePlannedInTheLoadDtype) {
   for (const char* family : {"llama3-tiny", "qwen3_5-text-tiny"}) {
     SCOPED_TRACE(family);

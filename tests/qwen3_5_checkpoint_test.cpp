@@ -270,6 +270,25 @@ TEST(Qwen35Checkpoint, MtpTensorsDecideTheGainConventionForTheWholeMap) {
       << notes_of(plan);
 }
 
+// Wrapped exports nest the head: language_model.mtp.* and model.mtp.* are the same head, dropped and
+// counted as mtp.* is.
+TEST(Qwen35Checkpoint, MtpTensorsAreRecognisedWhereverAnExportNestsThem) {
+  ModelConfig config = tiny_config();
+  config.tie_word_embeddings = false;
+  TensorMap tensors = mlx_tensors(config);
+  add(tensors, "language_model.mtp.fc.weight", {128, 256});
+  add(tensors, "model.mtp.norm.weight", {128});
+  const LoadPlan plan = plan_qwen3_5_checkpoint(tensors, config);
+  int mtp_dropped = 0;
+  for (const DroppedTensor& dropped : plan.dropped)
+    if (dropped.source.find("mtp.") != std::string::npos) {
+      ++mtp_dropped;
+      EXPECT_NE(dropped.reason.find("multi-token-prediction"), std::string::npos);
+    }
+  EXPECT_EQ(mtp_dropped, 2);
+  for (const PlannedTensor& tensor : plan.tensors) EXPECT_FALSE(has_fixup(tensor, FixUp::SubtractOne)) << tensor.canonical;
+}
+
 TEST(Qwen35Checkpoint, CanonicalArtifactGetsTheIdentityPlan) {
   const ModelConfig config = tiny_config();
   const TensorMap tensors = transform(hf_text_tensors(config), [](const std::string& n) { return n; }, channels_kernel);

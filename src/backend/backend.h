@@ -120,6 +120,9 @@ class Backend {
   // dry run of `kiln fit`): it computes no values, and what it downloads must not be read.
   virtual bool computes_values() const { return true; }
   virtual void zero(Tensor& tensor) = 0;
+  // to = from, byte for byte (same dtype and element count; check_copy). Speculative decoding saves
+  // a slot's recurrent state with it before a verify step and puts it back when part is rejected.
+  virtual void copy(const Tensor& from, Tensor& to) = 0;
   virtual BatchLayout make_layout(const std::vector<SequenceSpan>& spans,
                                   const std::vector<int32_t>& token_ids) = 0;
 

@@ -114,6 +114,8 @@ void MeasuringBackend::zero(Tensor& tensor) {
   if (!tensor.defined()) fail("{} zero: the tensor is undefined", name_);
 }
 
+void MeasuringBackend::copy(const Tensor& from, Tensor& to) { check_copy(contract(), from, to); }
+
 BatchLayout MeasuringBackend::make_layout(const std::vector<SequenceSpan>& spans,
                                           const std::vector<int32_t>& token_ids) {
   int64_t total = 0;

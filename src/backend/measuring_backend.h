@@ -81,6 +81,7 @@ class MeasuringBackend final : public Backend, public HybridOps, public GraphOps
   Tensor download(const Tensor& tensor) override;
   bool computes_values() const override { return false; }
   void zero(Tensor& tensor) override;
+  void copy(const Tensor& from, Tensor& to) override;
   // The spans are checked as every backend checks them (positive tokens, covering the token ids
   // in order); the device tensors are views of one measured I32 block of 3·T + 4·S words, the
   // bytes the CPU and CUDA layouts take.

@@ -190,6 +190,17 @@ int64_t check_swiglu(const OpContext& context, const Tensor& gate, const Tensor&
   return gate.numel();
 }
 
+int64_t check_copy(const OpContext& context, const Tensor& from, const Tensor& to) {
+  constexpr std::string_view op = "copy";
+  require_defined(context, op, from, "from");
+  require_defined(context, op, to, "to");
+  require_dtype(context, op, to, from.dtype(), "to");
+  require_same_numel(context, op, from, "from", to, "to");
+  if (from.numel() > 0 && from.raw() != nullptr && from.raw() == to.raw())
+    fail("{} {}: from and to are the same tensor", context.backend, op);
+  return static_cast<int64_t>(from.nbytes());
+}
+
 GatherDims check_gather_rows(const OpContext& context, const Tensor& x, const Tensor& rows, const Tensor& out) {
   constexpr std::string_view op = "gather_rows";
   // The CPU took F32 only (its activation dtype); CUDA copied rows of any dtype.

@@ -66,6 +66,9 @@ int64_t check_add(const OpContext& context, const Tensor& a, const Tensor& b);
 // gate, up and out activations of as many elements.
 int64_t check_swiglu(const OpContext& context, const Tensor& gate, const Tensor& up, const Tensor& out);
 
+// from and to of one dtype (any) and element count; not the same bytes. Returns the bytes.
+int64_t check_copy(const OpContext& context, const Tensor& from, const Tensor& to);
+
 struct GatherDims {
   int64_t rows, available, row_elements;
 };

@@ -4,6 +4,11 @@
 // models, each sequence's recurrent state read and written), so
 // bytes-per-step / step-time is the bandwidth the engine reaches; divided by the device's
 // measured copy bandwidth it is the roofline ratio recorded in docs/perf.md.
+//
+// With --speculative, bench instead times generate() from a prompt (--ids, else the model's BOS)
+// plainly and with speculation, checks that both give the same tokens, and reports tokens per
+// verify step, the acceptance rate and the end-to-end speed-up. `--speculative oracle` is for
+// benchmarks only: it proposes the plain run's own tokens (acceptance 1), the machinery's ceiling.
 #include <algorithm>
 #include <chrono>
 #include <random>
@@ -13,6 +18,7 @@
 
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/decode_graph.h"
 #include "engine/generation.h"
@@ -29,6 +35,10 @@ struct BenchCommand {
   uint64_t seed = 1;
   bool json = false;
   bool eager_decode = false;
+  SpeculativeOptions speculative;
+  std::string ids;  // the speculative comparison's prompt
+  float temperature = 0.0f;
+  int repeats = 3;
 };
 
 std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, std::mt19937_64& random) {
@@ -39,6 +49,84 @@ std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, std::mt19937_64
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The fastest of `repeats` runs of generate(); every run must give the same tokens.
+GenerationResult fastest_run(Model& model, const std::vector<int32_t>& prompt, const GenerationOptions& generation,
+                             int repeats) {
+  GenerationResult best;
+  for (int run = 0; run < repeats; ++run) {
+    GenerationResult result = generate(model, prompt, generation);
+    if (run > 0 && result.tokens != best.tokens) fail("two runs of one seeded request gave different tokens");
+    if (run == 0 || result.decode_seconds < best.decode_seconds) best = std::move(result);
+  }
+  return best;
+}
+
+double decode_tokens_per_second(const GenerationResult& result) {
+  return result.decode_seconds > 0 ? static_cast<double>(result.tokens.size() - 1) / result.decode_seconds : 0.0;
+}
+
+// Plain against speculative decoding of one prompt through generate(), as `kiln generate` runs it.
+void bench_speculative(const BenchCommand& options, PreparedModel prepared) {
+  OpenedModel opened = build_prepared_model(std::move(prepared));
+  Model& model = *opened.model;
+  const ModelConfig& config = model.config();
+  std::vector<int32_t> prompt;
+  if (!options.ids.empty()) prompt = parse_token_ids(options.ids);
+  else if (config.bos_token_id) prompt = {static_cast<int32_t>(*config.bos_token_id)};
+  else fail("bench --speculative: the model has no bos_token_id to start from; give the prompt with --ids");
+  GenerationOptions generation;
+  generation.max_tokens = options.decode_tokens;
+  generation.sampling.temperature = options.temperature;
+  generation.sampling.seed = options.seed;
+  const GenerationResult plain = fastest_run(model, prompt, generation, options.repeats);
+
+  SpeculativeSetup setup;
+  const bool oracle = options.speculative.method == "oracle";
+  if (oracle) {
+    setup.speculation = {std::make_shared<ReplayProposer>(prompt, plain.tokens), options.speculative.tokens};
+  } else {
+    const int64_t context = static_cast<int64_t>(prompt.size()) + options.decode_tokens + 1;
+    setup = make_speculation(options.speculative, options.model, config, 1, context, kDefaultPrefillChunk);
+  }
+  generation.speculation = setup.speculation;
+  const GenerationResult speculative = fastest_run(model, prompt, generation, options.repeats);
+  if (speculative.tokens != plain.tokens)
+    fail("bench --speculative: the speculative run's tokens differ from the plain run's (exactness is broken)");
+
+  const SpeculationCounts& counts = speculative.speculation;
+  const double plain_rate = decode_tokens_per_second(plain), speculative_rate = decode_tokens_per_second(speculative);
+  const double per_verify =
+      counts.verify_steps ? static_cast<double>(counts.verify_steps + counts.accepted) / counts.verify_steps : 0.0;
+  const double acceptance = counts.proposed ? static_cast<double>(counts.accepted) / counts.proposed : 0.0;
+  nlohmann::json report = {{"model", options.model.model_dir},
+                           {"device", opened.backend->name()},
+                           {"method", options.speculative.method},
+                           {"oracle", oracle},
+                           {"num_speculative_tokens", options.speculative.tokens},
+                           {"temperature", options.temperature},
+                           {"generated_tokens", plain.tokens.size()},
+                           {"plain_tokens_per_second", plain_rate},
+                           {"speculative_tokens_per_second", speculative_rate},
+                           {"speedup", plain_rate > 0 ? speculative_rate / plain_rate : 0.0},
+                           {"verify_steps", counts.verify_steps},
+                           {"proposed", counts.proposed},
+                           {"accepted", counts.accepted},
+                           {"acceptance_rate", acceptance},
+                           {"tokens_per_verify_step", per_verify}};
+  if (options.json) {
+    fmt::print("{}\n", report.dump());
+    return;
+  }
+  fmt::print("model {}  device {}  speculative {}{} k={}  temperature {}  {} tokens (identical to the plain run)\n",
+             options.model.model_dir, opened.backend->name(), options.speculative.method,
+             oracle ? " (benchmark-only oracle: replays the plain run, acceptance 1)" : "", options.speculative.tokens,
+             options.temperature, plain.tokens.size());
+  fmt::print("plain        {:>10.1f} tok/s\n", plain_rate);
+  fmt::print("speculative  {:>10.1f} tok/s  speed-up {:.2f}x\n", speculative_rate, speculative_rate / plain_rate);
+  fmt::print("verify steps {}  accepted {} of {} proposed ({:.1f} %)  {:.2f} tokens per verify step\n",
+             counts.verify_steps, counts.accepted, counts.proposed, 100 * acceptance, per_verify);
 }
 
 RegisterCommand register_bench([](CLI::App& app) {
@@ -53,9 +141,25 @@ RegisterCommand register_bench([](CLI::App& app) {
   command->add_flag("--json", options->json, "Print one JSON object instead of a table");
   command->add_flag("--eager-decode", options->eager_decode,
                     "Run decode steps directly even where the backend captures them as graphs (for comparison)");
+  options->speculative.add_to(*command, true);
+  command->add_option("--ids", options->ids, "With --speculative: the prompt's token ids (default: the model's BOS)");
+  command
+      ->add_option("--temperature", options->temperature,
+                   "With --speculative: the sampling temperature (seeded by --seed)")
+      ->capture_default_str();
+  command->add_option("--repeats", options->repeats, "With --speculative: runs of each kind, the fastest reported")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   command->callback([options] {
     if (options->batches.empty()) fail("--batch: no batch size given");
     options->model.resolve();
+    if (options->speculative.enabled()) {
+      const ServingSizes sizes{1, 0, kDefaultPrefillChunk};
+      PreparedModel prepared = prepare_model(options->model, sizes);
+      options->speculative.check(prepared);
+      bench_speculative(*options, std::move(prepared));
+      return;
+    }
     // Each decode batch runs at its own sizes; the smallest is the one the batch rule can refuse.
     const ServingSizes sizes{static_cast<int32_t>(*std::min_element(options->batches.begin(), options->batches.end())),
                              options->decode_context + options->decode_tokens + 1, kDefaultPrefillChunk};

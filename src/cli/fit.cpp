@@ -1,5 +1,5 @@
 // kiln fit --model DIR [--device cpu|cuda] [--dtype …] [--max-batch N] [--max-context T]
-// [--prefill-chunk C] [--embeddings]: whether the model, with N sequences of T tokens served as `kiln serve`
+// [--prefill-chunk C] [--embeddings] [--speculative …]: whether the model, with N sequences of T tokens served as `kiln serve`
 // would serve them (its flags and defaults), fits the device's memory — weights, cache, step
 // scratch, the decode graphs' buffers and the backend's reserve against what the device has
 // available — decided before any weight is read. Exit status 0: it fits; 2: it does not (the
@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "cli/speculative_options.h"
 #include "engine/memory_plan.h"
 
 namespace kiln::cli {
@@ -20,12 +21,14 @@ struct FitCommand {
   ModelOptions model;
   ServingSizes sizes;  // kiln serve's, with its defaults
   bool embeddings = false;
+  SpeculativeOptions speculative;  // a hybrid cache's saved states (a draft model is not planned)
 };
 
 void fit(const FitCommand& options) {
   PreparedModel prepared = prepare_model(options.model, options.sizes);
+  if (options.speculative.enabled()) options.speculative.check(prepared);
   const MemoryRequest request{options.sizes.max_batch, options.sizes.context(prepared.plan.config),
-                              options.sizes.prefill_chunk, options.embeddings};
+                              options.sizes.prefill_chunk, options.embeddings, options.speculative.enabled()};
   Backend& backend = *prepared.backend;
   const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
   std::fputs((describe_memory_plan(plan, backend.name()) + "\n").c_str(), stdout);
@@ -46,6 +49,7 @@ const RegisterCommand kRegisterFit([](CLI::App& app) {
   options->model.add_to(*command);
   add_serving_size_options(*command, options->sizes);
   command->add_flag("--embeddings", options->embeddings, "Plan for kiln serve --embeddings (no decode graphs)");
+  options->speculative.add_to(*command);
   command->callback([options] {
     options->model.resolve();
     fit(*options);

@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/generation.h"
 #include "text/text_model.h"
@@ -33,6 +34,7 @@ struct GenerateCommand {
   std::optional<uint64_t> seed;
   std::string generation_config = "auto";
   ServingSizes sizes{1, 0, kDefaultPrefillChunk};  // one sequence at the model's context
+  SpeculativeOptions speculative;
 };
 
 void print_now(const std::string& text) {
@@ -72,11 +74,18 @@ RegisterCommand register_generate([](CLI::App& app) {
   command->add_option("--seed", options->seed, "Random seed (same seed, same tokens)");
   add_generation_config_option(*command, options->generation_config);
   add_prefill_chunk_option(*command, options->sizes);
+  options->speculative.add_to(*command);
   command->callback([options, ids, prompt, chat] {
     if (!*ids && !*prompt && !*chat) fail("generate needs one of --ids, --prompt or --chat");
     if (*ids && !options->stops.empty()) fail("--stop applies to text (--prompt or --chat), not to --ids");
     options->model.resolve();
-    OpenedModel opened = open_model(options->model, options->sizes);
+    PreparedModel prepared = prepare_model(options->model, options->sizes);
+    if (options->speculative.enabled()) options->speculative.check(prepared);
+    OpenedModel opened = build_prepared_model(std::move(prepared));
+    SpeculativeSetup speculation;
+    if (options->speculative.enabled())
+      speculation = make_speculation(options->speculative, options->model, opened.model->config(), 1,
+                                     options->sizes.context(opened.model->config()), options->sizes.prefill_chunk);
     // The flags win over the generation config, which wins over kiln's defaults.
     const SamplingDefaults defaults = generation_defaults(options->generation_config, options->model.model_dir);
     GenerationOptions generation;
@@ -93,6 +102,7 @@ RegisterCommand register_generate([](CLI::App& app) {
     sampling.seed = options->seed;
     sampling.validate();
     generation.prefill_chunk = options->sizes.prefill_chunk;
+    generation.speculation = speculation.speculation;
 
     if (*ids) {
       for (int64_t id : opened.model->config().eos_token_ids) generation.stop_ids.push_back(static_cast<int32_t>(id));
@@ -107,6 +117,13 @@ RegisterCommand register_generate([](CLI::App& app) {
       fmt::print(stderr, "kiln: {} tokens ({}), prefill {:.1f} ms, decode {:.1f} tok/s\n", result.tokens.size(),
                  finish_reason_name(result.finish_reason), result.prefill_seconds * 1e3,
                  result.decode_seconds > 0 ? (result.tokens.size() - 1) / result.decode_seconds : 0.0);
+      if (const SpeculationCounts& counts = result.speculation; counts.verify_steps > 0)
+        fmt::print(stderr,
+                   "kiln: {} verify steps, {} of {} proposed tokens accepted ({:.1f} %), {:.2f} tokens per verify "
+                   "step\n",
+                   counts.verify_steps, counts.accepted, counts.proposed,
+                   counts.proposed ? 100.0 * counts.accepted / counts.proposed : 0.0,
+                   static_cast<double>(counts.verify_steps + counts.accepted) / counts.verify_steps);
       return;
     }
 
@@ -115,6 +132,7 @@ RegisterCommand register_generate([](CLI::App& app) {
     text_options.sampling = generation.sampling;
     text_options.stop = options->stops;
     text_options.prefill_chunk = generation.prefill_chunk;
+    text_options.speculation = generation.speculation;
     TextModel text(std::move(opened.model), options->model.model_dir);
     const auto print_text = [](std::string_view text) {
       print_now(std::string(text));

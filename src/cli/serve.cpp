@@ -22,6 +22,7 @@
 
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "cli/speculative_options.h"
 #include "core/error.h"
 #include "engine/embedding_scheduler.h"
 #include "engine/memory_plan.h"
@@ -55,6 +56,7 @@ struct ServeCommand {
   bool no_prefix_cache = false;
   std::string generation_config = "auto";
   bool embeddings = false;
+  SpeculativeOptions speculative;
 };
 
 // --config FILE: `name = value` lines (TOML, or INI; read by CLI11's reader), a serve flag's long
@@ -132,7 +134,12 @@ void serve(const ServeCommand& options) {
   const int64_t context = options.sizes.context(prepared.plan.config);
   std::optional<PoolingConfig> pooling;
   if (options.embeddings) pooling = read_pooling_config(options.model.model_dir, prepared.plan.config.hidden_size);
-  refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings});
+  if (options.speculative.enabled()) {
+    if (options.embeddings) fail("--speculative applies to generation, not to --embeddings");
+    options.speculative.check(prepared);
+  }
+  refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings,
+                                      options.speculative.enabled()});
   const TokenizerCodec codec(options.model.model_dir, read_chat_template(options.chat_template));
   const int64_t vocab_size = prepared.plan.config.vocab_size;
   codec.tokenizer().check_fits_model(vocab_size);
@@ -180,6 +187,16 @@ void serve(const ServeCommand& options) {
   }
   server_options.api_key = options.api_key;
   server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
+  // A draft model loads here, before the port opens (it is small; its weights and cache are not in
+  // the memory check). With --speculative, a request may also ask for n-gram proposals.
+  SpeculativeSetup speculation;
+  if (options.speculative.enabled()) {
+    speculation = make_speculation(options.speculative, options.model, prepared.plan.config, options.sizes.max_batch,
+                                   context, options.sizes.prefill_chunk);
+    server_options.speculation = speculation.speculation;
+    server_options.proposers["ngram"] = std::make_shared<NgramProposer>();
+    server_options.proposers[speculation.speculation.proposer->name()] = speculation.speculation.proposer;
+  }
 
   // Declared before the server, which uses them until it is destroyed.
   std::optional<OpenedModel> opened;
@@ -294,6 +311,7 @@ RegisterCommand register_serve([](CLI::App& app) {
   command->add_option("--log-format", options->log_format, "The per-request log line: text, or one JSON object")
       ->check(CLI::IsMember({"text", "json"}));
   add_generation_config_option(*command, options->generation_config);
+  options->speculative.add_to(*command);
   command->add_flag("--embeddings", options->embeddings,
                     "Serve /v1/embeddings for an embedding model (Qwen3-Embedding, ...) instead of generating text: "
                     "pooling and normalisation as the model folder's modules.json and its Pooling module's "

@@ -26,7 +26,10 @@ Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>
     spans.push_back({sequence.slot, first_token, static_cast<int32_t>(sequence.tokens.size()), sequence.first_position});
     token_ids.insert(token_ids.end(), sequence.tokens.begin(), sequence.tokens.end());
     const auto count = static_cast<int32_t>(sequence.tokens.size());
-    for (int32_t i = sequence.all_logits ? 0 : count - 1; i < count; ++i) logit_rows.push_back(first_token + i);
+    if (sequence.last_logits < 1 || sequence.last_logits > count)
+      fail("a sequence step of {} tokens asks for the logits of its last {}", count, sequence.last_logits);
+    for (int32_t i = sequence.all_logits ? 0 : count - sequence.last_logits; i < count; ++i)
+      logit_rows.push_back(first_token + i);
   }
   const BatchLayout layout = backend.make_layout(spans, token_ids);
   Tensor host_rows = Tensor::empty({static_cast<int64_t>(logit_rows.size())}, DType::I32);
@@ -63,6 +66,7 @@ GenerationResult generate(Model& model, const std::vector<int32_t>& prompt, cons
   check_serving_sizes(sizes, model.config());
   GenerationRequest request{prompt, options.max_tokens, options.sampling, options.stop_ids, 0};
   request.reasoning_budget = options.reasoning_budget;
+  request.speculation = options.speculation;
   bound_request(request, sizes.context(model.config()), model.config().vocab_size);
   // The cache holds this request's tokens, not the model's whole context.
   GenerationCore core(model, 1, static_cast<int64_t>(prompt.size()) + std::max<int64_t>(request.max_tokens, 1),
@@ -101,6 +105,7 @@ GenerationResult generate(Model& model, const std::vector<int32_t>& prompt, cons
   const Clock::time_point finished = Clock::now();
   result.prefill_seconds = std::chrono::duration<double>(first_token.value_or(finished) - start).count();
   result.decode_seconds = std::chrono::duration<double>(finished - first_token.value_or(finished)).count();
+  result.speculation = core.speculation_counts();
   return result;
 }
 

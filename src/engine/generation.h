@@ -12,17 +12,20 @@
 #include "engine/reasoning_budget.h"
 #include "engine/sampler.h"
 #include "engine/serving_sizes.h"
+#include "engine/speculative.h"
 #include "model/model.h"
 
 namespace kiln {
 
 // One sequence's contribution to a step: `tokens` continue the sequence in `slot` at
-// `first_position`. Its logits rows are every token's (all_logits) or only the last one's.
+// `first_position`. Its logits rows are every token's (all_logits), or those of its last
+// `last_logits` tokens (a verify step's rows; the last token's alone by default).
 struct SequenceStep {
   int32_t slot = 0;
   int32_t first_position = 0;
   std::vector<int32_t> tokens;
   bool all_logits = false;
+  int32_t last_logits = 1;
 };
 
 // Runs one forward over the sequences (in order) and returns their logit rows as a host
@@ -41,6 +44,7 @@ struct GenerationOptions {
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (it is reported)
   int64_t prefill_chunk = kDefaultPrefillChunk;  // most prompt tokens prefilled per step (a multiple of 64)
   std::optional<ReasoningBudget> reasoning_budget;  // GenerationRequest::reasoning_budget
+  Speculation speculation;                          // GenerationRequest::speculation
 };
 
 struct GenerationResult {
@@ -48,6 +52,7 @@ struct GenerationResult {
   FinishReason finish_reason = FinishReason::Length;  // Stop: a stop id, or the callback asked
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  SpeculationCounts speculation;  // its verify steps (none without speculation)
 };
 
 // Prefills `prompt` and decodes up to max_tokens tokens (bounded by the model's context), through

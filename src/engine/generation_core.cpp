@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -47,6 +48,7 @@ void bound_request(GenerationRequest& request, int64_t context_tokens, int64_t v
     if (request.grammar) fail("a reasoning budget cannot be combined with a grammar");
     request.reasoning_budget->validate(vocab_size);
   }
+  if (request.speculation.enabled()) check_speculative_tokens(request.speculation.tokens);
 }
 
 struct GenerationCore::Sequence {
@@ -63,6 +65,14 @@ struct GenerationCore::Sequence {
   grammar::TokenMask mask;                         // the tokens the grammar allows next
   std::vector<float> masked_logits;
   std::optional<ReasoningBudgetTracker> budget;    // with a reasoning budget: where the reply stands in it
+  // Speculation (engine/speculative.h): the request's proposer, its sequence so far (the prompt and
+  // every token generated), and the tokens proposed for the step being planned.
+  std::unique_ptr<SequenceProposer> proposer;
+  std::vector<int32_t> history;
+  std::vector<int32_t> proposal;
+  // Generated tokens before next_input that the next decode runs again: a rejected proposal rolled a
+  // recurrent state back to before the verify step, and the tokens it accepted are fed anew.
+  int64_t replay = 0;
 
   int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
   // The device sampler (GraphOps::sample_tokens) applies no bias, penalty or grammar mask, so such a
@@ -73,6 +83,17 @@ struct GenerationCore::Sequence {
   bool needs_logits() const { return request.top_logprobs > 0 || samples_on_host(); }
   // The token its next step must produce (its reasoning budget's forced close), if any.
   std::optional<int32_t> forced_next() const { return budget ? budget->forced_next() : std::nullopt; }
+  // A grammar's mask and a reasoning budget's forced tokens decide a token at a time: such a request
+  // decodes plainly.
+  bool speculates() const { return proposer != nullptr && !matcher && !budget; }
+  // The position of the first token its next decode appends.
+  int64_t decode_position() const { return prompt_length() + generated - 1 - replay; }
+  // What its next decode appends: the tokens it runs again, the last sampled token, its proposals.
+  std::vector<int32_t> decode_input() const {
+    std::vector<int32_t> input(generated_tokens.end() - 1 - replay, generated_tokens.end());
+    input.insert(input.end(), proposal.begin(), proposal.end());
+    return input;
+  }
 };
 
 namespace {
@@ -162,6 +183,10 @@ void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStr
     sequence->mask = grammar::empty_mask(sequence->request.grammar->vocabulary().size());
   }
   if (sequence->request.reasoning_budget) sequence->budget.emplace(*sequence->request.reasoning_budget);
+  if (sequence->request.speculation.enabled() && !sequence->matcher && !sequence->budget) {
+    sequence->proposer = sequence->request.speculation.proposer->start(sequence->request.prompt);
+    sequence->history = sequence->request.prompt;
+  }
   running_.push_back(std::move(sequence));
 }
 
@@ -222,6 +247,7 @@ bool GenerationCore::accept(Sequence& sequence, const SampledToken& token, std::
   ++sequence.generated;
   sequence.generated_tokens.push_back(token.token);
   sequence.next_input = token.token;
+  if (sequence.proposer) sequence.history.push_back(token.token);
   sequence.sampler.accept(token.token);
   if (sequence.budget) sequence.budget->accept(token.token);
   TokenEvent event{token.token, token.logprob, {}, false, FinishReason::Stop, ""};
@@ -276,6 +302,74 @@ bool GenerationCore::sample_on_host(Sequence& sequence, std::span<const float> l
   return accept(sequence, sequence.sampler.sample(sequence.masked_logits), sequence.masked_logits);
 }
 
+// Takes the target's choices at the rows of a verify step (`rows`: one logit row per appended token
+// from the last sampled one on, each row the distribution of the token after it), while the
+// proposal at a row equals the choice there: each choice is made as a plain decode step makes it
+// (the same logits, the request's next draw), so what is emitted is the plain run's tokens. Then
+// rolls back what was rejected. False when the request ended.
+bool GenerationCore::verify(Sequence& sequence, std::span<const float> rows) {
+  const auto vocab = static_cast<size_t>(model_.config().vocab_size);
+  const std::vector<int32_t> proposal = std::move(sequence.proposal);
+  sequence.proposal.clear();
+  ++speculation_counts_.verify_steps;
+  speculation_counts_.proposed += static_cast<int64_t>(proposal.size());
+  size_t accepted = 0;
+  for (size_t row = 0; row <= proposal.size(); ++row) {
+    const std::span<const float> logits = rows.subspan(row * vocab, vocab);
+    const SampledToken token = sequence.sampler.sample(logits);
+    const bool matches = row < proposal.size() && token.token == proposal[row];
+    if (matches) ++accepted;
+    if (!accept(sequence, token, logits)) {
+      speculation_counts_.accepted += static_cast<int64_t>(accepted);
+      return false;
+    }
+    if (!matches) break;
+  }
+  speculation_counts_.accepted += static_cast<int64_t>(accepted);
+  sequence.replay = 0;
+  if (accepted < proposal.size() && !cache_->resumes_at_any_position()) {
+    // The state holds the rejected tokens too: back to before the step, and the token it started
+    // from and the accepted proposals run again.
+    cache_->restore_slot_state(sequence.slot);
+    sequence.replay = static_cast<int64_t>(accepted) + 1;
+  }
+  return true;
+}
+
+// Asks each speculating request that decodes this step for its proposals: at most its speculation's
+// tokens, and fewer than its max_tokens leave (a verify step emits up to one token more than it
+// proposes). A request that runs tokens again proposes nothing: its state is saved before the step
+// that proposes, and must first hold every token it emitted.
+// The requests of one method are asked together (a draft model runs them as one batch).
+void GenerationCore::propose() {
+  const auto vocab = static_cast<int32_t>(model_.config().vocab_size);
+  std::map<Proposer*, std::vector<ProposalAsk>> asks;
+  std::map<Proposer*, std::vector<Sequence*>> askers;
+  for (auto& sequence : running_) {
+    sequence->proposal.clear();
+    if (!sequence->speculates() || sequence->prefilled < sequence->prompt_length() || sequence->replay > 0) continue;
+    const int64_t room = sequence->request.max_tokens - sequence->generated - 1;
+    const auto count = static_cast<int32_t>(std::min<int64_t>(sequence->request.speculation.tokens, room));
+    if (count <= 0) continue;
+    Proposer* method = sequence->request.speculation.proposer.get();
+    asks[method].push_back({sequence->proposer.get(), sequence->history, count, {}});
+    askers[method].push_back(sequence.get());
+  }
+  for (auto& [method, method_asks] : asks) {
+    method->propose_together(method_asks);
+    for (size_t i = 0; i < method_asks.size(); ++i) {
+      std::vector<int32_t>& proposal = method_asks[i].proposal;
+      // A proposal past its count or outside the vocabulary is cut there: it could never be accepted.
+      if (proposal.size() > static_cast<size_t>(method_asks[i].count))
+        proposal.resize(static_cast<size_t>(method_asks[i].count));
+      const auto invalid =
+          std::find_if(proposal.begin(), proposal.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
+      proposal.erase(invalid, proposal.end());
+      askers[method][i]->proposal = std::move(proposal);
+    }
+  }
+}
+
 // The rows of a decode step for every running request, each taking its last token (from the
 // host, or fed on the device from the step in flight).
 std::vector<DecodeRow> GenerationCore::decode_rows(bool fed) const {
@@ -307,11 +401,12 @@ std::vector<uint64_t> GenerationCore::running_ids() const {
 // logits (logprobs, a grammar's mask: its next token depends on the one in flight), none may have
 // either token forced (a reasoning budget's close: the step would feed the device's token, and
 // draw for it), each has room for two more tokens, and no waiting request could be admitted now
-// (it would need a prefill step first).
+// (it would need a prefill step first). A speculating request proposes from its tokens on the host.
 bool GenerationCore::queue_next_decode(const std::function<bool()>& requests_waiting) const {
   const bool every_request_decodes_again = std::all_of(running_.begin(), running_.end(), [&](const auto& sequence) {
     return std::find(in_flight_.begin(), in_flight_.end(), sequence->id) != in_flight_.end() &&
-           !sequence->needs_logits() && (!sequence->budget || sequence->budget->next_two_free()) &&
+           !sequence->needs_logits() && !sequence->speculates() &&
+           (!sequence->budget || sequence->budget->next_two_free()) &&
            sequence->generated + 2 <= sequence->request.max_tokens;
   });
   return every_request_decodes_again && !(has_free_slot() && requests_waiting());
@@ -361,7 +456,9 @@ bool GenerationCore::advance_in_flight(const std::function<bool()>& requests_wai
 
 StepPlan GenerationCore::plan() const {
   std::vector<SequenceProgress> progress;
-  for (const auto& sequence : running_) progress.push_back({sequence->prompt_length(), sequence->prefilled});
+  for (const auto& sequence : running_)
+    progress.push_back({sequence->prompt_length(), sequence->prefilled,
+                        sequence->replay + 1 + static_cast<int64_t>(sequence->proposal.size())});
   return plan_step(progress, prefill_chunk_, step_token_budget_);
 }
 
@@ -387,10 +484,13 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
   std::vector<SequenceStep> steps;
   for (const PlannedWork& work : plan.work) {
     const Sequence& sequence = *running_[work.sequence];
-    if (work.decodes)
-      steps.push_back({sequence.slot, static_cast<int32_t>(sequence.prompt_length() + sequence.generated - 1),
-                       {sequence.next_input}, false});
-    else
+    if (work.decodes) {
+      // A verify step's rows: from the last sampled token's on. A recurrent state is saved first,
+      // to be put back if a proposal is rejected.
+      if (!sequence.proposal.empty() && !cache_->resumes_at_any_position()) cache_->save_slot_state(sequence.slot);
+      steps.push_back({sequence.slot, static_cast<int32_t>(sequence.decode_position()), sequence.decode_input(),
+                       false, static_cast<int32_t>(1 + sequence.proposal.size())});
+    } else
       steps.push_back({sequence.slot, static_cast<int32_t>(work.begin),
                        std::vector<int32_t>(sequence.request.prompt.begin() + work.begin,
                                             sequence.request.prompt.begin() + work.end),
@@ -401,27 +501,40 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
 }
 
 // Feeds a step's results back: the prompt tokens now in the cache, and each sampled token to its
-// request (row w of the logits, or of the device's tokens, is planned work w's).
+// request (the logit rows are the planned works' in order, one each but a verify step's one per
+// token it verifies; row w of the device's tokens is planned work w's).
 void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
   const int64_t vocab = model_.config().vocab_size;
   const bool sampled_on_device = !result.device_tokens.empty();
   std::vector<std::unique_ptr<Sequence>> still_running;
   size_t row = 0;
+  size_t logit_row = 0;
   for (size_t index = 0; index < running_.size(); ++index) {
     Sequence& sequence = *running_[index];
     if (row < plan.work.size() && plan.work[row].sequence == index) {
       const PlannedWork& work = plan.work[row];
       const size_t work_row = row++;
+      const size_t first_logit_row = logit_row;
+      const size_t logit_rows = 1 + sequence.proposal.size();
+      logit_row += work.decodes ? logit_rows : 1;
       if (!work.decodes) sequence.prefilled = work.end;
       if (work.samples && sequence.request.max_tokens == 0) {
         end(sequence, final_event(FinishReason::Length, ""));
         continue;
       }
+      if (work.decodes && !sequence.proposal.empty()) {
+        const std::span<const float> rows(result.logits.data<float>() + first_logit_row * vocab,
+                                          logit_rows * static_cast<size_t>(vocab));
+        if (!verify(sequence, rows)) continue;
+        still_running.push_back(std::move(running_[index]));
+        continue;
+      }
+      if (work.decodes) sequence.replay = 0;  // the tokens it ran again are in the cache now
       if (work.samples) {
         const std::span<const float> logits =
-            result.logits.defined()
-                ? std::span<const float>(result.logits.data<float>() + work_row * vocab, static_cast<size_t>(vocab))
-                : std::span<const float>();
+            result.logits.defined() ? std::span<const float>(result.logits.data<float>() + first_logit_row * vocab,
+                                                             static_cast<size_t>(vocab))
+                                    : std::span<const float>();
         if (sequence.matcher) {
           if (!sample_on_host(sequence, logits)) continue;
         } else if (const std::optional<int32_t> forced = sequence.forced_next()) {
@@ -442,9 +555,11 @@ bool GenerationCore::step(const std::function<bool()>& requests_waiting) {
   drop_cancelled();
   if (!in_flight_.empty()) return advance_in_flight(requests_waiting);
   if (running_.empty()) return false;
-  const StepPlan step_plan = plan();
+  StepPlan step_plan;
   StepResult result;
   try {
+    propose();
+    step_plan = plan();
     result = execute(step_plan);
   } catch (const std::exception& error) {
     fail_running(error);

@@ -30,6 +30,7 @@
 #include "engine/grammar/token_mask.h"
 #include "engine/reasoning_budget.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "engine/step_plan.h"
 #include "model/model.h"
 
@@ -58,6 +59,9 @@ struct GenerationRequest {
   // A cap on the reply's reasoning (engine/reasoning_budget.h): at it, the closing marker's tokens
   // are forced. Not with a grammar, which holds every token from the first.
   std::optional<ReasoningBudget> reasoning_budget;
+  // Proposals verified a step at a time (engine/speculative.h); the tokens are those of the plain
+  // run. A request with a grammar or a reasoning budget decodes plainly whatever this says.
+  Speculation speculation;
 };
 
 // Checks a request against the context its sequence has (`context_tokens`, prompt and completion)
@@ -126,6 +130,8 @@ class GenerationCore {
   // Prompt tokens admitted so far, and of them those served from the prefix cache.
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
+  // The verify steps run so far, their proposals and of them the accepted ones.
+  const SpeculationCounts& speculation_counts() const { return speculation_counts_; }
 
   static constexpr int64_t kPrefixBlock = 64;
 
@@ -141,6 +147,8 @@ class GenerationCore {
   void drop_cancelled();
   void fail_running(const std::exception& error);
   bool accept(Sequence& sequence, const SampledToken& token, std::span<const float> row, bool forced = false);
+  bool verify(Sequence& sequence, std::span<const float> rows);
+  void propose();
   bool sample_on_host(Sequence& sequence, std::span<const float> logits);
   std::vector<DecodeRow> decode_rows(bool fed) const;
   std::vector<uint64_t> running_ids() const;
@@ -165,6 +173,7 @@ class GenerationCore {
   uint64_t releases_ = 0;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
+  SpeculationCounts speculation_counts_;
   // The requests (Sequence::id, in row order) of the decode step in flight: queued on the device,
   // its tokens not yet read. Empty when none is.
   std::vector<uint64_t> in_flight_;

@@ -50,6 +50,7 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
   const bool graphs = !request.embeddings && DecodeGraphs::supported(*dry);
   plan.cache_slots = graphs ? decode_bucket(request.sequences) : request.sequences;
   const std::unique_ptr<ModelCache> cache = dry->make_cache(plan.cache_slots, request.context);
+  if (request.speculative) cache->save_slot_state(0);  // allocates the saved states of every slot
   plan.cache = held() - plan.weights;
   if (plan.weights + plan.cache + plan.reserve > available) return plan;
 

@@ -32,6 +32,9 @@ struct MemoryRequest {
   // Served for embeddings (kiln serve --embeddings, engine/embedding_scheduler.h): steps stop
   // before lm_head with a hidden-state row per token (mean pooling's), and no decode graph is made.
   bool embeddings = false;
+  // Requests may speculate (engine/speculative.h): a cache whose state sums up the history (the
+  // hybrid models') holds a saved copy of it per slot (ModelCache::save_slot_state).
+  bool speculative = false;
 };
 
 struct MemoryPlan {

@@ -78,6 +78,7 @@ void Scheduler::run() {
       }
       stats_.prefix_query_tokens = core_->prefix_query_tokens();
       stats_.prefix_hit_tokens = core_->prefix_hit_tokens();
+      stats_.speculation = core_->speculation_counts();
       stats_.waiting = static_cast<int64_t>(waiting_.size());
       stats_.running = static_cast<int64_t>(core_->running());
     }
@@ -97,6 +98,7 @@ void Scheduler::step() {
   if (ran) stats_.steps++;
   stats_.running = static_cast<int64_t>(core_->running());
   stats_.cache_tokens_used = cache_used;
+  stats_.speculation = core_->speculation_counts();
 }
 
 }  // namespace kiln

@@ -39,6 +39,7 @@ struct SchedulerStats {
   int64_t steps = 0;
   int64_t prefix_query_tokens = 0;  // prompt tokens admitted
   int64_t prefix_hit_tokens = 0;    // of them, served from the prefix cache
+  SpeculationCounts speculation;    // verify steps, proposed and accepted tokens (engine/speculative.h)
 };
 
 class QueueFull : public std::runtime_error {

@@ -21,9 +21,12 @@ StepPlan plan_step(std::span<const SequenceProgress> sequences, int64_t prefill_
   for (size_t index = 0; index < sequences.size() && left > 0; ++index) {
     const SequenceProgress& sequence = sequences[index];
     if (sequence.prefilled < sequence.prompt_length) continue;
-    planned[index] = {index, true, sequence.prompt_length, sequence.prompt_length, true};
+    if (sequence.decode_tokens < 1)
+      fail("sequence {} decodes {} tokens; a decode appends at least one", index, sequence.decode_tokens);
+    if (sequence.decode_tokens > left) continue;
+    planned[index] = {index, true, sequence.prompt_length, sequence.prompt_length, true, sequence.decode_tokens};
     has_work[index] = true;
-    --left;
+    left -= sequence.decode_tokens;
   }
   for (size_t index = 0; index < sequences.size() && left > 0; ++index) {
     const SequenceProgress& sequence = sequences[index];
@@ -31,14 +34,15 @@ StepPlan plan_step(std::span<const SequenceProgress> sequences, int64_t prefill_
     const int64_t end =
         prefill_chunk_end(sequence.prompt_length, sequence.prefilled, std::min(prefill_chunk, left));
     if (end == sequence.prefilled) continue;
-    planned[index] = {index, false, sequence.prefilled, end, end == sequence.prompt_length};
+    planned[index] = {index, false, sequence.prefilled, end, end == sequence.prompt_length, 0};
     has_work[index] = true;
     left -= end - sequence.prefilled;
   }
   StepPlan plan;
   plan.every_sequence_decodes = true;
   for (size_t index = 0; index < sequences.size(); ++index) {
-    if (!has_work[index] || !planned[index].decodes) plan.every_sequence_decodes = false;
+    if (!has_work[index] || !planned[index].decodes || planned[index].decode_tokens != 1)
+      plan.every_sequence_decodes = false;
     if (!has_work[index]) continue;
     plan.tokens += planned[index].tokens();
     plan.work.push_back(planned[index]);

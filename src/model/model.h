@@ -32,6 +32,14 @@ class ModelCache {
   // where a recurrent state sums up the whole history (Gated DeltaNet).
   virtual bool resumes_at_any_position() const = 0;
   virtual size_t bytes() const = 0;
+
+  // Speculative decoding (engine/speculative.h) appends proposed tokens and takes back the rejected
+  // ones. A KV cache needs nothing for that: the rows past the accepted tokens are never read before
+  // they are written again. A state that sums up the whole history (resumes_at_any_position false)
+  // is saved before such an append and put back when part of it is rejected; the engine then runs
+  // the accepted tokens again. One saved state per slot; saving again replaces it.
+  virtual void save_slot_state(int32_t /*slot*/) {}
+  virtual void restore_slot_state(int32_t /*slot*/) {}
 };
 
 class Model {

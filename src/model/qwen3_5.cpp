@@ -87,7 +87,7 @@ class HybridCache final : public ModelCache {
  public:
   HybridCache(Backend& backend, const ModelConfig& config, const HybridHeads& heads, int64_t attention_layers,
               int64_t delta_layers, int64_t slots, int64_t capacity)
-      : slots_(slots), capacity_(capacity) {
+      : backend_(backend), slots_(slots), capacity_(capacity) {
     const int64_t conv_channels =
         2 * heads.key_heads * config.linear_key_head_dim + heads.value_heads * config.linear_value_head_dim;
     for (int64_t i = 0; i < attention_layers; ++i) {
@@ -104,21 +104,49 @@ class HybridCache final : public ModelCache {
   int64_t capacity() const override { return capacity_; }
   // A span at position 0 starts from zero conv and delta states whatever the slot holds, and
   // attention reads only rows its own sequence wrote: a slot needs no clearing to be reused.
-  void reset_slot(int32_t slot) override {
-    if (slot < 0 || slot >= slots_) fail("cache slot {} out of range (cache has {} slots)", slot, slots_);
-  }
+  void reset_slot(int32_t slot) override { check_slot(slot); }
   bool resumes_at_any_position() const override { return false; }
   size_t bytes() const override {
     size_t total = 0;
-    for (const auto* group : {&keys, &values, &conv_states, &delta_states})
+    for (const auto* group : {&keys, &values, &conv_states, &delta_states, &saved_conv_states, &saved_delta_states})
       for (const Tensor& tensor : *group) total += tensor.nbytes();
     return total;
+  }
+  // The conv and delta states of the slot, copied beside them. The copies are allocated at the
+  // first save: a cache that never serves a speculative request does not hold them.
+  void save_slot_state(int32_t slot) override {
+    check_slot(slot);
+    if (saved_conv_states.empty())
+      for (size_t i = 0; i < conv_states.size(); ++i) {
+        saved_conv_states.push_back(backend_.alloc(conv_states[i].shape(), conv_states[i].dtype()));
+        saved_delta_states.push_back(backend_.alloc(delta_states[i].shape(), delta_states[i].dtype()));
+      }
+    copy_slot(conv_states, saved_conv_states, slot);
+    copy_slot(delta_states, saved_delta_states, slot);
+  }
+  void restore_slot_state(int32_t slot) override {
+    check_slot(slot);
+    if (saved_conv_states.empty()) fail("cache slot {} has no saved state to restore", slot);
+    copy_slot(saved_conv_states, conv_states, slot);
+    copy_slot(saved_delta_states, delta_states, slot);
   }
 
   std::vector<Tensor> keys, values, conv_states, delta_states;
 
  private:
+  void check_slot(int32_t slot) const {
+    if (slot < 0 || slot >= slots_) fail("cache slot {} out of range (cache has {} slots)", slot, slots_);
+  }
+  void copy_slot(const std::vector<Tensor>& from, std::vector<Tensor>& to, int32_t slot) {
+    for (size_t i = 0; i < from.size(); ++i) {
+      Tensor target = to[i].slice_rows(slot, 1);
+      backend_.copy(from[i].slice_rows(slot, 1), target);
+    }
+  }
+
+  Backend& backend_;
   int64_t slots_, capacity_;
+  std::vector<Tensor> saved_conv_states, saved_delta_states;
 };
 
 class Qwen35Model final : public Model {

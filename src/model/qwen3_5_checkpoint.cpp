@@ -36,8 +36,12 @@ struct DropRule {
   std::string_view reason;
 };
 
-constexpr std::array<DropRule, 4> kDropRules = {{
-    {"mtp.", "multi-token-prediction head (the text graph does not run it)"},
+// The multi-token-prediction head's tensors, wherever an export nests them: mtp.* (Hugging Face),
+// language_model.mtp.* or model.mtp.* (wrapped multimodal exports).
+bool is_mtp_tensor(std::string_view name) { return name.starts_with("mtp.") || name.find(".mtp.") != std::string_view::npos; }
+constexpr std::string_view kMtpReason = "multi-token-prediction head (the text graph does not run it)";
+
+constexpr std::array<DropRule, 3> kDropRules = {{
     {"model.visual.", "vision tower (text graph)"},
     {"vision_tower.", "vision tower (text graph)"},
     {"visual.", "vision tower (text graph)"},
@@ -156,18 +160,22 @@ class CheckpointPlanner {
  private:
   void rename_and_drop() {
     for (const auto& [name, info] : tensors_) {
+      if (is_mtp_tensor(name)) {
+        dropped_.push_back({name, std::string(kMtpReason)});
+        mtp_tensors_++;
+        continue;
+      }
       const DropRule* drop = nullptr;
       for (const DropRule& rule : kDropRules)
         if (!drop && name.starts_with(rule.prefix)) drop = &rule;
       if (drop) {
         dropped_.push_back({name, std::string(drop->reason)});
-        if (drop->prefix == "mtp.") mtp_tensors_++;
         continue;
       }
       std::optional<std::string> canonical = canonical_name(name);
       if (!canonical)
         fail("{}: tensor {} has no Qwen3.5 name prefix (model.*, model.language_model.*, language_model.model.*, "
-             "lm_head.*, language_model.lm_head.*, or a dropped mtp.* / vision-tower tensor)",
+             "lm_head.*, language_model.lm_head.*, or a dropped *mtp.* / vision-tower tensor)",
              where(info), name);
       const auto [existing, inserted] = canonical_.emplace(*canonical, Source{name, &info});
       if (!inserted)

@@ -21,8 +21,9 @@
 // tensor or any conv1d in the HF [C, 1, K] layout marks an HF export (γ, used as stored);
 // otherwise a conv1d in the mlx [C, K, 1] layout marks an mlx-lm conversion (1 + γ, shifted back by
 // SubtractOne); otherwise the artifact is canonical. The decision is recorded in the plan's notes.
-// Vision-tower and mtp.* tensors are dropped (the text graph runs neither), and lm_head is dropped
-// when the config ties it to the embedding.
+// Vision-tower and multi-token-prediction tensors are dropped (the text graph runs neither; the
+// latter are named by `mtp.` anywhere: mtp.*, language_model.mtp.*, model.mtp.*), and lm_head is
+// dropped when the config ties it to the embedding.
 #pragma once
 
 #include <map>

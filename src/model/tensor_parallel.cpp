@@ -99,6 +99,12 @@ class TensorParallelCache final : public ModelCache {
     for (auto& rank : ranks_) rank->reset_slot(slot);
   }
   bool resumes_at_any_position() const override { return ranks_.front()->resumes_at_any_position(); }
+  void save_slot_state(int32_t slot) override {
+    for (auto& rank : ranks_) rank->save_slot_state(slot);
+  }
+  void restore_slot_state(int32_t slot) override {
+    for (auto& rank : ranks_) rank->restore_slot_state(slot);
+  }
   size_t bytes() const override {
     size_t total = 0;
     for (const auto& rank : ranks_) total += rank->bytes();

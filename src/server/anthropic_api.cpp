@@ -175,6 +175,7 @@ MessagesRequest parse_messages_body(const json& body, const std::string& served_
 
   if (!count_tokens) {
     read_sampling(fields, 1.0, request.generation.sampling);
+    request.generation.speculative = read_speculative(fields);
     request.generation.stop = read_stop_strings(fields, "stop_sequences", false);
     request.generation.stream = fields.boolean("stream").value_or(false);
   }

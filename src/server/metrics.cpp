@@ -154,6 +154,19 @@ std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
   append_metric(text, "kiln_prefix_cache_hits_total", "counter",
                 "Prompt tokens served from the prefix cache instead of prefilled.",
                 static_cast<double>(scheduler.prefix_hit_tokens));
+  const SpeculationCounts& speculation = scheduler.speculation;
+  append_metric(text, "kiln_speculative_verify_steps_total", "counter",
+                "Verify steps of speculative decoding (one per sequence and step).",
+                static_cast<double>(speculation.verify_steps));
+  append_metric(text, "kiln_speculative_proposed_tokens_total", "counter", "Tokens proposed for verification.",
+                static_cast<double>(speculation.proposed));
+  append_metric(text, "kiln_speculative_accepted_tokens_total", "counter",
+                "Proposed tokens accepted (each equal to the target's own choice).",
+                static_cast<double>(speculation.accepted));
+  append_metric(text, "kiln_speculative_acceptance_ratio", "gauge", "Accepted over proposed tokens so far.",
+                speculation.proposed > 0 ? static_cast<double>(speculation.accepted) /
+                                               static_cast<double>(speculation.proposed)
+                                         : 0.0);
   text += time_to_first_token_.render("kiln_time_to_first_token_seconds",
                                       "Time from a request's arrival to its first generated token.");
   text += inter_token_latency_.render("kiln_inter_token_latency_seconds", "Time between consecutive generated tokens.");

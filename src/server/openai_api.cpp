@@ -219,6 +219,7 @@ ChatCompletionRequest parse_chat_completion_request(const json& body, const std:
 
   read_sampling(fields, 2.0, request.generation.sampling);
   read_penalties(fields, request.generation.sampling);
+  request.generation.speculative = read_speculative(fields);
   read_choices(fields, request.generation);
   const auto max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit);
   const auto max_completion_tokens = fields.integer("max_completion_tokens", 1, kMaxTokensLimit);
@@ -320,6 +321,7 @@ CompletionRequest parse_completion_request(const json& body, const std::string& 
 
   read_sampling(fields, 2.0, request.generation.sampling);
   read_penalties(fields, request.generation.sampling);
+  request.generation.speculative = read_speculative(fields);
   read_choices(fields, request.generation);
   request.generation.max_tokens = fields.integer("max_tokens", 1, kMaxTokensLimit);
   // OpenAI's legacy API generates 16 tokens when max_tokens is not given.

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "engine/speculative.h"
 #include "server/api_error.h"
 
 namespace kiln::server {
@@ -54,6 +55,24 @@ void read_penalties(JsonFields& fields, SamplingParams& sampling) {
     if (const auto amount = entries.number(key, -100.0, 100.0))
       sampling.logit_bias.emplace_back(static_cast<int32_t>(std::stoll(key)), static_cast<float>(*amount));
   }
+}
+
+std::optional<GenerationFields::Speculative> read_speculative(JsonFields& fields) {
+  const json* value = fields.value("speculative");
+  if (!value || value->is_null()) return std::nullopt;
+  const std::string param = fields.param("speculative");
+  if (value->is_boolean()) {
+    if (value->get<bool>()) reject_field(param, "`speculative` is false or an object {{\"method\", \"num_tokens\"}}");
+    return GenerationFields::Speculative{true, std::nullopt, std::nullopt};
+  }
+  if (!value->is_object())
+    reject_field(param, "`speculative` must be false or an object {{\"method\", \"num_tokens\"}}");
+  JsonFields speculative(*value, param);
+  GenerationFields::Speculative field;
+  field.method = speculative.string("method");
+  field.num_tokens = speculative.integer("num_tokens", 1, kMaxSpeculativeTokens);
+  speculative.reject_unknown();
+  return field;
 }
 
 std::vector<std::string> read_stop_strings(JsonFields& fields, const std::string& name, bool allow_single_string) {

@@ -26,6 +26,12 @@ struct GenerationFields {
   std::optional<grammar::Grammar> grammar;  // structured output: the grammar the output must match
   // Reasoning tokens before its close is forced (thinking_token_budget, thinking.budget_tokens).
   std::optional<int64_t> reasoning_budget;
+  struct Speculative {
+    bool disabled = false;
+    std::optional<std::string> method;
+    std::optional<int64_t> num_tokens;
+  };
+  std::optional<Speculative> speculative;  // kiln's `speculative` extension, as the request sets it
 };
 
 // Most stop strings one request may give (vLLM takes any number; a bound keeps matching cheap).
@@ -43,6 +49,9 @@ void read_sampling(JsonFields& fields, double temperature_max, SamplingParams& s
 // OpenAI's logit_bias ({"token id": bias in [-100, 100]}; the ids are checked against the
 // vocabulary when the request is submitted).
 void read_penalties(JsonFields& fields, SamplingParams& sampling);
+// kiln's extension `speculative` (docs/server.md): false, or {"method": NAME, "num_tokens": 1..16}
+// with either left out. Which methods the server offers is checked when the request is submitted.
+std::optional<GenerationFields::Speculative> read_speculative(JsonFields& fields);
 // Most choices one request may ask for (`n`).
 inline constexpr int64_t kMaxChoices = 128;
 // A string or an array of strings (OpenAI's `stop`, Anthropic's `stop_sequences`).

@@ -417,6 +417,7 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
   request.ignore_eos = fields.ignore_eos;
   if (fields.grammar)
     request.grammar = std::make_shared<const grammar::CompiledGrammar>(*fields.grammar, token_vocabulary());
+  request.speculation = speculation_for(fields.speculative);
   return request;
 }
 
@@ -437,6 +438,25 @@ grammar::Grammar Server::forced_tool_grammar(const ChatPrompt& prompt, const jso
   } catch (const Error& error) {
     throw ApiError(400, quote_client_text(error.what()), param, "unsupported_tool_choice");
   }
+}
+
+Speculation Server::speculation_for(const std::optional<GenerationFields::Speculative>& field) const {
+  if (!field) return options_.speculation;
+  if (field->disabled) return {};
+  Speculation speculation = options_.speculation;
+  if (field->num_tokens) speculation.tokens = static_cast<int32_t>(*field->num_tokens);
+  const std::string method = field->method.value_or(speculation.enabled() ? speculation.proposer->name() : "ngram");
+  if (options_.proposers.empty())
+    throw ApiError(400, "this server runs without speculative decoding (kiln serve --speculative)", "speculative");
+  const auto proposer = options_.proposers.find(method);
+  if (proposer == options_.proposers.end()) {
+    std::string offered;
+    for (const auto& [name, unused] : options_.proposers) offered += (offered.empty() ? "" : ", ") + name;
+    throw ApiError(400, fmt::format("speculative.method \"{}\" is not offered by this server (it offers: {})",
+                                    quote_client_text(method), offered), "speculative.method");
+  }
+  speculation.proposer = proposer->second;
+  return speculation;
 }
 
 void Server::cap_reasoning(TextGenerationRequest& request, const GenerationFields& fields,

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +53,10 @@ struct ServerOptions {
   // One line per request on stderr (request_log.h), but for /health and /metrics, whose probes
   // and scrapes every few seconds would bury the requests; nothing: no request log.
   std::optional<LogFormat> request_log;
+  // Speculative decoding (--speculative): what a request gets unless its `speculative` field says
+  // otherwise, and the proposers a request may name there, by method (docs/server.md).
+  Speculation speculation;
+  std::map<std::string, std::shared_ptr<Proposer>> proposers;
 };
 
 class Server {
@@ -121,6 +126,9 @@ class Server {
   // The request's reasoning budget in the chat template's markers (none where the template writes
   // no reasoning: there is nothing to cap).
   void cap_reasoning(TextGenerationRequest& request, const GenerationFields& fields, const ChatPrompt& prompt) const;
+  // The server's speculation with the request's `speculative` field over it (a 400 for a method the
+  // server does not offer).
+  Speculation speculation_for(const std::optional<GenerationFields::Speculative>& field) const;
 
   // The model's vocabulary as bytes, for structured output: built (a trie of every token) on the
   // first request that asks for it.

@@ -24,6 +24,7 @@ TextGeneration::TextGeneration(Scheduler& scheduler, const TextCodec& codec, Tex
   generation.top_logprobs = request.logprobs ? request.top_logprobs : 0;
   generation.grammar = std::move(request.grammar);
   generation.reasoning_budget = std::move(request.reasoning_budget);
+  generation.speculation = std::move(request.speculation);
   stream_ = scheduler.submit(std::move(generation));
 }
 

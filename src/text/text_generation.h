@@ -29,6 +29,7 @@ struct TextGenerationRequest {
   int32_t top_logprobs = 0;  // alternatives reported per token
   std::shared_ptr<const grammar::CompiledGrammar> grammar;  // structured output (GenerationRequest::grammar)
   std::optional<ReasoningBudget> reasoning_budget;          // GenerationRequest::reasoning_budget
+  Speculation speculation;                                  // GenerationRequest::speculation
 };
 
 struct GeneratedToken {

@@ -52,6 +52,7 @@ TextResult TextModel::generate_ids(const std::vector<int32_t>& prompt, const Tex
   generation.sampling = options.sampling;
   generation.sampling.validate();
   generation.prefill_chunk = options.prefill_chunk;
+  generation.speculation = options.speculation;
   if (!options.ignore_eos) generation.stop_ids = tokenizer_.eos_ids();
 
   TextResult result;

@@ -21,6 +21,7 @@
 #include "engine/finish_reason.h"
 #include "engine/sampler.h"
 #include "engine/serving_sizes.h"
+#include "engine/speculative.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -38,6 +39,7 @@ struct TextOptions {
   std::vector<std::string> stop;   // the text ends before the first of these strings
   bool ignore_eos = false;         // keep generating past the model's end-of-generation ids
   int64_t prefill_chunk = kDefaultPrefillChunk;  // most prompt tokens prefilled per step (a multiple of 64)
+  Speculation speculation;                       // GenerationOptions::speculation
 };
 
 struct TextResult {

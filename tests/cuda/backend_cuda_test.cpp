@@ -562,6 +562,27 @@ TEST_P(CudaInvariance, GatedDeltaRowsAreBitIdenticalUnderEverySchedule) {
   }
 }
 
+// A slot's f32 state copied out and back on a bf16 backend (speculative decoding's rollback of a
+// recurrent state) keeps every byte.
+TEST(CudaBackendOps, CopyKeepsEveryByteOfAnF32State) {
+  KILN_REQUIRE_CUDA();
+  std::unique_ptr<Backend> cuda = make_cuda_backend(0, DType::BF16);
+  Tensor host = Tensor::empty({3, 2, 4}, DType::F32);
+  for (int i = 0; i < 24; ++i) host.data<float>()[i] = static_cast<float>(i) * 0.37f - 3.0f;
+  host.data<float>()[9] = -0.0f;
+  Tensor states = cuda->upload(host);
+  Tensor saved = cuda->alloc({3, 2, 4}, DType::F32);
+  Tensor saved_slot = saved.slice_rows(1, 1);
+  cuda->copy(states.slice_rows(1, 1), saved_slot);
+  cuda->zero(states);
+  Tensor state_slot = states.slice_rows(1, 1);
+  cuda->copy(saved_slot, state_slot);
+  const Tensor back = cuda->download(states);
+  EXPECT_EQ(std::memcmp(back.data<float>() + 8, host.data<float>() + 8, 8 * sizeof(float)), 0);
+  Tensor bf16 = cuda->alloc({1, 2, 4}, DType::BF16);
+  EXPECT_THROW(cuda->copy(state_slot, bf16), Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Activations, CudaInvariance, ::testing::Values(DType::F32, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

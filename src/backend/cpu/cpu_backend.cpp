@@ -84,6 +84,13 @@ void CpuBackend::zero(Tensor& tensor) {
   std::memset(tensor.raw(), 0, tensor.nbytes());
 }
 
+void CpuBackend::copy(const Tensor& from, Tensor& to) {
+  const int64_t bytes = check_copy(kCpuOps, from, to);
+  require_cpu(from, "copy", "from");
+  require_cpu(to, "copy", "to");
+  if (bytes > 0) std::memcpy(to.raw(), from.raw(), static_cast<size_t>(bytes));
+}
+
 BatchLayout CpuBackend::make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) {
   return cpu::make_layout(spans, token_ids);
 }

@@ -38,6 +38,7 @@ class CpuBackend final : public Backend, public HybridOps {
   Tensor upload(const Tensor& host) override;
   Tensor download(const Tensor& tensor) override;
   void zero(Tensor& tensor) override;
+  void copy(const Tensor& from, Tensor& to) override;
   BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override;
 
   void embedding(const Weight& table, const Tensor& ids, Tensor& out) override;

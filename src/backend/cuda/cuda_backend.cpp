@@ -199,6 +199,16 @@ void CudaBackend::zero(Tensor& tensor) {
   if (tensor.nbytes()) check_cuda(cudaMemsetAsync(tensor.raw(), 0, tensor.nbytes(), stream_), "cudaMemsetAsync");
 }
 
+void CudaBackend::copy(const Tensor& from, Tensor& to) {
+  const int64_t bytes = check_copy(contract(), from, to);
+  require_device(from, "copy", "from");
+  require_device(to, "copy", "to");
+  activate();
+  if (bytes > 0)
+    check_cuda(cudaMemcpyAsync(to.raw(), from.raw(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_),
+               "cudaMemcpyAsync (copy)");
+}
+
 BatchLayout CudaBackend::make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) {
   int64_t total = 0;
   for (size_t index = 0; index < spans.size(); ++index) {

@@ -78,6 +78,7 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   Tensor download(const Tensor& tensor) override;
 
   void zero(Tensor& tensor) override;
+  void copy(const Tensor& from, Tensor& to) override;
 
   BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids) override;
 

@@ -1,0 +1,43 @@
+// --speculative ngram|draft:DIR|mtp and --num-speculative-tokens K (kiln generate, serve, bench):
+// checked before the target's weights are read, then turned into the Speculation each request
+// takes (engine/speculative.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/model_options.h"
+#include "engine/speculative.h"
+
+namespace kiln::cli {
+
+struct SpeculativeOptions {
+  std::string method;  // "" (none), "ngram", "draft:DIR" or "mtp"
+  int32_t tokens = 4;  // --num-speculative-tokens
+  bool offers_oracle = false;  // kiln bench's benchmark-only "oracle"
+
+  void add_to(CLI::App& command, bool with_oracle = false);
+  bool enabled() const { return !method.empty(); }
+  // Fails, in one line saying why, for a K out of 1..16, an unknown method, `mtp` on a checkpoint
+  // without MTP weights (or with them: kiln does not run the head yet), a draft whose tokenizer or
+  // vocabulary is not the target's. Runs before any weight of the target is read.
+  void check(const PreparedModel& target) const;
+};
+
+// What a command holds while it speculates: the draft model (when drafting) and the speculation
+// requests take.
+struct SpeculativeSetup {
+  OpenedModel draft;
+  Speculation speculation;
+};
+
+// The proposer the options name (check() passed, not the oracle) for requests on a target of
+// `target_config`: up to `slots` at once of `context_tokens` each. A draft model is opened with the
+// target's device, dtype and threads.
+SpeculativeSetup make_speculation(const SpeculativeOptions& options, const ModelOptions& target_options,
+                                  const ModelConfig& target_config, int32_t slots, int64_t context_tokens,
+                                  int64_t prefill_chunk);
+
+}  // namespace kiln::cli
