@@ -895,6 +895,50 @@ TEST(StructuredOutputTools, XmlSyntaxesAndAnthropicToolChoiceForceValidCalls) {
   }
 }
 
+// A template whose prompt opens reasoning (<think>) would have an output constraint shape the
+// reasoning, not the answer: every constraint and forced tool call is a 400 naming its field, on
+// both APIs, and the same request without the constraint is answered.
+TEST(StructuredOutputReasoning, ConstraintsAreRefusedWhereThePromptOpensReasoning) {
+  KILN_REQUIRE_STORIES(dir);
+  TempDir temp;
+  const auto path = temp.path() / "thinking.jinja";
+  write_text_file(path,
+                  "{%- if tools %}Tools:{% for tool in tools %} {{ tool.function.name }}{% endfor %}. Call one in "
+                  "<tool_call></tool_call>.\n{% endif %}{%- for message in messages %}{{ message.role }}: "
+                  "{{ message.content }}\n{% endfor %}assistant: <think>\n");
+  ServeProcess server(stories_arguments(dir, {"--chat-template", path.string()}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "go",
+      "parameters": {"type": "object", "properties": {"to": {"type": "string"}}}}}])");
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  struct Case {
+    std::string path;
+    json extra;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", {{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {"/v1/chat/completions", {{"guided_regex", "a+"}}, "guided_regex"},
+      {"/v1/chat/completions", {{"tools", tools}, {"tool_choice", "required"}}, "tool_choice"},
+      {"/v1/messages", {{"output_config", {{"format", {{"type", "json_schema"}, {"schema", schema}}}}}},
+       "output_config.format"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.param);
+    json body = {{"model", "stories260K"}, {"max_tokens", 8}, {"messages", {{{"role", "user"}, {"content", "Go"}}}}};
+    auto plain = post(server.port(), c.path, body);
+    ASSERT_TRUE(plain);
+    EXPECT_EQ(plain->status, 200) << plain->body;
+    body.update(c.extra);
+    auto refused = post(server.port(), c.path, body);
+    ASSERT_TRUE(refused);
+    ASSERT_EQ(refused->status, 400) << refused->body;
+    const std::string message = json::parse(refused->body)["error"]["message"];
+    EXPECT_NE(message.find("`" + c.param + "` cannot"), std::string::npos) << message;
+    EXPECT_NE(message.find("opens reasoning"), std::string::npos) << message;
+  }
+}
+
 // The Vercel AI SDK (`ai`, @ai-sdk/openai-compatible, zod) against the real server: forced tool
 // calls and zod-schema objects, whole and streamed (tests/npm/ai_sdk_client.mjs), one server for all.
 TEST(StructuredOutputNpm, VercelAiSdkToolCallsAndObjects) {

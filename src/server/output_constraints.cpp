@@ -147,7 +147,10 @@ void read_openai_output_constraints(JsonFields& fields, GenerationFields& genera
   take("guided_grammar", gbnf_field);
   // vLLM's choice of grammar engine: kiln has one, and the texts allowed are the same.
   fields.string("guided_decoding_backend");
-  if (grammar) generation.grammar = std::move(grammar);
+  if (grammar) {
+    generation.grammar = std::move(grammar);
+    generation.grammar_field = given.front();
+  }
 }
 
 void read_anthropic_output_config(JsonFields& fields, GenerationFields& generation) {
@@ -163,6 +166,7 @@ void read_anthropic_output_config(JsonFields& fields, GenerationFields& generati
     if (!schema) reject_field(format_fields.param("schema"), "`{}` is required", format_fields.param("schema"));
     format_fields.reject_unknown();
     generation.grammar = schema_grammar(*schema, format_fields.param("schema"));
+    generation.grammar_field = config_fields.param("format");
   }
   config_fields.reject_unknown();
 }

@@ -24,6 +24,7 @@ struct GenerationFields {
   bool stream = false;
   int32_t n = 1;  // choices (OpenAI's `n`), each its own generation
   std::optional<grammar::Grammar> grammar;  // structured output: the grammar the output must match
+  std::string grammar_field;                 // the request field that set it (for errors)
   // Reasoning tokens before its close is forced (thinking_token_budget, thinking.budget_tokens).
   std::optional<int64_t> reasoning_budget;
   struct Speculative {

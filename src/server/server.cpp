@@ -103,6 +103,19 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return difference == 0;
 }
 
+// A grammar holds the reply from its first token, so a prompt that opened reasoning (<think>) would
+// have the grammar shape the reasoning instead of the answer: refused, naming the field.
+void refuse_grammar_in_reasoning(bool prompt_in_reasoning, const std::string& what, const std::string& param,
+                                 const char* code) {
+  if (!prompt_in_reasoning) return;
+  throw ApiError(400,
+                 fmt::format("`{}` cannot {} where the prompt opens reasoning (<think>); turn thinking off "
+                             "(chat_template_kwargs {{\"enable_thinking\": false}}, or Anthropic's thinking "
+                             "{{\"type\": \"disabled\"}})",
+                             param, what),
+                 param, code);
+}
+
 }  // namespace
 
 Server::InFlight::InFlight(Server& server) : server_(server) {
@@ -424,15 +437,7 @@ TextGenerationRequest Server::generation_request(std::vector<int32_t> prompt, co
 grammar::Grammar Server::forced_tool_grammar(const ChatPrompt& prompt, const json& tools,
                                              const std::optional<std::string>& forced, bool several,
                                              const std::string& param) const {
-  // The grammar holds the reply to calls from its first token; a prompt that opened <think>
-  // expects reasoning first.
-  if (prompt.in_reasoning)
-    throw ApiError(400,
-                   fmt::format("`{}` cannot force a tool call where the prompt opens reasoning (<think>); turn "
-                               "thinking off (chat_template_kwargs {{\"enable_thinking\": false}}, or Anthropic's "
-                               "thinking {{\"type\": \"disabled\"}})",
-                               param),
-                   param, "unsupported_tool_choice");
+  refuse_grammar_in_reasoning(prompt.in_reasoning, "force a tool call", param, "unsupported_tool_choice");
   try {
     return tool_call_grammar(codec_->chat_output_syntax().tool_calls, tools, forced, several);
   } catch (const Error& error) {
@@ -564,6 +569,8 @@ void Server::chat_completions(const HttpRequest& http_request, HttpExchange& exc
       parse_request_json(http_request.body), options_.model_name, options_.sampling_defaults);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
   GenerationFields fields = request.generation;
+  if (fields.grammar)
+    refuse_grammar_in_reasoning(prompt.in_reasoning, "constrain the reply", fields.grammar_field, "unsupported_schema");
   if (request.tool_call_required)
     fields.grammar = forced_tool_grammar(prompt, request.prompt.tools, request.forced_tool,
                                          request.parallel_tool_calls, "tool_choice");
@@ -592,6 +599,8 @@ void Server::messages(const HttpRequest& http_request, HttpExchange& exchange, R
       parse_messages_request(parse_request_json(http_request.body), options_.model_name, options_.sampling_defaults);
   ChatPrompt prompt = chat_prompt(request.messages, request.prompt);
   GenerationFields fields = request.generation;
+  if (fields.grammar)
+    refuse_grammar_in_reasoning(prompt.in_reasoning, "constrain the reply", fields.grammar_field, "unsupported_schema");
   if (request.tool_call_required)
     fields.grammar = forced_tool_grammar(prompt, request.prompt.tools, request.forced_tool, request.parallel_tool_calls,
                                          "tool_choice");

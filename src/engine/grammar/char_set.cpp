@@ -197,4 +197,11 @@ std::optional<uint32_t> next_utf8(std::string_view text, size_t& at) {
   return character;
 }
 
+int hex_digit_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 }  // namespace kiln::grammar

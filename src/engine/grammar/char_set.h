@@ -60,4 +60,7 @@ void append_utf8(std::string& text, uint32_t character);
 // unchanged) where the bytes there are not one.
 std::optional<uint32_t> next_utf8(std::string_view text, size_t& at);
 
+// The value of a hexadecimal digit (either case), or −1: the escapes of regexes and GBNF texts.
+int hex_digit_value(char c);
+
 }  // namespace kiln::grammar

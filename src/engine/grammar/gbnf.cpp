@@ -17,13 +17,6 @@ bool is_name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
 }
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 class GbnfParser {
  public:
   explicit GbnfParser(std::string_view text) : text_(text) {}
@@ -255,8 +248,8 @@ class GbnfParser {
     }
     uint64_t value = 0;
     for (int i = 0; i < digits; ++i) {
-      if (!more() || hex_value(peek()) < 0) error(start, "malformed hexadecimal escape");
-      value = value * 16 + static_cast<uint64_t>(hex_value(text_[at_++]));
+      if (!more() || hex_digit_value(peek()) < 0) error(start, "malformed hexadecimal escape");
+      value = value * 16 + static_cast<uint64_t>(hex_digit_value(text_[at_++]));
     }
     if (value > kMaxCodePoint || (value >= 0xD800 && value <= 0xDFFF))
       error(start, "the escape is not a Unicode scalar value");

@@ -52,12 +52,6 @@ CharSet space_chars() {
 CharSet dot_chars() { return CharSet::of('\n').add('\r', '\r').add(0x2028, 0x2029).complement(); }
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 class RegexParser {
  public:
@@ -224,8 +218,8 @@ class RegexParser {
   uint32_t hex_digits(size_t start, int digits) {
     uint32_t value = 0;
     for (int i = 0; i < digits; ++i) {
-      if (!more() || hex_value(peek()) < 0) error(start, "malformed hexadecimal escape");
-      value = value * 16 + static_cast<uint32_t>(hex_value(peek()));
+      if (!more() || hex_digit_value(peek()) < 0) error(start, "malformed hexadecimal escape");
+      value = value * 16 + static_cast<uint32_t>(hex_digit_value(peek()));
       ++at_;
     }
     return value;
@@ -268,8 +262,8 @@ class RegexParser {
           ++at_;
           value = 0;
           int digits = 0;
-          while (more() && hex_value(peek()) >= 0) {
-            value = value * 16 + static_cast<uint32_t>(hex_value(pattern_[at_++]));
+          while (more() && hex_digit_value(peek()) >= 0) {
+            value = value * 16 + static_cast<uint32_t>(hex_digit_value(pattern_[at_++]));
             if (++digits > 6) error(start, "malformed \\u{…} escape");
           }
           if (digits == 0 || !more() || peek() != '}') error(start, "malformed \\u{…} escape");
