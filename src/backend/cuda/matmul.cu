@@ -197,19 +197,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   uint8_t* ring = reinterpret_cast<uint8_t*>(shared_words) + warp * kStages * stage_bytes;
   const int64_t column0 = static_cast<int64_t>(static_cast<int>(blockIdx.x) - targets.first_block[target]) * kColumns;
   const int g = lane / 4, q = lane % 4;
-  const int64_t total_stages = (k + kDecodeStageK - 1) / kDecodeStageK;
-  const int segments = static_cast<int>((total_stages + kDecodeStagesPerSegment - 1) / kDecodeStagesPerSegment);
-  // The warp's stages, flattened over its segments: the i-th is stage stage_of(i) of K.
-  const int my_segments = segments > warp ? (segments - warp + warps - 1) / warps : 0;
-  auto segment_of = [&](int64_t i) { return warp + static_cast<int>(i / kDecodeStagesPerSegment) * warps; };
-  auto stage_of = [&](int64_t i) {
-    return static_cast<int64_t>(segment_of(i)) * kDecodeStagesPerSegment + i % kDecodeStagesPerSegment;
-  };
-  int64_t my_stages = 0;
-  for (int i = 0; i < my_segments; ++i) {
-    const int64_t first = static_cast<int64_t>(warp + i * warps) * kDecodeStagesPerSegment;
-    my_stages += (total_stages - first < kDecodeStagesPerSegment ? total_stages - first : kDecodeStagesPerSegment);
-  }
+  const WarpSegments<kDecodeStagesPerSegment> walk((k + kDecodeStageK - 1) / kDecodeStageK, warp, warps);
+  const int64_t my_stages = walk.count;
+  auto stage_of = [&](int64_t i) { return walk.stage_of(i); };
   // The first stages' weights are requested before waiting for the previous kernel (they are
   // constant), so with programmatic dependent launch their latency overlaps that kernel's end; x
   // and every store come after. The first commit group holds all those weights.
@@ -246,23 +236,13 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int row = g < m ? g : static_cast<int>(m) - 1;
       mma_chunk(acc, upper, lower, load_chunk_words(inputs, row, q));
     }
-    const bool segment_ends = (i + 1) % kDecodeStagesPerSegment == 0 || i + 1 == my_stages;
-    if (segment_ends) {
-      const int segment = segment_of(i);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        segment_sums[(segment * 4 + e) * 32 + lane] = acc[e];
-        acc[e] = 0.0f;
-      }
-    }
+    walk.end_stage(i, acc, segment_sums, lane);
   }
   cp_async_wait<0>();
   __syncthreads();
   if (warp != 0) return;
   float total[4] = {};
-  for (int segment = 0; segment < segments; ++segment)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) total[e] = total[e] + segment_sums[(segment * 4 + e) * 32 + lane];
+  fold_segments(segment_sums, walk.segments, lane, total);
   store_tile(total, column0, 0, kColumns == 16, bias, bias_dtype, out, out_dtype, m, n);
 }
 

@@ -66,6 +66,46 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint4& upper, c
   mma_bf16_16816(acc, second, tokens.z, tokens.w);
 }
 
+// A decode warp's share of K in the decode kernels: segments warp, warp + warps, … of the K's
+// `segments` (kMatmulSegmentK each, kStagesPerSegment stages of it), their stages flattened so that
+// the warp's i-th stage is stage stage_of(i) of K, `count` of them.
+template <int kStagesPerSegment>
+struct WarpSegments {
+  int warp, warps, segments;
+  int64_t count = 0;
+  __device__ WarpSegments(int64_t total_stages, int warp_, int warps_) : warp(warp_), warps(warps_) {
+    segments = static_cast<int>((total_stages + kStagesPerSegment - 1) / kStagesPerSegment);
+    const int mine = segments > warp ? (segments - warp + warps - 1) / warps : 0;
+    for (int i = 0; i < mine; ++i) {
+      const int64_t first = static_cast<int64_t>(warp + i * warps) * kStagesPerSegment;
+      count += (total_stages - first < kStagesPerSegment ? total_stages - first : kStagesPerSegment);
+    }
+  }
+  __device__ int segment_of(int64_t i) const { return warp + static_cast<int>(i / kStagesPerSegment) * warps; }
+  __device__ int64_t stage_of(int64_t i) const {
+    return static_cast<int64_t>(segment_of(i)) * kStagesPerSegment + i % kStagesPerSegment;
+  }
+  // After the warp's i-th stage: whether its segment is complete. Then the accumulators go to the
+  // block's segment sums ([segment][element][lane]) and start again from zero.
+  __device__ void end_stage(int64_t i, float (&acc)[4], float* segment_sums, int lane) const {
+    if ((i + 1) % kStagesPerSegment != 0 && i + 1 != count) return;
+    const int segment = segment_of(i);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      segment_sums[(segment * 4 + e) * 32 + lane] = acc[e];
+      acc[e] = 0.0f;
+    }
+  }
+};
+
+// The segment sums added in ascending segment order from zero (the contract's fold), by warp 0
+// once the block has synchronised.
+__device__ __forceinline__ void fold_segments(const float* segment_sums, int segments, int lane, float (&total)[4]) {
+  for (int segment = 0; segment < segments; ++segment)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) total[e] = total[e] + segment_sums[(segment * 4 + e) * 32 + lane];
+}
+
 // Stores a 16×8 accumulator tile (weight rows × x rows) as out[row][column].
 __device__ __forceinline__ void store_tile(const float (&acc)[4], int64_t column_base, int64_t row_base, bool lower_rows,
                                            const void* bias, DType bias_dtype, void* out, DType out_dtype, int64_t m,
