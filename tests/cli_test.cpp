@@ -176,6 +176,19 @@ TEST(Cli, FitSaysWhetherTheModelAndContextFit) {
       << too_big.output;
 }
 
+// A draft model (--speculative draft:DIR) is planned beside the target: its own line, in the total.
+TEST(Cli, FitPlansADraftModelBesideTheTarget) {
+  const std::string model = (stories_dir()).string();
+  const CommandResult plain = run_command(kiln_command("fit --model " + model + " --max-batch 4"));
+  const CommandResult drafted =
+      run_command(kiln_command("fit --model " + model + " --max-batch 4 --speculative draft:" + model));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(drafted.exit_code, 0) << drafted.output;
+  EXPECT_EQ(plain.output.find("draft model"), std::string::npos) << plain.output;
+  EXPECT_NE(drafted.output.find("draft model"), std::string::npos) << drafted.output;
+  EXPECT_NE(drafted.output.find("4 slots x 512 tokens of cache"), std::string::npos) << drafted.output;
+}
+
 TEST(Cli, ServeRefusesWhatDoesNotFitBeforeLoading) {
   const std::string model = (stories_dir()).string();
   const CommandResult result =

@@ -161,6 +161,30 @@ TEST(MemoryPlan, SpeculationCountsTheSavedStatesOfAHybridCache) {
   }
 }
 
+// A draft model served beside the target (kiln serve --speculative draft:DIR) is planned too: its
+// weights, its cache of the request's slots and context and its largest step are what the CPU
+// backend hands out for them, held beside the target's parts, and the total counts them.
+TEST(MemoryPlan, ADraftModelIsPlannedBesideTheTarget) {
+  const ModelPlan target = plan_model(fixtures_dir() / "qwen3_5-text-tiny" / "f32", Device::CPU, true);
+  const ModelPlan draft_plan = plan_model(fixtures_dir() / "llama3-tiny" / "f32", Device::CPU, true);
+  CountingCpuBackend backend;
+  const MemoryPlan alone = plan_memory(target, backend, std::nullopt, {3, 200, 64});
+  MemoryRequest request{3, 200, 64};
+  request.draft = &draft_plan;
+  const MemoryPlan with_draft = plan_memory(target, backend, std::nullopt, request);
+  EXPECT_EQ(backend.live(), 0u) << "the dry run handed out memory of the CPU backend";
+
+  backend.restart_peak();
+  const std::unique_ptr<Model> draft = build_model(draft_plan, backend);
+  const std::unique_ptr<ModelCache> cache = draft->make_cache(3, 200);
+  run_largest_step(*draft, *cache, {3, 200, 64});
+  EXPECT_EQ(with_draft.draft, backend.peak());
+  EXPECT_GT(with_draft.draft, cache->bytes());
+  EXPECT_EQ(with_draft.total() - alone.total(), with_draft.draft);
+  EXPECT_NE(describe_memory_plan(with_draft, "cpu").find("draft model"), std::string::npos);
+  EXPECT_EQ(describe_memory_plan(alone, "cpu").find("draft model"), std::string::npos);
+}
+
 TEST(MemoryPlan, ConvertedWeightsArePlannedInTheLoadDtype) {
   for (const char* family : {"llama3-tiny", "qwen3_5-text-tiny"}) {
     SCOPED_TRACE(family);

@@ -168,7 +168,9 @@ TEST(SpeculativeBench, ReportsTheSpeedUpOfAnExactRun) {
     EXPECT_EQ(report["generated_tokens"], 64);
     EXPECT_GT(report["verify_steps"].get<int64_t>(), 0);
     EXPECT_GT(report["tokens_per_verify_step"].get<double>(), 1.0);
-    if (method == "oracle") EXPECT_EQ(report["acceptance_rate"].get<double>(), 1.0);
+    if (method == "oracle") {
+      EXPECT_EQ(report["acceptance_rate"].get<double>(), 1.0);
+    }
   }
 }
 

@@ -175,7 +175,9 @@ TEST_P(SpeculativeDecoding, DraftModelGivesThePlainRun) {
     const GeneratedRun drafted =
         run_generate(*target.model, prompt, with_speculation(plain_options(temperature), proposer, 4));
     expect_same_run(drafted, plain, "draft at temperature " + std::to_string(temperature));
-    if (temperature == 0.0f) EXPECT_EQ(drafted.counts.accepted, drafted.counts.proposed);
+    if (temperature == 0.0f) {
+      EXPECT_EQ(drafted.counts.accepted, drafted.counts.proposed);
+    }
   }
 }
 

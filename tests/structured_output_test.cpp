@@ -761,7 +761,9 @@ TEST(StructuredOutputTools, ToolChoiceForcesCallsInTheTemplatesSyntax) {
       ASSERT_EQ(calls.size(), 1u) << response->body;
       for (const json& call : calls) {
         const std::string name = call["function"]["name"];
-        if (choice.is_object()) EXPECT_EQ(name, "add");
+        if (choice.is_object()) {
+          EXPECT_EQ(name, "add");
+        }
         const json& tool = kSmallTools[name == "go" ? 0 : 1];
         EXPECT_EQ(schema_violation(json::parse(call["function"]["arguments"].get<std::string>()),
                                    tool["function"]["parameters"]),

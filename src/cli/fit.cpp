@@ -1,11 +1,13 @@
 // kiln fit --model DIR [--device cpu|cuda] [--dtype …] [--max-batch N] [--max-context T]
 // [--prefill-chunk C] [--embeddings] [--speculative …]: whether the model, with N sequences of T tokens served as `kiln serve`
 // would serve them (its flags and defaults), fits the device's memory — weights, cache, step
-// scratch, the decode graphs' buffers and the backend's reserve against what the device has
+// scratch, the decode graphs' buffers, the backend's reserve and a draft model (--speculative
+// draft:DIR) against what the device has
 // available — decided before any weight is read. Exit status 0: it fits; 2: it does not (the
 // plan says by how much, and the longest context that would fit); 1: an error.
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -21,14 +23,24 @@ struct FitCommand {
   ModelOptions model;
   ServingSizes sizes;  // kiln serve's, with its defaults
   bool embeddings = false;
-  SpeculativeOptions speculative;  // a hybrid cache's saved states (a draft model is not planned)
+  SpeculativeOptions speculative;  // a hybrid cache's saved states, a draft model beside the target
 };
 
 void fit(const FitCommand& options) {
   PreparedModel prepared = prepare_model(options.model, options.sizes);
-  if (options.speculative.enabled()) options.speculative.check(prepared);
-  const MemoryRequest request{options.sizes.max_batch, options.sizes.context(prepared.plan.config),
-                              options.sizes.prefill_chunk, options.embeddings, options.speculative.enabled()};
+  const int64_t context = options.sizes.context(prepared.plan.config);
+  std::optional<PreparedModel> draft;
+  if (options.speculative.enabled()) {
+    options.speculative.check(prepared);
+    draft = options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context,
+                                                              options.sizes.prefill_chunk});
+  }
+  MemoryRequest request{options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings,
+                        options.speculative.enabled()};
+  if (draft) {
+    request.draft = &draft->plan;
+    request.draft_load_dtype = draft->load_dtype;
+  }
   Backend& backend = *prepared.backend;
   const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
   std::fputs((describe_memory_plan(plan, backend.name()) + "\n").c_str(), stdout);

@@ -134,12 +134,20 @@ void serve(const ServeCommand& options) {
   const int64_t context = options.sizes.context(prepared.plan.config);
   std::optional<PoolingConfig> pooling;
   if (options.embeddings) pooling = read_pooling_config(options.model.model_dir, prepared.plan.config.hidden_size);
+  std::optional<PreparedModel> draft;
   if (options.speculative.enabled()) {
     if (options.embeddings) fail("--speculative applies to generation, not to --embeddings");
     options.speculative.check(prepared);
+    draft = options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context,
+                                                              options.sizes.prefill_chunk});
   }
-  refuse_what_does_not_fit(prepared, {options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings,
-                                      options.speculative.enabled()});
+  MemoryRequest memory{options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings,
+                       options.speculative.enabled()};
+  if (draft) {
+    memory.draft = &draft->plan;
+    memory.draft_load_dtype = draft->load_dtype;
+  }
+  refuse_what_does_not_fit(prepared, memory);
   const TokenizerCodec codec(options.model.model_dir, read_chat_template(options.chat_template));
   const int64_t vocab_size = prepared.plan.config.vocab_size;
   codec.tokenizer().check_fits_model(vocab_size);
@@ -187,8 +195,8 @@ void serve(const ServeCommand& options) {
   }
   server_options.api_key = options.api_key;
   server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
-  // A draft model loads here, before the port opens (it is small; its weights and cache are not in
-  // the memory check). With --speculative, a request may also ask for n-gram proposals.
+  // A draft model loads here, before the port opens (the memory check planned it beside the target).
+  // With --speculative, a request may also ask for n-gram proposals.
   SpeculativeSetup speculation;
   if (options.speculative.enabled()) {
     speculation = make_speculation(options.speculative, options.model, prepared.plan.config, options.sizes.max_batch,

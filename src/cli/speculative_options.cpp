@@ -70,6 +70,16 @@ void SpeculativeOptions::check(const PreparedModel& target) const {
   fail("--speculative: unknown method '{}' (ngram, draft:DIR or mtp)", method);
 }
 
+std::optional<PreparedModel> SpeculativeOptions::prepare_draft(const ModelOptions& target_options,
+                                                              const ServingSizes& sizes) const {
+  if (!method.starts_with(kDraftPrefix)) return std::nullopt;
+  ModelOptions draft_options = target_options;
+  draft_options.model = method.substr(kDraftPrefix.size());
+  draft_options.tensor_parallel = 1;
+  draft_options.resolve();
+  return prepare_model(draft_options, sizes);
+}
+
 SpeculativeSetup make_speculation(const SpeculativeOptions& options, const ModelOptions& target_options,
                                   const ModelConfig& target_config, int32_t slots, int64_t context_tokens,
                                   int64_t prefill_chunk) {
@@ -78,12 +88,8 @@ SpeculativeSetup make_speculation(const SpeculativeOptions& options, const Model
   if (options.method == "ngram") {
     setup.speculation.proposer = std::make_shared<NgramProposer>();
   } else if (options.method.starts_with(kDraftPrefix)) {
-    ModelOptions draft_options = target_options;
-    draft_options.model = options.method.substr(kDraftPrefix.size());
-    draft_options.tensor_parallel = 1;
-    draft_options.resolve();
-    const ServingSizes sizes{slots, context_tokens, prefill_chunk};
-    setup.draft = open_model(draft_options, sizes);
+    setup.draft = build_prepared_model(std::move(*options.prepare_draft(target_options, {slots, context_tokens,
+                                                                                         prefill_chunk})));
     check_draft_model(target_config, *setup.draft.model);
     setup.speculation.proposer =
         std::make_shared<DraftModelProposer>(*setup.draft.model, slots, context_tokens, prefill_chunk);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +25,10 @@ struct SpeculativeOptions {
   // without MTP weights (or with them: kiln does not run the head yet), a draft whose tokenizer or
   // vocabulary is not the target's. Runs before any weight of the target is read.
   void check(const PreparedModel& target) const;
+  // The draft model of draft:DIR with the target's device, dtype and threads, planned before any
+  // of its weights is read (what the memory check plans beside the target); nothing for the other
+  // methods.
+  std::optional<PreparedModel> prepare_draft(const ModelOptions& target_options, const ServingSizes& sizes) const;
 };
 
 // What a command holds while it speculates: the draft model (when drafting) and the speculation

@@ -34,7 +34,7 @@ struct EmbeddingSchedulerOptions {
   int64_t context_tokens = 4096;  // the most tokens one input may have
   int64_t max_queue = 64;         // waiting requests beyond this are refused (QueueFull)
   int64_t prefill_chunk = kDefaultPrefillChunk;  // most tokens an input prefills per step (multiple of 64)
-  PoolingConfig pooling;
+  PoolingConfig pooling = {};
 };
 
 // One request's inputs on their way through the scheduler; its handler waits for all of them.

@@ -59,17 +59,17 @@ struct GenerationCore::Sequence {
   int64_t prefilled = 0;    // prompt tokens already in the cache
   int32_t next_input = -1;  // the last sampled token, fed at the next decode step
   int64_t generated = 0;
-  std::vector<int32_t> generated_tokens;  // every token sampled, in order
+  std::vector<int32_t> generated_tokens = {};  // every token sampled, in order
   uint64_t id = 0;  // unique among the core's requests: names its rows in a step in flight
-  std::optional<grammar::GrammarMatcher> matcher;  // with a grammar: where its output stands in it
-  grammar::TokenMask mask;                         // the tokens the grammar allows next
-  std::vector<float> masked_logits;
-  std::optional<ReasoningBudgetTracker> budget;    // with a reasoning budget: where the reply stands in it
+  std::optional<grammar::GrammarMatcher> matcher = std::nullopt;  // with a grammar: where its output stands in it
+  grammar::TokenMask mask = {};                    // the tokens the grammar allows next
+  std::vector<float> masked_logits = {};
+  std::optional<ReasoningBudgetTracker> budget = std::nullopt;  // with a reasoning budget: where the reply stands in it
   // Speculation (engine/speculative.h): the request's proposer, its sequence so far (the prompt and
   // every token generated), and the tokens proposed for the step being planned.
-  std::unique_ptr<SequenceProposer> proposer;
-  std::vector<int32_t> history;
-  std::vector<int32_t> proposal;
+  std::unique_ptr<SequenceProposer> proposer = nullptr;
+  std::vector<int32_t> history = {};
+  std::vector<int32_t> proposal = {};
   // Generated tokens before next_input that the next decode runs again: a rejected proposal rolled a
   // recurrent state back to before the verify step, and the tokens it accepted are fed anew.
   int64_t replay = 0;

@@ -55,13 +55,13 @@ struct GenerationRequest {
   // the grammar can end), and the request ends once the grammar allows nothing more. Its vocabulary
   // must have a byte string per logit row. Such a request samples on the host from logits whose
   // refused tokens are -inf: its logprobs are those of that masked distribution.
-  std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  std::shared_ptr<const grammar::CompiledGrammar> grammar = nullptr;
   // A cap on the reply's reasoning (engine/reasoning_budget.h): at it, the closing marker's tokens
   // are forced. Not with a grammar, which holds every token from the first.
-  std::optional<ReasoningBudget> reasoning_budget;
+  std::optional<ReasoningBudget> reasoning_budget = std::nullopt;
   // Proposals verified a step at a time (engine/speculative.h); the tokens are those of the plain
   // run. A request with a grammar or a reasoning budget decodes plainly whatever this says.
-  Speculation speculation;
+  Speculation speculation = {};
 };
 
 // Checks a request against the context its sequence has (`context_tokens`, prompt and completion)

@@ -52,7 +52,23 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
   const std::unique_ptr<ModelCache> cache = dry->make_cache(plan.cache_slots, request.context);
   if (request.speculative) cache->save_slot_state(0);  // allocates the saved states of every slot
   plan.cache = held() - plan.weights;
-  if (plan.weights + plan.cache + plan.reserve > available) return plan;
+  // The draft's parts stay held while the target's steps are planned, as they are while it serves.
+  std::unique_ptr<Model> draft;
+  std::unique_ptr<ModelCache> draft_cache;
+  if (request.draft) {
+    const uint64_t start = held();
+    measuring.restart_peak();
+    WeightMap draft_weights =
+        WeightMap::shapes_only(request.draft->checkpoint, request.draft->load_plan, request.draft_load_dtype);
+    draft = request.draft->implementation->create(draft_weights, request.draft->config, request.draft->resolved,
+                                                  measuring);
+    if (!draft) fail("model implementation {} returned no draft model to plan", request.draft->implementation->id);
+    draft_cache = draft->make_cache(request.sequences, request.context);
+    const MemoryRequest draft_step{request.sequences, request.context, request.prefill_chunk};
+    run_largest_step(*draft, *draft_cache, draft_step);
+    plan.draft = peak_since(start);
+  }
+  if (plan.weights + plan.cache + plan.draft + plan.reserve > available) return plan;
 
   plan.steps_planned = true;
   uint64_t start = held();
@@ -138,6 +154,9 @@ std::string describe_memory_plan(const MemoryPlan& plan, const std::string& devi
   else
     text += "step scratch     not planned: the weights and the cache alone do not fit\n";
   if (plan.graph_scratch) text += fmt::format("decode graphs    {:9.3f} GiB\n", gib(plan.graph_scratch));
+  if (plan.draft)
+    text += fmt::format("draft model      {:9.3f} GiB  (weights, {} slots x {} tokens of cache, its largest step)\n",
+                        gib(plan.draft), request.sequences, request.context);
   text += fmt::format("backend reserve  {:9.3f} GiB\n", gib(plan.reserve));
   text += fmt::format("total            {:9.3f} GiB\n", gib(plan.total()));
   text += fmt::format("available        {:9.3f} GiB of {:.3f} GiB on {}\n", gib(plan.memory.available),

@@ -35,6 +35,11 @@ struct MemoryRequest {
   // Requests may speculate (engine/speculative.h): a cache whose state sums up the history (the
   // hybrid models') holds a saved copy of it per slot (ModelCache::save_slot_state).
   bool speculative = false;
+  // A speculative draft model served beside the target (engine/draft_proposer.h): its weights (in
+  // draft_load_dtype, nothing: as stored), its cache of `sequences` slots of `context` tokens and
+  // its largest step are planned too. It runs no decode graphs.
+  const ModelPlan* draft = nullptr;
+  std::optional<DType> draft_load_dtype = std::nullopt;
 };
 
 struct MemoryPlan {
@@ -47,13 +52,14 @@ struct MemoryPlan {
   uint64_t graph_scratch = 0;  // the decode graphs: their buffers, their captured scratch, and the step
                                // scratch they took from the allocator's cache (run_largest_step again)
   uint64_t reserve = 0;        // the backend's (Backend::reserved_bytes)
+  uint64_t draft = 0;          // request.draft's weights, cache and largest step at its peak
   // Whether the steps were planned: they are not when the weights, the cache and the reserve alone
   // exceed the memory available (the plan cannot fit, whatever they take; their dry run's host
   // time grows with the step's tokens and the decode graphs' buckets).
   bool steps_planned = false;
   DeviceMemory memory;         // what the backend reported when the plan was made
 
-  uint64_t total() const { return weights + cache + step_scratch + graph_scratch + reserve; }
+  uint64_t total() const { return weights + cache + step_scratch + graph_scratch + reserve + draft; }
   bool fits() const { return total() <= memory.available; }
 };
 

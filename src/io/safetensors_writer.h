@@ -26,8 +26,8 @@ struct SafetensorsEntry {
   std::string name;
   DType dtype = DType::F32;
   Shape shape;
-  std::vector<uint8_t> bytes;  // the data, when it is held in memory
-  TensorByteFill fill;         // or the generator that streams it (used when set)
+  std::vector<uint8_t> bytes = {};  // the data, when it is held in memory
+  TensorByteFill fill = {};         // or the generator that streams it (used when set)
 
   uint64_t nbytes() const { return static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype); }
 };
