@@ -29,18 +29,10 @@ struct FitCommand {
 void fit(const FitCommand& options) {
   PreparedModel prepared = prepare_model(options.model, options.sizes);
   const int64_t context = options.sizes.context(prepared.plan.config);
-  std::optional<PreparedModel> draft;
-  if (options.speculative.enabled()) {
-    options.speculative.check(prepared);
-    draft = options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context,
-                                                              options.sizes.prefill_chunk});
-  }
-  MemoryRequest request{options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings,
-                        options.speculative.enabled()};
-  if (draft) {
-    request.draft = &draft->plan;
-    request.draft_load_dtype = draft->load_dtype;
-  }
+  if (options.speculative.enabled()) options.speculative.check(prepared);
+  const std::optional<PreparedModel> draft =
+      options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
+  const MemoryRequest request = options.speculative.memory_request(options.sizes, context, options.embeddings, draft);
   Backend& backend = *prepared.backend;
   const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
   std::fputs((describe_memory_plan(plan, backend.name()) + "\n").c_str(), stdout);

@@ -134,20 +134,14 @@ void serve(const ServeCommand& options) {
   const int64_t context = options.sizes.context(prepared.plan.config);
   std::optional<PoolingConfig> pooling;
   if (options.embeddings) pooling = read_pooling_config(options.model.model_dir, prepared.plan.config.hidden_size);
-  std::optional<PreparedModel> draft;
   if (options.speculative.enabled()) {
     if (options.embeddings) fail("--speculative applies to generation, not to --embeddings");
     options.speculative.check(prepared);
-    draft = options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context,
-                                                              options.sizes.prefill_chunk});
   }
-  MemoryRequest memory{options.sizes.max_batch, context, options.sizes.prefill_chunk, options.embeddings,
-                       options.speculative.enabled()};
-  if (draft) {
-    memory.draft = &draft->plan;
-    memory.draft_load_dtype = draft->load_dtype;
-  }
-  refuse_what_does_not_fit(prepared, memory);
+  const std::optional<PreparedModel> draft =
+      options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
+  refuse_what_does_not_fit(prepared, options.speculative.memory_request(options.sizes, context, options.embeddings,
+                                                                        draft));
   const TokenizerCodec codec(options.model.model_dir, read_chat_template(options.chat_template));
   const int64_t vocab_size = prepared.plan.config.vocab_size;
   codec.tokenizer().check_fits_model(vocab_size);

@@ -80,6 +80,16 @@ std::optional<PreparedModel> SpeculativeOptions::prepare_draft(const ModelOption
   return prepare_model(draft_options, sizes);
 }
 
+MemoryRequest SpeculativeOptions::memory_request(const ServingSizes& sizes, int64_t context, bool embeddings,
+                                                 const std::optional<PreparedModel>& draft) const {
+  MemoryRequest request{sizes.max_batch, context, sizes.prefill_chunk, embeddings, enabled()};
+  if (draft) {
+    request.draft = &draft->plan;
+    request.draft_load_dtype = draft->load_dtype;
+  }
+  return request;
+}
+
 SpeculativeSetup make_speculation(const SpeculativeOptions& options, const ModelOptions& target_options,
                                   const ModelConfig& target_config, int32_t slots, int64_t context_tokens,
                                   int64_t prefill_chunk) {

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/model_options.h"
+#include "engine/memory_plan.h"
 #include "engine/speculative.h"
 
 namespace kiln::cli {
@@ -29,6 +30,11 @@ struct SpeculativeOptions {
   // of its weights is read (what the memory check plans beside the target); nothing for the other
   // methods.
   std::optional<PreparedModel> prepare_draft(const ModelOptions& target_options, const ServingSizes& sizes) const;
+  // What serving `sizes` at `context` tokens per sequence asks of memory with these options (kiln
+  // serve's check, kiln fit): a hybrid cache's saved states when speculating, and `draft`
+  // (prepare_draft's, which must outlive the request) beside the target.
+  MemoryRequest memory_request(const ServingSizes& sizes, int64_t context, bool embeddings,
+                               const std::optional<PreparedModel>& draft) const;
 };
 
 // What a command holds while it speculates: the draft model (when drafting) and the speculation
