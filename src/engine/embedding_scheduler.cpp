@@ -8,12 +8,6 @@
 
 namespace kiln {
 
-namespace {
-
-constexpr const char* kShuttingDown = "the server is shutting down";
-
-}  // namespace
-
 std::optional<std::vector<std::vector<float>>> EmbeddingJob::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   ready_.wait_for(lock, timeout, [&] { return failure_ || completed_ == inputs_.size(); });
@@ -45,7 +39,7 @@ void EmbeddingJob::fail_with(const std::string& reason) {
 }
 
 EmbeddingScheduler::EmbeddingScheduler(Model& model, EmbeddingSchedulerOptions options)
-    : model_(model), options_(std::move(options)) {
+    : SchedulerQueue(options.max_queue), model_(model), options_(std::move(options)) {
   const ServingSizes sizes{options_.max_batch, options_.context_tokens, options_.prefill_chunk};
   check_serving_sizes(sizes, model_.config());
   step_token_budget_ = sizes.step_token_budget();
@@ -76,32 +70,8 @@ std::shared_ptr<EmbeddingJob> EmbeddingScheduler::submit(std::vector<std::vector
   job->embeddings_.resize(inputs.size());
   job->inputs_ = std::move(inputs);
   job->dimensions_ = dimensions;
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_) fail(kShuttingDown);
-    if (static_cast<int64_t>(waiting_.size()) >= options_.max_queue)
-      throw QueueFull("the request queue is full (" + std::to_string(options_.max_queue) + " waiting)");
-    waiting_.push_back(job);
-    stats_.waiting = static_cast<int64_t>(waiting_.size());
-  }
-  wake_.notify_one();
+  enqueue(job);
   return job;
-}
-
-SchedulerStats EmbeddingScheduler::stats() const {
-  std::lock_guard lock(mutex_);
-  return stats_;
-}
-
-void EmbeddingScheduler::shutdown(bool finish) {
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_ && !thread_.joinable()) return;
-    stopping_ = true;
-    finish_on_stop_ = finish;
-  }
-  wake_.notify_one();
-  if (thread_.joinable()) thread_.join();
 }
 
 void EmbeddingScheduler::run() {
@@ -110,9 +80,9 @@ void EmbeddingScheduler::run() {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
       if (stopping_ && !finish_on_stop_) {
-        for (const auto& job : waiting_) job->fail_with(kShuttingDown);
+        for (const auto& job : waiting_) job->fail_with(kSchedulerShuttingDown);
         waiting_.clear();
-        for (const Sequence& sequence : running_) sequence.job->fail_with(kShuttingDown);
+        for (const Sequence& sequence : running_) sequence.job->fail_with(kSchedulerShuttingDown);
         running_.clear();
         return;
       }

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "engine/embedding.h"
-#include "engine/scheduler.h"
+#include "engine/scheduler_queue.h"
 #include "engine/serving_sizes.h"
 #include "io/pooling_config.h"
 #include "model/model.h"
@@ -67,25 +67,20 @@ class EmbeddingJob {
   std::atomic<bool> cancelled_{false};
 };
 
-class EmbeddingScheduler {
+// Its stats: waiting counts requests, running and the cache positions count inputs.
+class EmbeddingScheduler : public SchedulerQueue<std::shared_ptr<EmbeddingJob>> {
  public:
   // Checks the sizes against the model (check_serving_sizes) and starts the scheduler thread.
   EmbeddingScheduler(Model& model, EmbeddingSchedulerOptions options);
   ~EmbeddingScheduler();
-  EmbeddingScheduler(const EmbeddingScheduler&) = delete;
-  EmbeddingScheduler& operator=(const EmbeddingScheduler&) = delete;
 
   // Queues a request: one or more inputs of 1 to context_tokens token ids each, within the
   // vocabulary, embedded with `dimensions` values (1 to hidden_size). Throws kiln::Error for an
   // invalid request and QueueFull when the queue is at capacity.
   std::shared_ptr<EmbeddingJob> submit(std::vector<std::vector<int32_t>> inputs, int64_t dimensions);
-  // Waiting counts requests, running and the cache positions count inputs.
-  SchedulerStats stats() const;
   const EmbeddingSchedulerOptions& options() const { return options_; }
   // Values in an embedding before any `dimensions` cut: the model's hidden size.
   int64_t hidden_size() const { return model_.config().hidden_size; }
-  // Stops accepting work; fails (or, with finish = true, completes) everything in flight.
-  void shutdown(bool finish);
 
  private:
   struct Sequence {
@@ -112,13 +107,6 @@ class EmbeddingScheduler {
   std::unique_ptr<ModelCache> cache_;     // touched by the scheduler thread only
   std::vector<Sequence> running_;         // likewise
   std::vector<int32_t> free_slots_;       // likewise
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::shared_ptr<EmbeddingJob>> waiting_;  // requests with inputs not yet in a slot
-  SchedulerStats stats_;
-  bool stopping_ = false;
-  bool finish_on_stop_ = false;
-  std::thread thread_;
 };
 
 }  // namespace kiln

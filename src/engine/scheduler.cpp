@@ -16,7 +16,8 @@ TokenEvent shutdown_event() {
 
 }  // namespace
 
-Scheduler::Scheduler(Model& model, SchedulerOptions options) : model_(model), options_(options) {
+Scheduler::Scheduler(Model& model, SchedulerOptions options)
+    : SchedulerQueue(options.max_queue), model_(model), options_(options) {
   const ServingSizes sizes{options_.max_batch, options_.context_tokens, options_.prefill_chunk};
   check_serving_sizes(sizes, model_.config());
   core_ = std::make_unique<GenerationCore>(model_, options_.max_batch, options_.context_tokens,
@@ -31,32 +32,8 @@ std::shared_ptr<RequestStream> Scheduler::submit(GenerationRequest request) {
   bound_request(request, options_.context_tokens, model_.config().vocab_size);
   auto stream = std::make_shared<RequestStream>();
   stream->prompt_tokens_ = static_cast<int64_t>(request.prompt.size());
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_) fail("the server is shutting down");
-    if (static_cast<int64_t>(waiting_.size()) >= options_.max_queue)
-      throw QueueFull("the request queue is full (" + std::to_string(options_.max_queue) + " waiting)");
-    waiting_.emplace_back(std::move(request), stream);
-    stats_.waiting = static_cast<int64_t>(waiting_.size());
-  }
-  wake_.notify_one();
+  enqueue({std::move(request), stream});
   return stream;
-}
-
-SchedulerStats Scheduler::stats() const {
-  std::lock_guard lock(mutex_);
-  return stats_;
-}
-
-void Scheduler::shutdown(bool finish) {
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_ && !thread_.joinable()) return;
-    stopping_ = true;
-    finish_on_stop_ = finish;
-  }
-  wake_.notify_one();
-  if (thread_.joinable()) thread_.join();
 }
 
 void Scheduler::run() {

@@ -8,16 +8,12 @@
 // are the same whether it is served alone or among others.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <stdexcept>
-#include <thread>
 #include <utility>
 
 #include "engine/generation_core.h"
+#include "engine/scheduler_queue.h"
 #include "engine/serving_sizes.h"
 #include "model/model.h"
 
@@ -31,36 +27,15 @@ struct SchedulerOptions {
   bool prefix_cache = true;  // reuse a slot's tokens as a new prompt's prefix (GenerationCore)
 };
 
-struct SchedulerStats {
-  int64_t waiting = 0;
-  int64_t running = 0;
-  int64_t cache_tokens_used = 0;
-  int64_t cache_tokens_total = 0;
-  int64_t steps = 0;
-  int64_t prefix_query_tokens = 0;  // prompt tokens admitted
-  int64_t prefix_hit_tokens = 0;    // of them, served from the prefix cache
-  SpeculationCounts speculation;    // verify steps, proposed and accepted tokens (engine/speculative.h)
-};
-
-class QueueFull : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-class Scheduler {
+class Scheduler : public SchedulerQueue<std::pair<GenerationRequest, std::shared_ptr<RequestStream>>> {
  public:
   Scheduler(Model& model, SchedulerOptions options);
   ~Scheduler();
-  Scheduler(const Scheduler&) = delete;
-  Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request (bound_request against the context). Throws kiln::Error for an invalid
   // request (e.g. longer than the context) and QueueFull when the queue is at capacity.
   std::shared_ptr<RequestStream> submit(GenerationRequest request);
-  SchedulerStats stats() const;
   const SchedulerOptions& options() const { return options_; }
-  // Stops accepting work; cancels (or, with finish = true, completes) everything in flight.
-  void shutdown(bool finish);
 
  private:
   void run();
@@ -70,13 +45,6 @@ class Scheduler {
   Model& model_;
   SchedulerOptions options_;
   std::unique_ptr<GenerationCore> core_;  // touched by the scheduler thread only
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::pair<GenerationRequest, std::shared_ptr<RequestStream>>> waiting_;
-  SchedulerStats stats_;
-  bool stopping_ = false;
-  bool finish_on_stop_ = false;
-  std::thread thread_;
 };
 
 }  // namespace kiln
