@@ -179,11 +179,8 @@ class LlamaModel final : public Model {
     if (!lm_head_.defined())
       fail("this checkpoint has no lm_head.weight and does not tie it to the embedding (tie_word_embeddings is "
            "false): it gives hidden states only (kiln serve --embeddings), not logits");
-    run_layers(layout, model_cache, [&](const Tensor& normed) {
-      Tensor selected = backend_.alloc({logit_rows.numel(), config_.hidden_size}, backend_.activation_dtype());
-      backend_.gather_rows(normed, logit_rows, selected);
-      backend_.matmul(selected, lm_head_, nullptr, logits);
-    });
+    run_layers(layout, model_cache,
+               [&](const Tensor& normed) { lm_head_logits(backend_, normed, logit_rows, lm_head_, logits); });
   }
 
   void forward_hidden(const BatchLayout& layout, const Tensor& rows, ModelCache& model_cache,

@@ -79,4 +79,13 @@ class Model {
   virtual bool computes_logits() const { return true; }
 };
 
+// The head every graph's Model::forward ends with: the logits of rows `logit_rows` of the step's
+// final normed hidden states [tokens, hidden], gathered and then multiplied by lm_head.
+inline void lm_head_logits(Backend& backend, const Tensor& normed, const Tensor& logit_rows, const Weight& lm_head,
+                           Tensor& logits) {
+  Tensor selected = backend.alloc({logit_rows.numel(), normed.dim(1)}, backend.activation_dtype());
+  backend.gather_rows(normed, logit_rows, selected);
+  backend.matmul(selected, lm_head, nullptr, logits);
+}
+
 }  // namespace kiln

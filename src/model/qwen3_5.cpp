@@ -257,11 +257,8 @@ class Qwen35Model final : public Model {
   }
 
   void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache, Tensor& logits) override {
-    run_layers(layout, model_cache, [&](const Tensor& normed) {
-      Tensor selected = backend_.alloc({logit_rows.numel(), config_.hidden_size}, backend_.activation_dtype());
-      backend_.gather_rows(normed, logit_rows, selected);
-      backend_.matmul(selected, lm_head_, nullptr, logits);
-    });
+    run_layers(layout, model_cache,
+               [&](const Tensor& normed) { lm_head_logits(backend_, normed, logit_rows, lm_head_, logits); });
   }
 
   void forward_hidden(const BatchLayout& layout, const Tensor& rows, ModelCache& model_cache,
