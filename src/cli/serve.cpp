@@ -138,7 +138,7 @@ void serve(const ServeCommand& options) {
     if (options.embeddings) fail("--speculative applies to generation, not to --embeddings");
     options.speculative.check(prepared);
   }
-  const std::optional<PreparedModel> draft =
+  std::optional<PreparedModel> draft =
       options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
   refuse_what_does_not_fit(prepared, options.speculative.memory_request(options.sizes, context, options.embeddings,
                                                                         draft));
@@ -194,7 +194,7 @@ void serve(const ServeCommand& options) {
   SpeculativeSetup speculation;
   if (options.speculative.enabled()) {
     speculation = make_speculation(options.speculative, options.model, prepared.plan.config, options.sizes.max_batch,
-                                   context, options.sizes.prefill_chunk);
+                                   context, options.sizes.prefill_chunk, std::move(draft));
     server_options.speculation = speculation.speculation;
     server_options.proposers["ngram"] = std::make_shared<NgramProposer>();
     server_options.proposers[speculation.speculation.proposer->name()] = speculation.speculation.proposer;

@@ -92,14 +92,14 @@ MemoryRequest SpeculativeOptions::memory_request(const ServingSizes& sizes, int6
 
 SpeculativeSetup make_speculation(const SpeculativeOptions& options, const ModelOptions& target_options,
                                   const ModelConfig& target_config, int32_t slots, int64_t context_tokens,
-                                  int64_t prefill_chunk) {
+                                  int64_t prefill_chunk, std::optional<PreparedModel> draft) {
   SpeculativeSetup setup;
   setup.speculation.tokens = options.tokens;
   if (options.method == "ngram") {
     setup.speculation.proposer = std::make_shared<NgramProposer>();
   } else if (options.method.starts_with(kDraftPrefix)) {
-    setup.draft = build_prepared_model(std::move(*options.prepare_draft(target_options, {slots, context_tokens,
-                                                                                         prefill_chunk})));
+    if (!draft) draft = options.prepare_draft(target_options, {slots, context_tokens, prefill_chunk});
+    setup.draft = build_prepared_model(std::move(*draft));
     check_draft_model(target_config, *setup.draft.model);
     setup.speculation.proposer =
         std::make_shared<DraftModelProposer>(*setup.draft.model, slots, context_tokens, prefill_chunk);

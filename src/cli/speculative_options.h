@@ -46,9 +46,10 @@ struct SpeculativeSetup {
 
 // The proposer the options name (check() passed, not the oracle) for requests on a target of
 // `target_config`: up to `slots` at once of `context_tokens` each. A draft model is opened with the
-// target's device, dtype and threads.
+// target's device, dtype and threads; `draft` is prepare_draft's, where the caller planned it
+// already (kiln serve's memory check), so that it is not prepared twice.
 SpeculativeSetup make_speculation(const SpeculativeOptions& options, const ModelOptions& target_options,
                                   const ModelConfig& target_config, int32_t slots, int64_t context_tokens,
-                                  int64_t prefill_chunk);
+                                  int64_t prefill_chunk, std::optional<PreparedModel> draft = std::nullopt);
 
 }  // namespace kiln::cli
