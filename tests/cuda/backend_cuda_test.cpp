@@ -52,6 +52,15 @@ TEST(CudaBackendOps, Bf16PathRejectsWhatItCannotComputeExactly) {
   EXPECT_THROW(cuda->matmul(x64, w_f32, nullptr, out), Error);  // f32 weights with bf16 activations
   Tensor x_f32 = cuda->upload(random_f32({2, 64}, random));
   EXPECT_THROW(cuda->matmul(x_f32, w_f32, nullptr, out), Error);  // f32 activations on a bf16 backend
+  // Head dims the bf16 attention is not built for: not a multiple of 8, or over 256.
+  for (int64_t head_dim : {12, 264}) {
+    Tensor q = cuda->alloc({1, 2, head_dim}, DType::BF16), attended = cuda->alloc({1, 2, head_dim}, DType::BF16);
+    Tensor k_cache = cuda->alloc({1, 4, 1, head_dim}, DType::BF16);
+    Tensor v_cache = cuda->alloc({1, 4, 1, head_dim}, DType::BF16);
+    const BatchLayout layout = cuda->make_layout({{0, 0, 1, 0}}, {0});
+    expect_error_mentions([&] { cuda->attention(q, k_cache, v_cache, layout, 1.0f, attended); },
+                          {fmt::format("the BF16 path supports head_dim a multiple of 8 up to 256, got {}", head_dim)});
+  }
 }
 
 // The fused ops' error paths name the op and what is wrong, before any launch.
