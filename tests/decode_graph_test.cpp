@@ -22,6 +22,7 @@
 #include "model/loader.h"
 #include "forwarding_backend.h"
 #include "model_test_support.h"
+#include "speculative_support.h"
 #include "test_support.h"
 
 namespace kiln::testing {
@@ -58,6 +59,7 @@ class ReplayingCpuBackend final : public ForwardingCpuBackend, public GraphOps {
   void sample_tokens(const Tensor& logits, const Tensor& settings, bool sorting, Tensor& tokens,
                      Tensor& logprobs) override {
     const int64_t vocab = logits.dim(1);
+    widest_sample_call = std::max(widest_sample_call, logits.dim(0));
     for (int64_t row = 0; row < logits.dim(0); ++row) {
       const int32_t* words = settings.data<int32_t>() + row * kSamplingSettingsWords;
       SamplingParams params;
@@ -99,6 +101,7 @@ class ReplayingCpuBackend final : public ForwardingCpuBackend, public GraphOps {
   int captures = 0;
   int replays = 0;
   int fed_rows = 0;  // rows that took the previous step's token on the "device"
+  int64_t widest_sample_call = 0;  // the most rows one sample_tokens call chose tokens for
 };
 
 // Tests of the engine's graph path on a ReplayingCpuBackend (`backend`), over the tiny fixtures.
@@ -290,14 +293,14 @@ TEST_F(DecodeGraphsWithReplayingBackend, QueueLimitsAndFeedRowsAreChecked) {
   DecodeGraphs graphs(*model, *cache);
   expect_error_mentions([&] { graphs.collect(); }, {"no launched step"});
   expect_error_mentions([&] { graphs.launch({DecodeRow{0, 0, 1, nullptr, 0}}); },
-                        {"row 0 of the previous step, which had 0 rows"});
+                        {"row 0 of the previous step, which had 0 one-token rows"});
   graphs.launch({DecodeRow{0, 0, 1, nullptr}});
   graphs.launch({DecodeRow{0, 1, 0, nullptr, 0}});
   expect_error_mentions([&] { graphs.launch({DecodeRow{0, 2, 0, nullptr, 0}}); }, {"2 steps are queued"});
   expect_error_mentions([&] { graphs.step({DecodeRow{0, 2, 0, nullptr, 0}}); }, {"still to be collected"});
   graphs.collect();
   expect_error_mentions([&] { graphs.launch({DecodeRow{1, 2, 0, nullptr, 1}}); },
-                        {"row 1 of the previous step, which had 1 rows"});
+                        {"row 1 of the previous step, which had 1 one-token rows"});
   graphs.collect();
 }
 
@@ -347,6 +350,24 @@ TEST_F(DecodeGraphsWithReplayingBackend, SchedulerQueuedStepsEqualSoloRuns) {
   ASSERT_LT(solo[2].size(), static_cast<size_t>(requests[2].max_tokens)) << "request 2 stops early";
   expect_solo_results(scheduled_events(*model, requests, 128), requests, solo);
   EXPECT_GT(backend.fed_rows, 0) << "decode steps took their tokens from the step before them";
+}
+
+
+// Speculative decoding on a backend with graphs: a step in which every request verifies as many
+// proposals runs as a verify graph that chooses each row's token on the "device" (with the draws
+// read ahead of the request's stream), the others directly; the output is the plain run's, tokens
+// and logprob bits, with rejections at every depth and, for the hybrid model, rollbacks.
+TEST_F(DecodeGraphsWithReplayingBackend, VerifyStepsRunAsGraphsAndGiveThePlainRun) {
+  for (const std::string name : {"llama3-tiny", "qwen3_5-text-tiny"}) {
+    SCOPED_TRACE(name);
+    auto model = load_replaying_f32(name);
+    const std::vector<int32_t> full_prompt = fixture_prompt(fixture(name));
+    const std::vector<int32_t> prompt(full_prompt.begin(), full_prompt.begin() + 12);
+    backend.widest_sample_call = 0;
+    expect_speculation_gives_the_plain_run(*model, prompt);
+    // The oracle's steps verify 7 proposals: 8 rows chosen in one call.
+    EXPECT_EQ(backend.widest_sample_call, 8) << "verify steps chose their tokens in a graph";
+  }
 }
 
 }  // namespace

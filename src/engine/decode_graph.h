@@ -21,6 +21,12 @@
 // ~2000 × vocab × 24 bytes; with buckets there are at most 3 + max/8 graphs, and padding costs at
 // most 7 rows of compute in a step that is bound by reading the weights once.
 //
+// A verify step of speculative decoding (engine/speculative.h) runs the same way: every row
+// appends its token and the same number of proposed tokens (DecodeRow::proposal), and a token is
+// chosen on the device for each of them, as a one-token step chooses one per row; each
+// (bucket, tokens per row) pair is a graph of its own. Its rows' draws are read ahead of the
+// request's stream, not taken: the engine takes one per token it emits (engine/speculative.h).
+//
 // Padded rows are inert: each takes its own slot that no live row holds (padding_slots), at
 // position 0 with token 0, greedy, and its results are dropped. It writes only position 0 of a
 // free slot, which that slot's next sequence overwrites before anything reads it (attention reads
@@ -33,10 +39,12 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "model/model.h"
 
 namespace kiln {
@@ -56,7 +64,13 @@ struct DecodeRow {
                                // at launch
   int32_t fed_from = -1;       // ≥ 0: the token is the one row `fed_from` of the previous launched step
                                // samples (`token` is then ignored)
+  // A verify step's proposed tokens, appended after `token` at the following positions; every row
+  // of a step has as many. Such a row's token comes from the host (fed_from −1).
+  std::vector<int32_t> proposal = {};
 };
+
+// The most tokens one row of a step appends: its token and the most proposals.
+inline constexpr int64_t kMaxDecodeRowTokens = 1 + kMaxSpeculativeTokens;
 
 class DecodeGraphs {
  public:
@@ -70,7 +84,8 @@ class DecodeGraphs {
   static bool supported(const Model& model);
 
   // Runs one decode step over `rows` (distinct slots, at least one) and returns each row's token
-  // and its log-probability, in order. No launched step may be waiting to be collected.
+  // and its log-probability, in order (a verify step's: each row's chosen token after its token
+  // and after each proposal, row by row). No launched step may be waiting to be collected.
   std::vector<SampledToken> step(const std::vector<DecodeRow>& rows);
 
   // Queues one decode step over `rows` and returns at once; collect() returns its tokens. At most
@@ -82,8 +97,8 @@ class DecodeGraphs {
   // Steps launched and not yet collected.
   int queued() const { return static_cast<int>(queued_.size()); }
 
-  // The last step's logits on the device, [bucket, vocab]: row i belongs to rows[i] of that step
-  // (rows past its row count are padding). Valid after that step is collected, until the next
+  // The last step's logits on the device, [bucket · tokens per row, vocab]: row i · tokens + j
+  // belongs to token j of rows[i] of that step (rows past its row count are padding). Valid after that step is collected, until the next
   // launch.
   const Tensor& last_logits() const;
 
@@ -92,27 +107,27 @@ class DecodeGraphs {
 
  private:
   struct Graph;
-  Graph& graph_for(int64_t bucket, bool sorting);
+  Graph& graph_for(int64_t bucket, int64_t row_tokens, bool sorting);
 
   struct Queued {
-    int64_t rows = 0;
+    int64_t rows = 0;  // token rows: rows × tokens per row
     int buffer = 0;  // which of host_outputs_ receives its tokens
     std::unique_ptr<PendingDownload> download;
   };
 
   Model& model_;
   ModelCache& cache_;
-  std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> graphs_;
+  std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<Graph>> graphs_;  // (bucket, row tokens, sorting)
   const Graph* last_ = nullptr;
-  // [2, cache slots] I32 on the device: every step's token ids, then its logprobs' bits; the next
-  // step's feed reads the ids.
+  // [2, cache slots × kMaxDecodeRowTokens] I32 on the device: every step's token ids, then its
+  // logprobs' bits; the next step's feed reads the ids.
   Tensor outputs_;
   // Page-locked host buffers, two of each so that one can be filled while the other is in use:
-  // the packed inputs of a step (kRowWords × cache slots) and the copy of outputs_.
+  // the packed inputs of a step (sized for the most token rows) and the copy of outputs_.
   Tensor host_inputs_[kMaxQueuedSteps];
   Tensor host_outputs_[kMaxQueuedSteps];
   int64_t launches_ = 0;
-  int64_t previous_rows_ = 0;  // rows of the last launched step (0 before any)
+  int64_t previous_rows_ = 0;  // rows of the last launched one-token step (0 before any, and after a verify step)
   std::deque<Queued> queued_;
 };
 

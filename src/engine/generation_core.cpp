@@ -309,14 +309,29 @@ bool GenerationCore::sample_on_host(Sequence& sequence, std::span<const float> l
 // rolls back what was rejected. False when the request ended.
 bool GenerationCore::verify(Sequence& sequence, std::span<const float> rows) {
   const auto vocab = static_cast<size_t>(model_.config().vocab_size);
+  return verify_choices(sequence, [&](size_t row) {
+    const std::span<const float> logits = rows.subspan(row * vocab, vocab);
+    return std::pair{sequence.sampler.sample(logits), logits};
+  });
+}
+
+// verify() with the choices a verify graph made on the device (`chosen`: one per row, each with the
+// draw its row takes if emitted, read ahead of the stream): every emitted token takes its draw.
+bool GenerationCore::verify(Sequence& sequence, std::span<const SampledToken> chosen) {
+  return verify_choices(sequence, [&](size_t row) {
+    if (sequence.sampler.params().temperature != 0.0f) sequence.sampler.next_uniform();
+    return std::pair{chosen[row], std::span<const float>()};
+  });
+}
+
+bool GenerationCore::verify_choices(Sequence& sequence, const RowChoice& choose) {
   const std::vector<int32_t> proposal = std::move(sequence.proposal);
   sequence.proposal.clear();
   ++speculation_counts_.verify_steps;
   speculation_counts_.proposed += static_cast<int64_t>(proposal.size());
   size_t accepted = 0;
   for (size_t row = 0; row <= proposal.size(); ++row) {
-    const std::span<const float> logits = rows.subspan(row * vocab, vocab);
-    const SampledToken token = sequence.sampler.sample(logits);
+    const auto [token, logits] = choose(row);
     const bool matches = row < proposal.size() && token.token == proposal[row];
     if (matches) ++accepted;
     if (!accept(sequence, token, logits)) {
@@ -368,6 +383,26 @@ void GenerationCore::propose() {
       askers[method][i]->proposal = std::move(proposal);
     }
   }
+  if (decode_graphs_) pad_proposals_for_graph();
+}
+
+// A verify graph runs a step whose rows all append as many tokens (engine/decode_graph.h): where
+// every running request verifies proposals, the shorter ones are filled up to the longest with
+// their own last token, while each stays within its speculation's tokens and its max_tokens. A
+// filler is a proposal like any other — accepted only if it is the target's own choice — so the
+// output is unchanged; it only lets the step run as a graph.
+void GenerationCore::pad_proposals_for_graph() {
+  size_t longest = 0;
+  for (const auto& sequence : running_) {
+    if (sequence->proposal.empty()) return;
+    longest = std::max(longest, sequence->proposal.size());
+  }
+  for (const auto& sequence : running_) {
+    const int64_t room = std::min<int64_t>(sequence->request.speculation.tokens,
+                                           sequence->request.max_tokens - sequence->generated - 1);
+    if (static_cast<int64_t>(longest) > room) return;
+  }
+  for (auto& sequence : running_) sequence->proposal.resize(longest, sequence->proposal.back());
 }
 
 // The rows of a decode step for every running request, each taking its last token (from the
@@ -386,6 +421,30 @@ std::vector<DecodeRow> GenerationCore::decode_rows(bool fed) const {
                                           in_flight_.begin());
     }
     rows.push_back(row);
+  }
+  return rows;
+}
+
+// Whether a step is a verify graph's (engine/decode_graph.h): every running request decodes in it,
+// each appending its last sampled token and as many proposals as the others (nothing to run again
+// after a rollback). Its recurrent states are saved first, as for a direct verify step.
+bool GenerationCore::verifies_as_graph(const StepPlan& plan) const {
+  if (plan.work.size() != running_.size() || running_.empty()) return false;
+  const size_t proposals = running_.front()->proposal.size();
+  for (const PlannedWork& work : plan.work) {
+    const Sequence& sequence = *running_[work.sequence];
+    if (!work.decodes || sequence.replay > 0 || sequence.proposal.empty() || sequence.proposal.size() != proposals)
+      return false;
+  }
+  return true;
+}
+
+// The rows of a verify graph's step: each request's last sampled token and its proposals.
+std::vector<DecodeRow> GenerationCore::verify_rows() const {
+  std::vector<DecodeRow> rows;
+  for (const auto& sequence : running_) {
+    rows.push_back({sequence->slot, static_cast<int32_t>(sequence->decode_position()), sequence->next_input,
+                    &sequence->sampler, -1, sequence->proposal});
   }
   return rows;
 }
@@ -481,6 +540,12 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
     result.logits = model_.backend().download(decode_graphs_->last_logits());
     return result;
   }
+  if (decode_graphs_ && !wants_logits && verifies_as_graph(plan)) {
+    if (!cache_->resumes_at_any_position())
+      for (const auto& sequence : running_) cache_->save_slot_state(sequence->slot);
+    result.device_tokens = decode_graphs_->step(verify_rows());
+    return result;
+  }
   std::vector<SequenceStep> steps;
   for (const PlannedWork& work : plan.work) {
     const Sequence& sequence = *running_[work.sequence];
@@ -523,9 +588,13 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
         continue;
       }
       if (work.decodes && !sequence.proposal.empty()) {
-        const std::span<const float> rows(result.logits.data<float>() + first_logit_row * vocab,
-                                          logit_rows * static_cast<size_t>(vocab));
-        if (!verify(sequence, rows)) continue;
+        const bool verified = sampled_on_device
+                                  ? verify(sequence, std::span<const SampledToken>(result.device_tokens).subspan(
+                                                         first_logit_row, logit_rows))
+                                  : verify(sequence, std::span<const float>(
+                                                         result.logits.data<float>() + first_logit_row * vocab,
+                                                         logit_rows * static_cast<size_t>(vocab)));
+        if (!verified) continue;
         still_running.push_back(std::move(running_[index]));
         continue;
       }

@@ -147,8 +147,15 @@ class GenerationCore {
   void drop_cancelled();
   void fail_running(const std::exception& error);
   bool accept(Sequence& sequence, const SampledToken& token, std::span<const float> row, bool forced = false);
+  // A row's choice in a verify step, and the logits it was made from (empty when made on the device).
+  using RowChoice = std::function<std::pair<SampledToken, std::span<const float>>(size_t row)>;
   bool verify(Sequence& sequence, std::span<const float> rows);
+  bool verify(Sequence& sequence, std::span<const SampledToken> chosen);
+  bool verify_choices(Sequence& sequence, const RowChoice& choose);
   void propose();
+  void pad_proposals_for_graph();
+  bool verifies_as_graph(const StepPlan& plan) const;
+  std::vector<DecodeRow> verify_rows() const;
   bool sample_on_host(Sequence& sequence, std::span<const float> logits);
   std::vector<DecodeRow> decode_rows(bool fed) const;
   std::vector<uint64_t> running_ids() const;

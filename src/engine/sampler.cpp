@@ -102,8 +102,14 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt) 
 }
 
 double Sampler::next_uniform() {
-  // splitmix64 (Steele, Lea, Flood 2014).
-  const uint64_t z = mix64(state_ += kGoldenGamma);
+  const double uniform = uniform_ahead(0);
+  state_ += kGoldenGamma;
+  return uniform;
+}
+
+double Sampler::uniform_ahead(int64_t ahead) const {
+  // splitmix64 (Steele, Lea, Flood 2014): draw n mixes the state advanced n + 1 times.
+  const uint64_t z = mix64(state_ + static_cast<uint64_t>(ahead + 1) * kGoldenGamma);
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 

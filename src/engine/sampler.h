@@ -85,6 +85,9 @@ class Sampler {
   // one per token when the temperature is not 0; the device sampler (GraphOps::sample_tokens)
   // takes it here instead, so a request's stream is the same whichever side samples.
   double next_uniform();
+  // The draw `ahead` draws after the next one (0: what next_uniform() returns next), without taking
+  // any: a verify step chooses its rows' tokens with the draws they take if emitted.
+  double uniform_ahead(int64_t ahead) const;
 
  private:
 
