@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -125,7 +126,7 @@ grammar::Grammar structured_outputs(const json& value) {
 
 void read_openai_output_constraints(JsonFields& fields, GenerationFields& generation) {
   // Every constraint field present, in a fixed order, with what compiles it.
-  std::vector<std::string> given;
+  std::vector<std::string_view> given;  // the fields' names (string literals)
   std::optional<grammar::Grammar> grammar = response_format(fields);
   if (grammar) given.push_back("response_format");
   const auto take = [&](const char* name, const auto& compile) {
