@@ -241,6 +241,24 @@ void bench_cublas() {
   cudaStreamDestroy(stream);
 }
 
+// One layer's paged KV cache of `slots` sequences of `capacity` positions, each slot in its own
+// blocks in order (the layout Model::make_cache starts with), zeroed.
+struct BenchKvCache {
+  Tensor keys, values, block_table;
+
+  BenchKvCache(Backend& backend, int64_t slots, int64_t capacity, int64_t kv_heads, int64_t head_dim) {
+    const int64_t width = kv_table_width(capacity);
+    keys = backend.alloc({slots * width, kKvBlockTokens, kv_heads, head_dim}, backend.activation_dtype());
+    values = backend.alloc({slots * width, kKvBlockTokens, kv_heads, head_dim}, backend.activation_dtype());
+    backend.zero(keys);
+    backend.zero(values);
+    Tensor table = Tensor::empty({slots, width}, DType::I32);
+    for (int64_t entry = 0; entry < slots * width; ++entry) table.data<int32_t>()[entry] = static_cast<int32_t>(entry);
+    block_table = backend.upload(table);
+  }
+  KvCacheView view() { return {keys, values, block_table}; }
+};
+
 void bench_attention(DType act, double copy_gbps) {
   std::unique_ptr<Backend> cuda = make_cuda_backend(0, act);
   std::mt19937 random(3);
@@ -250,10 +268,7 @@ void bench_attention(DType act, double copy_gbps) {
   const std::vector<int64_t> batches = act == DType::BF16 ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1};
   for (int64_t context : contexts) {
     for (int64_t batch : batches) {
-      Tensor k_cache = cuda->alloc({batch, context, kv_heads, head_dim}, act);
-      Tensor v_cache = cuda->alloc({batch, context, kv_heads, head_dim}, act);
-      cuda->zero(k_cache);
-      cuda->zero(v_cache);
+      BenchKvCache cache(*cuda, batch, context, kv_heads, head_dim);
       std::vector<SequenceSpan> spans;
       for (int32_t slot = 0; slot < batch; ++slot)
         spans.push_back({slot, slot, 1, static_cast<int32_t>(context - 1)});
@@ -261,7 +276,7 @@ void bench_attention(DType act, double copy_gbps) {
       Tensor q = cuda->upload(random_host({batch, heads, head_dim}, act, random, 1.0f));
       Tensor out = cuda->alloc({batch, heads, head_dim}, act);
       const double seconds = seconds_per_call(*cuda, act == DType::BF16 ? 100 : 10, [&](int) {
-        cuda->attention(q, k_cache, v_cache, layout, 0.088f, out);
+        cuda->attention(q, cache.view(), layout, 0.088f, out);
       });
       const double bytes = 2.0 * batch * context * kv_heads * head_dim * dtype_size(act);
       const double gbps = bytes / seconds / 1e9;
@@ -272,16 +287,15 @@ void bench_attention(DType act, double copy_gbps) {
   }
   if (act != DType::BF16) return;
   for (int64_t tokens : {1024, 4096, 8192}) {
-    Tensor k_cache = cuda->alloc({1, tokens, kv_heads, head_dim}, act);
-    Tensor v_cache = cuda->alloc({1, tokens, kv_heads, head_dim}, act);
+    BenchKvCache cache(*cuda, 1, tokens, kv_heads, head_dim);
     Tensor k = cuda->upload(random_host({tokens, kv_heads, head_dim}, act, random, 1.0f));
     Tensor v = cuda->upload(random_host({tokens, kv_heads, head_dim}, act, random, 1.0f));
     const BatchLayout layout = cuda->make_layout({{0, 0, static_cast<int32_t>(tokens), 0}}, std::vector<int32_t>(tokens, 0));
-    cuda->kv_write(k, v, layout, k_cache, v_cache);
+    cuda->kv_write(k, v, layout, cache.view());
     Tensor q = cuda->upload(random_host({tokens, heads, head_dim}, act, random, 1.0f));
     Tensor out = cuda->alloc({tokens, heads, head_dim}, act);
     const double seconds = seconds_per_call(*cuda, 10, [&](int) {
-      cuda->attention(q, k_cache, v_cache, layout, 0.088f, out);
+      cuda->attention(q, cache.view(), layout, 0.088f, out);
     });
     // Causal: about half of the T² score and P·V products (2 · 2 · T²/2 · heads · head_dim FLOPs).
     const double tflops = 2.0 * tokens * tokens * heads * head_dim / seconds / 1e12;
@@ -379,10 +393,7 @@ void bench_decode_ops() {
   Tensor q = cuda->upload(random_host({1, heads, head_dim}, DType::BF16, random, 1.0f));
   Tensor k = cuda->upload(random_host({1, kv_heads, head_dim}, DType::BF16, random, 1.0f));
   Tensor v = cuda->upload(random_host({1, kv_heads, head_dim}, DType::BF16, random, 1.0f));
-  Tensor k_cache = cuda->alloc({1, context, kv_heads, head_dim}, DType::BF16);
-  Tensor v_cache = cuda->alloc({1, context, kv_heads, head_dim}, DType::BF16);
-  cuda->zero(k_cache);
-  cuda->zero(v_cache);
+  BenchKvCache cache(*cuda, 1, context, kv_heads, head_dim);
   Tensor inv_freq = cuda->upload(random_host({head_dim / 2}, DType::F32, random, 0.5f));
   const BatchLayout layout = cuda->make_layout({{0, 0, 1, static_cast<int32_t>(context - 1)}}, {0});
   Tensor attended = cuda->alloc({1, heads, head_dim}, DType::BF16);
@@ -392,20 +403,20 @@ void bench_decode_ops() {
          }));
   report("swiglu 14336", seconds_per_captured_call(*cuda, 100, [&](int) { cuda->swiglu(gate, up, gate); }));
   report("rope_kv_write 32/8 heads x 128", seconds_per_captured_call(*cuda, 100, [&](int) {
-           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), nullptr, k_cache, v_cache);
+           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), nullptr, cache.view());
          }));
   Tensor head_gain = cuda->upload(random_host({head_dim}, DType::BF16, random, 1.0f));
   const HeadNorms head_norms{head_gain, head_gain, 1e-6f, NormStyle::Plain};
   report("q/k norms, rope_kv_write (3 ops)", seconds_per_captured_call(*cuda, 100, [&](int) {
            cuda->rms_norm(q, head_gain, 1e-6f, NormStyle::Plain, q);
            cuda->rms_norm(k, head_gain, 1e-6f, NormStyle::Plain, k);
-           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), nullptr, k_cache, v_cache);
+           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), nullptr, cache.view());
          }));
   report("rope_kv_write with head norms", seconds_per_captured_call(*cuda, 100, [&](int) {
-           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), &head_norms, k_cache, v_cache);
+           cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(head_dim), &head_norms, cache.view());
          }));
   report("attention ctx 512", seconds_per_captured_call(*cuda, 100, [&](int) {
-           cuda->attention(q, k_cache, v_cache, layout, 0.088f, attended);
+           cuda->attention(q, cache.view(), layout, 0.088f, attended);
          }));
 }
 

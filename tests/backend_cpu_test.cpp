@@ -16,9 +16,15 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"
+#include "kv_cache_support.h"
+#include "tensor_test_support.h"
+#include "test_support.h"
 
 using namespace kiln;
 using kiln::cpu::CpuIsa;
+using kiln::testing::expect_error_mentions;
+using kiln::testing::same_rows;
+using kiln::testing::TestKvCache;
 
 namespace {
 
@@ -418,7 +424,7 @@ struct AttentionShape {
 // Writes every token's k/v rows, then runs attention for all of them in one batch.
 Tensor run_attention(Backend& backend, const AttentionShape& shape, const std::vector<Sequence>& sequences,
                      const std::vector<Tensor>& q, const std::vector<Tensor>& k, const std::vector<Tensor>& v,
-                     Tensor& k_cache, Tensor& v_cache) {
+                     const KvCacheView& cache) {
   std::vector<SequenceSpan> spans;
   int32_t total = 0;
   for (const Sequence& sequence : sequences) {
@@ -436,9 +442,9 @@ Tensor run_attention(Backend& backend, const AttentionShape& shape, const std::v
     std::memcpy(v_all.data<float>() + row * shape.kv_heads * shape.head_dim, v[s].raw(), v[s].nbytes());
     row += sequences[s].length;
   }
-  backend.kv_write(k_all, v_all, layout, k_cache, v_cache);
+  backend.kv_write(k_all, v_all, layout, cache);
   Tensor out = Tensor::empty({total, shape.heads, shape.head_dim}, DType::F32);
-  backend.attention(q_all, k_cache, v_cache, layout, 1.0f / std::sqrt(float(shape.head_dim)), out);
+  backend.attention(q_all, cache, layout, 1.0f / std::sqrt(float(shape.head_dim)), out);
   return out;
 }
 
@@ -455,12 +461,11 @@ TEST(CpuAttention, ASequenceGivesTheSameBitsAloneInABatchOneTokenAtATimeAndOnAny
     const Tensor q = random_f32({length, shape.heads, shape.head_dim}, 60);
     const Tensor k = random_f32({length, shape.kv_heads, shape.head_dim}, 61);
     const Tensor v = random_f32({length, shape.kv_heads, shape.head_dim}, 62);
-    const Shape cache_shape = {4, 64, shape.kv_heads, shape.head_dim};
-    Tensor k_cache = Tensor::zeros(cache_shape, DType::F32), v_cache = Tensor::zeros(cache_shape, DType::F32);
     Tensor alone;
     {
       GlobalThreads one(1);
-      alone = run_attention(*backend, shape, {{0, length}}, {q}, {k}, {v}, k_cache, v_cache);
+      TestKvCache cache(*backend, 4, 64, shape.kv_heads, shape.head_dim, false);
+      alone = run_attention(*backend, shape, {{0, length}}, {q}, {k}, {v}, cache.view());
     }
     // In a batch of three sequences of other lengths, in another slot and at another batch offset.
     std::vector<Tensor> qs = {random_f32({5, shape.heads, shape.head_dim}, 63), q,
@@ -472,38 +477,90 @@ TEST(CpuAttention, ASequenceGivesTheSameBitsAloneInABatchOneTokenAtATimeAndOnAny
     const int64_t row_width = shape.heads * shape.head_dim;
     for (int threads : {1, 2, 3}) {
       GlobalThreads scope(threads);
-      Tensor batch_k = Tensor::zeros(cache_shape, DType::F32), batch_v = Tensor::zeros(cache_shape, DType::F32);
-      const Tensor batched = run_attention(*backend, shape, {{3, 5}, {2, length}, {0, 50}}, qs, ks, vs, batch_k, batch_v);
+      TestKvCache batch_cache(*backend, 4, 64, shape.kv_heads, shape.head_dim, true);
+      const Tensor batched =
+          run_attention(*backend, shape, {{3, 5}, {2, length}, {0, 50}}, qs, ks, vs, batch_cache.view());
       EXPECT_TRUE(same_bits(alone.data<float>(), batched.data<float>() + 5 * row_width, length * row_width))
           << threads << " threads";
     }
     // Decode: the same sequence appended one token per step into a fresh slot.
-    Tensor step_k = Tensor::zeros(cache_shape, DType::F32), step_v = Tensor::zeros(cache_shape, DType::F32);
+    TestKvCache step_cache(*backend, 4, 64, shape.kv_heads, shape.head_dim, true);
     for (int32_t t = 0; t < length; ++t) {
       const BatchLayout layout = backend->make_layout({{1, 0, 1, t}}, {0});
-      backend->kv_write(k.slice_rows(t, 1), v.slice_rows(t, 1), layout, step_k, step_v);
+      backend->kv_write(k.slice_rows(t, 1), v.slice_rows(t, 1), layout, step_cache.view());
       Tensor out = Tensor::empty({1, shape.heads, shape.head_dim}, DType::F32);
-      backend->attention(q.slice_rows(t, 1), step_k, step_v, layout, 1.0f / std::sqrt(float(shape.head_dim)), out);
+      backend->attention(q.slice_rows(t, 1), step_cache.view(), layout, 1.0f / std::sqrt(float(shape.head_dim)), out);
       ASSERT_TRUE(same_bits(out.data<float>(), alone.data<float>() + t * row_width, row_width)) << "token " << t;
     }
   }
 }
 
-TEST(CpuKvWrite, RejectsAPositionPastTheCapacityNamingIt) {
+// A sequence whose blocks are scattered over the pool attends to the bits of the same sequence in
+// contiguous blocks: prefill across several blocks, and decode steps at and around block edges.
+TEST(CpuAttention, ScatteredBlocksGiveTheBitsOfContiguousOnes) {
   auto backend = make_cpu_backend();
-  Tensor k_cache = Tensor::zeros({2, 8, 1, 4}, DType::F32), v_cache = Tensor::zeros({2, 8, 1, 4}, DType::F32);
-  const Tensor k = random_f32({2, 1, 4}, 70), v = random_f32({2, 1, 4}, 71);
-  const BatchLayout layout = backend->make_layout({{1, 0, 2, 7}}, {0, 0});
-  try {
-    backend->kv_write(k, v, layout, k_cache, v_cache);
-    FAIL() << "position 8 of a capacity-8 cache was accepted";
-  } catch (const Error& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("position 8"), std::string::npos) << message;
-    EXPECT_NE(message.find("8 positions"), std::string::npos) << message;
+  const AttentionShape shape{8, 2, 40};
+  const int32_t length = 200;  // blocks 0..3, the last partial
+  const Tensor q = random_f32({length, shape.heads, shape.head_dim}, 80);
+  const Tensor k = random_f32({length, shape.kv_heads, shape.head_dim}, 81);
+  const Tensor v = random_f32({length, shape.kv_heads, shape.head_dim}, 82);
+  TestKvCache contiguous(*backend, 3, 256, shape.kv_heads, shape.head_dim, false);
+  TestKvCache scattered(*backend, 3, 256, shape.kv_heads, shape.head_dim, true);
+  const Tensor expected = run_attention(*backend, shape, {{1, length}}, {q}, {k}, {v}, contiguous.view());
+  EXPECT_TRUE(same_rows(run_attention(*backend, shape, {{1, length}}, {q}, {k}, {v}, scattered.view()), 0, expected, 0,
+                        length));
+  const int64_t row_width = shape.heads * shape.head_dim;
+  for (int32_t t : {63, 64, 127, 128, 199}) {
+    const BatchLayout layout = backend->make_layout({{1, 0, 1, t}}, {0});
+    Tensor out = Tensor::empty({1, shape.heads, shape.head_dim}, DType::F32);
+    backend->attention(q.slice_rows(t, 1), scattered.view(), layout, 1.0f / std::sqrt(float(shape.head_dim)), out);
+    EXPECT_TRUE(same_bits(out.data<float>(), expected.data<float>() + t * row_width, row_width)) << "position " << t;
   }
+}
+
+// kv_write puts position p of slot s in row p % 64 of the block the table names for p / 64.
+TEST(CpuKvWrite, WritesEachPositionToTheBlockItsTableEntryNames) {
+  auto backend = make_cpu_backend();
+  TestKvCache cache(*backend, 2, 192, 1, 4, true);
+  const Tensor k = random_f32({130, 1, 4}, 83), v = random_f32({130, 1, 4}, 84);
+  backend->kv_write(k, v, backend->make_layout({{1, 0, 130, 60}}, std::vector<int32_t>(130, 0)), cache.view());
+  const int32_t* table = cache.block_table.data<int32_t>();
+  for (int64_t t = 0; t < 130; ++t) {
+    const int64_t position = 60 + t;
+    const int64_t row = table[1 * 3 + position / 64] * 64 + position % 64;
+    EXPECT_TRUE(same_rows(cache.keys.reshape({cache.keys.numel() / 4, 4}), row, k, t, 1)) << "position " << position;
+    EXPECT_TRUE(same_rows(cache.values.reshape({cache.values.numel() / 4, 4}), row, v, t, 1))
+        << "position " << position;
+  }
+}
+
+TEST(CpuKvWrite, RejectsAPositionPastTheBlockTableNamingIt) {
+  auto backend = make_cpu_backend();
+  TestKvCache cache(*backend, 2, 64, 1, 4, false);
+  const Tensor k = random_f32({2, 1, 4}, 70), v = random_f32({2, 1, 4}, 71);
+  const BatchLayout layout = backend->make_layout({{1, 0, 2, 63}}, {0, 0});
+  expect_error_mentions([&] { backend->kv_write(k, v, layout, cache.view()); },
+                        {"span 0 reaches position 64", "64 positions per slot"});
   const BatchLayout bad_slot = backend->make_layout({{2, 0, 2, 0}}, {0, 0});
-  EXPECT_THROW(backend->kv_write(k, v, bad_slot, k_cache, v_cache), Error);
+  EXPECT_THROW(backend->kv_write(k, v, bad_slot, cache.view()), Error);
+}
+
+// Block ids the CPU kernels would read outside the pool are refused, naming the op, slot, position
+// and block: a write's own block, and every block an attention reads up to its position.
+TEST(CpuKvWrite, RejectsABlockIdOutsideThePool) {
+  auto backend = make_cpu_backend();
+  TestKvCache cache(*backend, 2, 192, 1, 4, false);  // 2 · 3 + 3 blocks
+  cache.block_table.data<int32_t>()[1 * 3 + 1] = 9;
+  const Tensor k = random_f32({1, 1, 4}, 72), v = random_f32({1, 1, 4}, 73);
+  expect_error_mentions([&] { backend->kv_write(k, v, backend->make_layout({{1, 0, 1, 70}}, {0}), cache.view()); },
+                        {"cpu kv_write: slot 1 position 70 is in block 9 (block_table entry 1), but the pool has 9 "
+                         "blocks"});
+  backend->kv_write(k, v, backend->make_layout({{1, 0, 1, 20}}, {0}), cache.view());  // entry 0 is fine
+  Tensor q = random_f32({1, 2, 4}, 74), out = Tensor::empty({1, 2, 4}, DType::F32);
+  cache.block_table.data<int32_t>()[1 * 3 + 1] = -1;
+  expect_error_mentions(
+      [&] { backend->attention(q, cache.view(), backend->make_layout({{1, 0, 1, 150}}, {0}), 1.0f, out); },
+      {"cpu attention: slot 1 position 64 is in block -1 (block_table entry 1)"});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ class HeldWeightsModel final : public Model {
     for (const auto& weight : weights) bytes += weight.nbytes();
     return bytes;
   }
-  std::unique_ptr<ModelCache> make_cache(int64_t, int64_t) const override {
+  std::unique_ptr<ModelCache> make_cache(int64_t, int64_t, int64_t) const override {
     fail("the construction tests' model keeps no cache");
   }
   void forward(const BatchLayout&, const Tensor&, ModelCache&, Tensor&) override {

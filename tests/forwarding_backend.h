@@ -52,17 +52,16 @@ class ForwardingCpuBackend : public Backend, public HybridOps {
     cpu_->rope(x, positions, inv_freq, rotary_dim);
   }
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override { cpu_->swiglu(gate, up, out); }
-  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                Tensor& v_cache) override {
-    cpu_->kv_write(k, v, layout, k_cache, v_cache);
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) override {
+    cpu_->kv_write(k, v, layout, cache);
   }
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                     int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) override {
-    cpu_->rope_kv_write(q, k, v, layout, inv_freq, rotary_dim, head_norms, k_cache, v_cache);
+                     int rotary_dim, const HeadNorms* head_norms, const KvCacheView& cache) override {
+    cpu_->rope_kv_write(q, k, v, layout, inv_freq, rotary_dim, head_norms, cache);
   }
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-                 float scale, Tensor& out) override {
-    cpu_->attention(q, k_cache, v_cache, layout, scale, out);
+  void attention(const Tensor& q, const KvCacheView& cache, const BatchLayout& layout, float scale,
+                 Tensor& out) override {
+    cpu_->attention(q, cache, layout, scale, out);
   }
 
   HybridOps* hybrid_ops() override { return this; }

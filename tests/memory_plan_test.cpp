@@ -379,7 +379,9 @@ TEST(MemoryPlan, An80GigabytePlanIsMadeInUnderASecondWithoutItsMemory) {
   EXPECT_TRUE(plan.steps_planned);
   EXPECT_TRUE(plan.fits()) << describe_memory_plan(plan, "cpu");
   EXPECT_GT(plan.total(), uint64_t{80} << 30);
-  EXPECT_EQ(plan.cache, uint64_t{64} << 30);  // 32 layers x K and V x 32 x 8,192 x 8 heads x 128 x f32
+  // 32 layers x K and V x 32 x 8,192 x 8 heads x 128 x f32, and the block table: 32 slots x 128 I32
+  // entries of 64 positions.
+  EXPECT_EQ(plan.cache, (uint64_t{64} << 30) + 32 * 128 * 4);
   EXPECT_EQ(plan.step_tokens, 32 * 256);
   EXPECT_GT(plan.step_scratch, 0u);
 }

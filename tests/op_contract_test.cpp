@@ -91,31 +91,72 @@ TEST(OpContract, NormsNeedTheWidthAsTheLastAxis) {
 
 TEST(OpContract, CachesAndLayoutsNameTheSpanThatDoesNotFit) {
   BatchLayout layout;
-  layout.spans = {{0, 0, 2, 0}, {1, 2, 2, 7}};
+  layout.spans = {{0, 0, 2, 0}, {1, 2, 2, 63}};
   layout.total_tokens = 4;
   layout.positions = of({4}, DType::I32);
-  const Tensor cache = of({2, 8, 1, 16}, DType::BF16);
+  Tensor keys = of({5, 64, 1, 16}, DType::BF16), values = of({5, 64, 1, 16}, DType::BF16);
+  const Tensor table = of({2, 1}, DType::I32);
+  const KvCacheView cache{keys, values, table};
   const Tensor k = of({4, 1, 16}, DType::BF16);
-  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, cache, cache); },
-                        {"CUDA kv_write: span 1 reaches position 8, but the cache holds 8 positions per slot"});
+  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, cache); },
+                        {"CUDA kv_write: span 1 reaches position 64, but the block table holds 64 positions per slot "
+                         "(1 blocks of 64)"});
   layout.spans[1] = {2, 2, 2, 0};
-  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, cache, cache); },
-                        {"CUDA kv_write: span 1 is in slot 2, but the cache has 2 slots"});
+  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, cache); },
+                        {"CUDA kv_write: span 1 is in slot 2, but the block table has 2 slots"});
   layout.spans[1] = {1, 2, 2, 0};
-  const Tensor f32_cache = of({2, 8, 1, 16}, DType::F32);
-  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, f32_cache, f32_cache); },
+  Tensor f32_keys = of({5, 64, 1, 16}, DType::F32), f32_values = of({5, 64, 1, 16}, DType::F32);
+  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, {f32_keys, f32_values, table}); },
                         {"CUDA kv_write: k_cache has dtype F32, expected the activation dtype BF16"});
-  const AttentionDims dims =
-      check_attention(kBf16Backend, of({4, 3, 16}, DType::BF16), cache, cache, layout, of({4, 3, 16}, DType::BF16));
+  const AttentionDims dims = check_attention(kBf16Backend, of({4, 3, 16}, DType::BF16), cache, layout,
+                                             of({4, 3, 16}, DType::BF16));
   EXPECT_EQ(dims.heads, 3);
-  EXPECT_EQ(dims.cache.capacity, 8);
-  const Tensor two_kv_heads = of({2, 8, 2, 16}, DType::BF16);
+  EXPECT_EQ(dims.cache.blocks, 5);
+  EXPECT_EQ(dims.cache.slots, 2);
+  EXPECT_EQ(dims.cache.table_width, 1);
+  EXPECT_EQ(dims.cache.capacity, 64);
+  Tensor two_kv_heads = of({5, 64, 2, 16}, DType::BF16);
   expect_error_mentions(
       [&] {
-        check_attention(kBf16Backend, of({4, 3, 16}, DType::BF16), two_kv_heads, two_kv_heads, layout,
+        check_attention(kBf16Backend, of({4, 3, 16}, DType::BF16), {two_kv_heads, two_kv_heads, table}, layout,
                         of({4, 3, 16}, DType::BF16));
       },
       {"CUDA attention: 3 query heads are not a multiple of 2 kv heads"});
+}
+
+// The pools are blocks of kKvBlockTokens positions; the block table is I32 [slots, table_width];
+// a host table's entries are blocks of the pool.
+TEST(OpContract, ThePagedCacheTakesBlocksOf64AndAnI32BlockTable) {
+  BatchLayout layout;
+  layout.spans = {{0, 0, 1, 0}};
+  layout.total_tokens = 1;
+  const Tensor k = of({1, 1, 16}, DType::BF16);
+  Tensor keys = of({4, 64, 1, 16}, DType::BF16), values = of({4, 64, 1, 16}, DType::BF16);
+  Tensor short_blocks = of({4, 32, 1, 16}, DType::BF16);
+  expect_error_mentions(
+      [&] { check_kv_write(kBf16Backend, k, k, layout, {short_blocks, short_blocks, of({1, 2}, DType::I32)}); },
+      {"CUDA kv_write: k_cache has shape [4, 32, 1, 16], expected [blocks, 64, kv_heads, head_dim]"});
+  expect_error_mentions(
+      [&] { check_kv_write(kBf16Backend, k, k, layout, {keys, short_blocks, of({1, 2}, DType::I32)}); },
+      {"CUDA kv_write: v_cache has shape [4, 32, 1, 16], expected [4, 64, 1, 16]"});
+  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, {keys, values, of({1, 2}, DType::F32)}); },
+                        {"CUDA kv_write: block_table has dtype F32, expected I32"});
+  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, {keys, values, of({2}, DType::I32)}); },
+                        {"CUDA kv_write: block_table has shape [2], expected [slots, table_width]"});
+  Tensor undefined;
+  expect_error_mentions([&] { check_kv_write(kBf16Backend, k, k, layout, {keys, values, undefined}); },
+                        {"CUDA kv_write: block_table is an undefined tensor"});
+
+  const Tensor table = of({2, 3}, DType::I32);
+  const CacheDims dims = check_caches(kBf16Backend, "attention", {keys, values, table});
+  table.data<int32_t>()[3 + 2] = 4;
+  check_block_ids(kBf16Backend, "attention", table, 1, 0, 127, dims);  // entries 0 and 1 only
+  expect_error_mentions([&] { check_block_ids(kBf16Backend, "attention", table, 1, 0, 150, dims); },
+                        {"CUDA attention: slot 1 position 128 is in block 4 (block_table entry 2), but the pool has 4 "
+                         "blocks"});
+  table.data<int32_t>()[0] = -3;
+  expect_error_mentions([&] { check_block_ids(kBf16Backend, "kv_write", table, 0, 5, 5, dims); },
+                        {"CUDA kv_write: slot 0 position 5 is in block -3 (block_table entry 0)"});
 }
 
 TEST(OpContract, RecurrentOpsCheckTheirSpansAndStates) {

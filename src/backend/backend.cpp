@@ -18,17 +18,17 @@ void Backend::matmul_group(const Tensor& x, std::span<const MatmulTarget> target
 }
 
 void Backend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                            int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) {
+                            int rotary_dim, const HeadNorms* head_norms, const KvCacheView& cache) {
   const std::string backend = name();
   check_rope_kv_write(OpContext{backend, activation_dtype(), device()}, q, k, v, layout, inv_freq, rotary_dim, head_norms,
-                      k_cache, v_cache);
+                      cache);
   if (head_norms) {
     rms_norm(q, head_norms->q_weight, head_norms->eps, head_norms->style, q);
     rms_norm(k, head_norms->k_weight, head_norms->eps, head_norms->style, k);
   }
   rope(q, layout.positions, inv_freq, rotary_dim);
   rope(k, layout.positions, inv_freq, rotary_dim);
-  kv_write(k, v, layout, k_cache, v_cache);
+  kv_write(k, v, layout, cache);
 }
 
 void check_recurrent_spans(std::span<const SequenceSpan> spans, int64_t total_tokens, int64_t slots,

@@ -40,6 +40,28 @@ struct BatchLayout {
   Tensor spans_device;  // [S, 4] = {slot, first_token, tokens, first_position}
 };
 
+// The KV cache is a pool of blocks of kKvBlockTokens positions, read through per-slot block tables
+// (vLLM's paged attention): entry (slot, i) of a table is the pool block that holds positions
+// [64·i, 64·i + 64) of the slot's sequence, so position p of slot s is pool row
+// block_table[s][p / 64] · 64 + p % 64. 64 is the Gated DeltaNet chunk and the prefill split
+// alignment (kGatedDeltaChunk), and the CUDA attention's key tile: a key tile lies inside one block,
+// so its kernels read one table entry per tile and nothing in any reduction order changes.
+inline constexpr int64_t kKvBlockTokens = 64;
+
+// The block-table entries a slot of `capacity` positions needs.
+constexpr int64_t kv_table_width(int64_t capacity) { return (capacity + kKvBlockTokens - 1) / kKvBlockTokens; }
+
+// One attention layer's paged KV cache as the ops take it. keys and values are
+// [blocks, kKvBlockTokens, kv_heads, head_dim] in the activation dtype; block_table is I32
+// [slots, table_width] on the backend's device, one table for every layer of a model (the same
+// block id indexes each layer's pool). A table entry is read only for positions an op writes or
+// attends to, so entries past a sequence's length may hold anything.
+struct KvCacheView {
+  Tensor& keys;
+  Tensor& values;
+  const Tensor& block_table;
+};
+
 // One product of a matmul group: out = x·wᵀ (+ bias), w [N, K] dense or quantized.
 struct MatmulTarget {
   const Weight* w = nullptr;
@@ -157,18 +179,19 @@ class Backend {
   virtual void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) = 0;
   // out = silu(gate) · up, one fused op at every shape.
   virtual void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
-  // k_cache/v_cache are [slots, capacity, kv_heads, head_dim]; writes row (slot[t], position[t]).
-  virtual void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                        Tensor& v_cache) = 0;
+  // Writes k and v [T, kv_heads, head_dim] to the cache at (slot[t], position[t]): pool row
+  // block_table[slot][position / kKvBlockTokens] · kKvBlockTokens + position % kKvBlockTokens.
+  virtual void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) = 0;
   // rope(q); rope(k); kv_write(k, v), with k rotated in place too: the attention inputs of a step
   // in one op (one kernel on CUDA), every element bit-identical to the three ops. With head_norms,
   // rms_norm(q, q_weight) and rms_norm(k, k_weight) over each head come first, in place.
   virtual void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                             int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache);
-  // Causal GQA attention of q [T, heads, head_dim] over the cache rows 0..positions[t] of its
-  // slot; query head h reads kv head h / (heads / kv_heads). out is [T, heads, head_dim].
-  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                         const BatchLayout& layout, float scale, Tensor& out) = 0;
+                             int rotary_dim, const HeadNorms* head_norms, const KvCacheView& cache);
+  // Causal GQA attention of q [T, heads, head_dim] over the cache positions 0..positions[t] of its
+  // slot (read through the block table); query head h reads kv head h / (heads / kv_heads). out is
+  // [T, heads, head_dim].
+  virtual void attention(const Tensor& q, const KvCacheView& cache, const BatchLayout& layout, float scale,
+                         Tensor& out) = 0;
 
   // The Gated DeltaNet / gated-attention ops, or null when this backend has no kernels for them
   // (a hybrid model then has no implementation for this backend: its construction fails).

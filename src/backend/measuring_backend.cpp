@@ -186,20 +186,19 @@ void MeasuringBackend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out)
   check_swiglu(contract(), gate, up, out);
 }
 
-void MeasuringBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                                Tensor& v_cache) {
-  check_kv_write(contract(), k, v, layout, k_cache, v_cache);
+void MeasuringBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) {
+  check_kv_write(contract(), k, v, layout, cache);
 }
 
 void MeasuringBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout,
                                      const Tensor& inv_freq, int rotary_dim, const HeadNorms* head_norms,
-                                     Tensor& k_cache, Tensor& v_cache) {
-  check_rope_kv_write(contract(), q, k, v, layout, inv_freq, rotary_dim, head_norms, k_cache, v_cache);
+                                     const KvCacheView& cache) {
+  check_rope_kv_write(contract(), q, k, v, layout, inv_freq, rotary_dim, head_norms, cache);
 }
 
-void MeasuringBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                 const BatchLayout& layout, float, Tensor& out) {
-  const AttentionDims dims = check_attention(contract(), q, k_cache, v_cache, layout, out);
+void MeasuringBackend::attention(const Tensor& q, const KvCacheView& cache, const BatchLayout& layout, float,
+                                 Tensor& out) {
+  const AttentionDims dims = check_attention(contract(), q, cache, layout, out);
   // Captured work replays at later positions, so it is sized for the whole cache (GraphOps::capture).
   int64_t max_position = 0;
   if (capturing_) {

@@ -98,12 +98,11 @@ class MeasuringBackend final : public Backend, public HybridOps, public GraphOps
   void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override;
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
-  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                Tensor& v_cache) override;
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) override;
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                     int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) override;
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-                 float scale, Tensor& out) override;
+                     int rotary_dim, const HeadNorms* head_norms, const KvCacheView& cache) override;
+  void attention(const Tensor& q, const KvCacheView& cache, const BatchLayout& layout, float scale,
+                 Tensor& out) override;
 
   // Present exactly where the target's are.
   HybridOps* hybrid_ops() override;

@@ -1,5 +1,7 @@
 #include "backend/op_contract.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -252,14 +254,25 @@ RopeDims check_rope(const OpContext& context, std::string_view op, std::string_v
   return dims;
 }
 
-CacheDims check_caches(const OpContext& context, std::string_view op, const Tensor& k_cache, const Tensor& v_cache) {
-  require_activation(context, op, k_cache, "k_cache");
-  require_activation(context, op, v_cache, "v_cache");
-  if (k_cache.ndim() != 4)
-    fail("{} {}: k_cache has shape {}, expected [slots, capacity, kv_heads, head_dim]", context.backend, op,
-         shape_string(k_cache.shape()));
-  require_shape(context, op, v_cache, k_cache.shape(), "v_cache");
-  return {k_cache.dim(0), k_cache.dim(1), k_cache.dim(2), k_cache.dim(3)};
+CacheDims check_caches(const OpContext& context, std::string_view op, const KvCacheView& cache) {
+  require_activation(context, op, cache.keys, "k_cache");
+  require_activation(context, op, cache.values, "v_cache");
+  if (cache.keys.ndim() != 4 || cache.keys.dim(1) != kKvBlockTokens)
+    fail("{} {}: k_cache has shape {}, expected [blocks, {}, kv_heads, head_dim]", context.backend, op,
+         shape_string(cache.keys.shape()), kKvBlockTokens);
+  require_shape(context, op, cache.values, cache.keys.shape(), "v_cache");
+  require_dtype(context, op, cache.block_table, DType::I32, "block_table");
+  if (cache.block_table.ndim() != 2)
+    fail("{} {}: block_table has shape {}, expected [slots, table_width]", context.backend, op,
+         shape_string(cache.block_table.shape()));
+  CacheDims dims;
+  dims.blocks = cache.keys.dim(0);
+  dims.kv_heads = cache.keys.dim(2);
+  dims.head_dim = cache.keys.dim(3);
+  dims.slots = cache.block_table.dim(0);
+  dims.table_width = cache.block_table.dim(1);
+  dims.capacity = dims.table_width * kKvBlockTokens;
+  return dims;
 }
 
 void check_cache_layout(const OpContext& context, std::string_view op, const BatchLayout& layout, int64_t tokens,
@@ -270,21 +283,31 @@ void check_cache_layout(const OpContext& context, std::string_view op, const Bat
   for (size_t index = 0; index < layout.spans.size(); ++index) {
     const SequenceSpan& span = layout.spans[index];
     if (span.slot < 0 || span.slot >= cache.slots)
-      fail("{} {}: span {} is in slot {}, but the cache has {} slots", context.backend, op, index, span.slot,
+      fail("{} {}: span {} is in slot {}, but the block table has {} slots", context.backend, op, index, span.slot,
            cache.slots);
     if (span.first_position < 0)
       fail("{} {}: span {} starts at position {}", context.backend, op, index, span.first_position);
     const int64_t last_position = int64_t{span.first_position} + span.tokens - 1;
     if (last_position >= cache.capacity)
-      fail("{} {}: span {} reaches position {}, but the cache holds {} positions per slot", context.backend, op, index,
-           last_position, cache.capacity);
+      fail("{} {}: span {} reaches position {}, but the block table holds {} positions per slot ({} blocks of {})",
+           context.backend, op, index, last_position, cache.capacity, cache.table_width, kKvBlockTokens);
   }
 }
 
+void check_block_ids(const OpContext& context, std::string_view op, const Tensor& block_table, int64_t slot,
+                     int64_t first_position, int64_t last_position, const CacheDims& cache) {
+  const int32_t* entries = block_table.data<const int32_t>() + slot * cache.table_width;
+  for (int64_t entry = first_position / kKvBlockTokens; entry <= last_position / kKvBlockTokens; ++entry)
+    if (entries[entry] < 0 || entries[entry] >= cache.blocks)
+      fail("{} {}: slot {} position {} is in block {} (block_table entry {}), but the pool has {} blocks",
+           context.backend, op, slot, std::max(first_position, entry * kKvBlockTokens), entries[entry], entry,
+           cache.blocks);
+}
+
 CacheDims check_kv_write(const OpContext& context, const Tensor& k, const Tensor& v, const BatchLayout& layout,
-                         const Tensor& k_cache, const Tensor& v_cache) {
+                         const KvCacheView& cache_view) {
   constexpr std::string_view op = "kv_write";
-  const CacheDims cache = check_caches(context, op, k_cache, v_cache);
+  const CacheDims cache = check_caches(context, op, cache_view);
   require_activation(context, op, k, "k");
   require_activation(context, op, v, "v");
   const int64_t tokens = layout.total_tokens;
@@ -296,11 +319,11 @@ CacheDims check_kv_write(const OpContext& context, const Tensor& k, const Tensor
 
 RopeKvWriteDims check_rope_kv_write(const OpContext& context, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const BatchLayout& layout, const Tensor& inv_freq, int rotary_dim,
-                                    const HeadNorms* head_norms, const Tensor& k_cache, const Tensor& v_cache) {
+                                    const HeadNorms* head_norms, const KvCacheView& cache_view) {
   constexpr std::string_view op = "rope_kv_write";
   const RopeDims query = check_rope(context, op, "q", q, layout.positions, inv_freq, rotary_dim);
   check_rope(context, op, "k", k, layout.positions, inv_freq, rotary_dim);
-  const CacheDims cache = check_caches(context, op, k_cache, v_cache);
+  const CacheDims cache = check_caches(context, op, cache_view);
   require_activation(context, op, v, "v");
   require_shape(context, op, k, {layout.total_tokens, cache.kv_heads, cache.head_dim}, "k");
   require_shape(context, op, v, k.shape(), "v");
@@ -315,10 +338,10 @@ RopeKvWriteDims check_rope_kv_write(const OpContext& context, const Tensor& q, c
   return {layout.total_tokens, query.heads, cache};
 }
 
-AttentionDims check_attention(const OpContext& context, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+AttentionDims check_attention(const OpContext& context, const Tensor& q, const KvCacheView& cache_view,
                               const BatchLayout& layout, const Tensor& out) {
   constexpr std::string_view op = "attention";
-  const CacheDims cache = check_caches(context, op, k_cache, v_cache);
+  const CacheDims cache = check_caches(context, op, cache_view);
   require_activation(context, op, q, "q");
   if (q.ndim() != 3 || q.dim(2) != cache.head_dim)
     fail("{} {}: q has shape {}, expected [T, heads, head_dim = {}]", context.backend, op, shape_string(q.shape()),

@@ -91,36 +91,47 @@ RopeDims check_rope(const OpContext& context, std::string_view op, std::string_v
                     const Tensor& positions, const Tensor& inv_freq, int rotary_dim);
 
 struct CacheDims {
-  int64_t slots, capacity, kv_heads, head_dim;
+  int64_t blocks, kv_heads, head_dim;  // the pool of each of keys and values
+  int64_t slots, table_width;          // the block table
+  int64_t capacity;                    // the positions a slot's table addresses: table_width · kKvBlockTokens
 };
-// k_cache and v_cache: two [slots, capacity, kv_heads, head_dim] tensors in the activation dtype.
-CacheDims check_caches(const OpContext& context, std::string_view op, const Tensor& k_cache, const Tensor& v_cache);
+// cache.keys and cache.values: two [blocks, kKvBlockTokens, kv_heads, head_dim] tensors in the
+// activation dtype; cache.block_table I32 [slots, table_width].
+CacheDims check_caches(const OpContext& context, std::string_view op, const KvCacheView& cache);
 
-// The layout describes `tokens` tokens, and every span's slot and positions lie inside the cache.
+// The layout describes `tokens` tokens, and every span's slot and positions lie inside the block
+// table. (Which blocks the entries name is a host value only the CPU reads: check_block_ids.)
 void check_cache_layout(const OpContext& context, std::string_view op, const BatchLayout& layout, int64_t tokens,
                         const CacheDims& cache);
 
-// k and v [layout tokens, kv_heads, head_dim] activations; the caches and layout as above.
+// The entries of `slot`'s row of a host block table that hold positions [first_position,
+// last_position] (inside the table) each name a block of the pool (below cache.blocks); fails
+// naming the op, slot, position and block. For backends whose kernels read the table on the host
+// (the CPU); the others trust the cache that wrote it (ModelCache::assign_blocks checks every id).
+void check_block_ids(const OpContext& context, std::string_view op, const Tensor& block_table, int64_t slot,
+                     int64_t first_position, int64_t last_position, const CacheDims& cache);
+
+// k and v [layout tokens, kv_heads, head_dim] activations; the cache and layout as above.
 CacheDims check_kv_write(const OpContext& context, const Tensor& k, const Tensor& v, const BatchLayout& layout,
-                         const Tensor& k_cache, const Tensor& v_cache);
+                         const KvCacheView& cache);
 
 struct RopeKvWriteDims {
   int64_t tokens, q_heads;
   CacheDims cache;
 };
-// rope's rules on q and k, kv_write's on k, v and the caches, q's head_dim the cache's; with
+// rope's rules on q and k, kv_write's on k, v and the cache, q's head_dim the cache's; with
 // head_norms, each gain a weight [head_dim].
 RopeKvWriteDims check_rope_kv_write(const OpContext& context, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const BatchLayout& layout, const Tensor& inv_freq, int rotary_dim,
-                                    const HeadNorms* head_norms, const Tensor& k_cache, const Tensor& v_cache);
+                                    const HeadNorms* head_norms, const KvCacheView& cache);
 
 struct AttentionDims {
   int64_t tokens, heads;
   CacheDims cache;
 };
 // q [layout tokens, heads, head_dim] activations with heads a positive multiple of kv_heads; out
-// like q; the caches and layout as above.
-AttentionDims check_attention(const OpContext& context, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+// like q; the cache and layout as above.
+AttentionDims check_attention(const OpContext& context, const Tensor& q, const KvCacheView& cache,
                               const BatchLayout& layout, const Tensor& out);
 
 // --- HybridOps ---

@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "model/family.h"
 #include "model/moe.h"
+#include "model/paged_kv_cache.h"
 #include "model/rope_frequencies.h"
 
 namespace kiln {
@@ -43,29 +44,25 @@ struct LlamaLayer {
 
 class KVCache final : public ModelCache {
  public:
-  KVCache(Backend& backend, int64_t layers, int64_t slots, int64_t capacity, int64_t kv_heads, int64_t head_dim)
-      : slots_(slots), capacity_(capacity) {
-    for (int64_t layer = 0; layer < layers; ++layer) {
-      keys.push_back(backend.alloc({slots, capacity, kv_heads, head_dim}, backend.activation_dtype()));
-      values.push_back(backend.alloc({slots, capacity, kv_heads, head_dim}, backend.activation_dtype()));
-    }
-  }
+  KVCache(Backend& backend, int64_t layers, int64_t slots, int64_t capacity, int64_t blocks, int64_t kv_heads,
+          int64_t head_dim)
+      : kv(backend, layers, slots, capacity, blocks, kv_heads, head_dim), slots_(slots), capacity_(capacity) {}
   int64_t slots() const override { return slots_; }
   int64_t capacity() const override { return capacity_; }
+  int64_t blocks() const override { return kv.blocks(); }
+  int64_t table_width() const override { return kv.table_width(); }
+  void assign_blocks(int32_t slot, int64_t first_entry, std::span<const int32_t> blocks) override {
+    kv.assign_blocks(slot, first_entry, blocks);
+  }
   // Attention reads only rows 0..position of a slot, all written by the slot's own sequence
   // before they are read, so a slot needs no clearing to be reused.
   void reset_slot(int32_t slot) override {
     if (slot < 0 || slot >= slots_) fail("cache slot {} out of range (cache has {} slots)", slot, slots_);
   }
   bool resumes_at_any_position() const override { return true; }
-  size_t bytes() const override {
-    size_t total = 0;
-    for (const auto& tensor : keys) total += tensor.nbytes();
-    for (const auto& tensor : values) total += tensor.nbytes();
-    return total;
-  }
+  size_t bytes() const override { return kv.bytes(); }
 
-  std::vector<Tensor> keys, values;
+  PagedKvCache kv;
 
  private:
   int64_t slots_, capacity_;
@@ -167,8 +164,8 @@ class LlamaModel final : public Model {
     return std::none_of(layers_.begin(), layers_.end(), [](const LlamaLayer& layer) { return layer.moe.has_value(); });
   }
 
-  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
-    return std::make_unique<KVCache>(backend_, config_.num_hidden_layers, slots, capacity, kv_heads_,
+  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity, int64_t blocks) const override {
+    return std::make_unique<KVCache>(backend_, config_.num_hidden_layers, slots, capacity, blocks, kv_heads_,
                                      config_.head_dim);
   }
 
@@ -230,9 +227,9 @@ class LlamaModel final : public Model {
                                   {&layer.v_proj, optional(layer.v_bias), &v_flat}};
       ops.matmul_group(normed, qkv);
       const HeadNorms head_norms{layer.q_norm, layer.k_norm, eps, NormStyle::Plain};
-      ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, config_.qk_norm ? &head_norms : nullptr,
-                        cache.keys[index], cache.values[index]);
-      ops.attention(q, cache.keys[index], cache.values[index], layout, scale, attention);
+      const KvCacheView kv = cache.kv.layer(index);
+      ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, config_.qk_norm ? &head_norms : nullptr, kv);
+      ops.attention(q, kv, layout, scale, attention);
       ops.matmul(flat(attention), layer.o_proj, optional(layer.o_bias), projected);
       if (collective_) collective_->all_reduce_sum(projected);
       ops.add_rms_norm(residual, projected, layer.post_attention_norm, eps, NormStyle::Plain, normed);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -20,11 +21,27 @@ namespace kiln {
 
 // Per-sequence state that survives between forward calls (KV cache, recurrent state), for
 // `slots` sequences of up to `capacity` tokens each, owned by the engine.
+//
+// The attention layers' KV cache is paged (backend.h): every layer has a pool of blocks() blocks of
+// kKvBlockTokens positions, and one block table of table_width() entries per slot, shared by all
+// layers, says which block holds each run of 64 positions of the slot's sequence. What a slot's
+// other state holds (a hybrid model's recurrent and conv state) stays per slot.
 class ModelCache {
  public:
   virtual ~ModelCache() = default;
   virtual int64_t slots() const = 0;
   virtual int64_t capacity() const = 0;
+  // The blocks in each attention layer's pool.
+  virtual int64_t blocks() const = 0;
+  // The block-table entries of a slot: kv_table_width(capacity()).
+  virtual int64_t table_width() const = 0;
+  // Entries [first_entry, first_entry + blocks.size()) of `slot`'s block table ← blocks: positions
+  // [64·(first_entry + i), 64·(first_entry + i) + 64) of the slot's sequence are then in pool block
+  // blocks[i] of every layer. Fails naming the slot, entry or block that is out of range. On a
+  // device the table is written by a copy queued in stream order (no host synchronisation): steps
+  // queued before still read the old entries, steps queued after the new ones. The engine keeps
+  // which blocks each slot holds; the cache only writes them.
+  virtual void assign_blocks(int32_t slot, int64_t first_entry, std::span<const int32_t> blocks) = 0;
   // Forget a slot's contents (its next sequence starts at position 0).
   virtual void reset_slot(int32_t slot) = 0;
   // Whether a sequence may continue a slot at any position p below what the slot last held, the
@@ -61,7 +78,16 @@ class Model {
   // (model/moe.h) — so each of its steps runs directly.
   virtual bool capturable() const { return true; }
 
-  virtual std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const = 0;
+  // A cache of `slots` sequences of up to `capacity` tokens whose attention layers each hold a pool
+  // of `blocks` KV blocks (ModelCache). Slot s starts with blocks [s·W, s·W + W) (W =
+  // kv_table_width(capacity)) when the pool has slots · W blocks or more; a smaller pool starts with
+  // every entry at block 0, and the engine assigns a slot's blocks (ModelCache::assign_blocks)
+  // before any of its positions are written or read.
+  virtual std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity, int64_t blocks) const = 0;
+  // The cache with a block for every position of every slot, each slot holding its own blocks.
+  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const {
+    return make_cache(slots, capacity, slots * kv_table_width(capacity));
+  }
 
   // Runs one step over a flattened batch (any mix of prefill chunks and decode tokens) and writes
   // the f32 logits of the tokens listed in `logit_rows` (indices into the batch) into

@@ -35,6 +35,7 @@
 #include "core/error.h"
 #include "model/family.h"
 #include "model/moe.h"
+#include "model/paged_kv_cache.h"
 #include "model/qwen3_5_checkpoint.h"
 #include "model/rope_frequencies.h"
 
@@ -82,18 +83,18 @@ HybridHeads hybrid_heads(const ModelConfig& config, const TensorParallelRank& ra
   return heads;
 }
 
-// KV rows for the attention layers; the conv tail and the delta-rule state for the GDN layers.
+// The paged KV cache of the attention layers; the conv tail and the delta-rule state of the GDN
+// layers, per slot.
 class HybridCache final : public ModelCache {
  public:
   HybridCache(Backend& backend, const ModelConfig& config, const HybridHeads& heads, int64_t attention_layers,
-              int64_t delta_layers, int64_t slots, int64_t capacity)
-      : backend_(backend), slots_(slots), capacity_(capacity) {
+              int64_t delta_layers, int64_t slots, int64_t capacity, int64_t blocks)
+      : kv(backend, attention_layers, slots, capacity, blocks, heads.kv_heads, config.head_dim),
+        backend_(backend),
+        slots_(slots),
+        capacity_(capacity) {
     const int64_t conv_channels =
         2 * heads.key_heads * config.linear_key_head_dim + heads.value_heads * config.linear_value_head_dim;
-    for (int64_t i = 0; i < attention_layers; ++i) {
-      keys.push_back(backend.alloc({slots, capacity, heads.kv_heads, config.head_dim}, backend.activation_dtype()));
-      values.push_back(backend.alloc({slots, capacity, heads.kv_heads, config.head_dim}, backend.activation_dtype()));
-    }
     for (int64_t i = 0; i < delta_layers; ++i) {
       conv_states.push_back(backend.alloc({slots, config.linear_conv_kernel_dim - 1, conv_channels}, DType::F32));
       delta_states.push_back(backend.alloc(
@@ -102,13 +103,18 @@ class HybridCache final : public ModelCache {
   }
   int64_t slots() const override { return slots_; }
   int64_t capacity() const override { return capacity_; }
+  int64_t blocks() const override { return kv.blocks(); }
+  int64_t table_width() const override { return kv.table_width(); }
+  void assign_blocks(int32_t slot, int64_t first_entry, std::span<const int32_t> blocks) override {
+    kv.assign_blocks(slot, first_entry, blocks);
+  }
   // A span at position 0 starts from zero conv and delta states whatever the slot holds, and
   // attention reads only rows its own sequence wrote: a slot needs no clearing to be reused.
   void reset_slot(int32_t slot) override { check_slot(slot); }
   bool resumes_at_any_position() const override { return false; }
   size_t bytes() const override {
-    size_t total = 0;
-    for (const auto* group : {&keys, &values, &conv_states, &delta_states, &saved_conv_states, &saved_delta_states})
+    size_t total = kv.bytes();
+    for (const auto* group : {&conv_states, &delta_states, &saved_conv_states, &saved_delta_states})
       for (const Tensor& tensor : *group) total += tensor.nbytes();
     return total;
   }
@@ -131,7 +137,8 @@ class HybridCache final : public ModelCache {
     copy_slot(saved_delta_states, delta_states, slot);
   }
 
-  std::vector<Tensor> keys, values, conv_states, delta_states;
+  PagedKvCache kv;
+  std::vector<Tensor> conv_states, delta_states;
 
  private:
   void check_slot(int32_t slot) const {
@@ -252,8 +259,9 @@ class Qwen35Model final : public Model {
     return std::none_of(layers_.begin(), layers_.end(), [](const HybridLayer& layer) { return layer.moe.has_value(); });
   }
 
-  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
-    return std::make_unique<HybridCache>(backend_, config_, heads_, attention_layers_, delta_layers_, slots, capacity);
+  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity, int64_t blocks) const override {
+    return std::make_unique<HybridCache>(backend_, config_, heads_, attention_layers_, delta_layers_, slots, capacity,
+                                         blocks);
   }
 
   void forward(const BatchLayout& layout, const Tensor& logit_rows, ModelCache& model_cache, Tensor& logits) override {
@@ -356,11 +364,10 @@ class Qwen35Model final : public Model {
     Tensor gate = ops.alloc({tokens, heads, head_dim}, act);
     hybrid_->split_query_gate(query_and_gate, q, gate);
     const HeadNorms head_norms{w.q_norm, w.k_norm, eps, NormStyle::ZeroCentred};
-    ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, &head_norms, cache.keys[layer.state_index],
-                      cache.values[layer.state_index]);
+    const KvCacheView kv = cache.kv.layer(static_cast<size_t>(layer.state_index));
+    ops.rope_kv_write(q, k, v, layout, inv_freq_, rotary_dim_, &head_norms, kv);
     Tensor attended = ops.alloc({tokens, heads, head_dim}, act);
-    ops.attention(q, cache.keys[layer.state_index], cache.values[layer.state_index], layout,
-                  1.0f / std::sqrt(static_cast<float>(head_dim)), attended);
+    ops.attention(q, kv, layout, 1.0f / std::sqrt(static_cast<float>(head_dim)), attended);
     hybrid_->sigmoid_gate(attended, gate);
     ops.matmul(attended.reshape({tokens, heads * head_dim}), w.o_proj, nullptr, out);
     if (collective_) collective_->all_reduce_sum(out);

@@ -95,6 +95,12 @@ class TensorParallelCache final : public ModelCache {
   explicit TensorParallelCache(std::vector<std::unique_ptr<ModelCache>> ranks) : ranks_(std::move(ranks)) {}
   int64_t slots() const override { return ranks_.front()->slots(); }
   int64_t capacity() const override { return ranks_.front()->capacity(); }
+  // Every rank's pool holds its KV heads of the same blocks: one table, copied to each rank.
+  int64_t blocks() const override { return ranks_.front()->blocks(); }
+  int64_t table_width() const override { return ranks_.front()->table_width(); }
+  void assign_blocks(int32_t slot, int64_t first_entry, std::span<const int32_t> blocks) override {
+    for (auto& rank : ranks_) rank->assign_blocks(slot, first_entry, blocks);
+  }
   void reset_slot(int32_t slot) override {
     for (auto& rank : ranks_) rank->reset_slot(slot);
   }
@@ -154,9 +160,9 @@ class TensorParallelModel final : public Model {
     return bytes;
   }
 
-  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
+  std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity, int64_t blocks) const override {
     std::vector<std::unique_ptr<ModelCache>> caches;
-    for (const auto& model : models_) caches.push_back(model->make_cache(slots, capacity));
+    for (const auto& model : models_) caches.push_back(model->make_cache(slots, capacity, blocks));
     return std::make_unique<TensorParallelCache>(std::move(caches));
   }
 

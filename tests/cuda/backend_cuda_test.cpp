@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "cuda_test_support.h"
+#include "kv_cache_support.h"
 #include "op_table/op_table.h"
 #include "test_support.h"
 
@@ -55,10 +56,9 @@ TEST(CudaBackendOps, Bf16PathRejectsWhatItCannotComputeExactly) {
   // Head dims the bf16 attention is not built for: not a multiple of 8, or over 256.
   for (int64_t head_dim : {12, 264}) {
     Tensor q = cuda->alloc({1, 2, head_dim}, DType::BF16), attended = cuda->alloc({1, 2, head_dim}, DType::BF16);
-    Tensor k_cache = cuda->alloc({1, 4, 1, head_dim}, DType::BF16);
-    Tensor v_cache = cuda->alloc({1, 4, 1, head_dim}, DType::BF16);
+    TestKvCache cache(*cuda, 1, 4, 1, head_dim, false);
     const BatchLayout layout = cuda->make_layout({{0, 0, 1, 0}}, {0});
-    expect_error_mentions([&] { cuda->attention(q, k_cache, v_cache, layout, 1.0f, attended); },
+    expect_error_mentions([&] { cuda->attention(q, cache.view(), layout, 1.0f, attended); },
                           {fmt::format("the BF16 path supports head_dim a multiple of 8 up to 256, got {}", head_dim)});
   }
 }
@@ -76,17 +76,17 @@ TEST(CudaBackendOps, FusedOpsRejectWhatTheyCannotCompute) {
   const BatchLayout one = cuda->make_layout({{0, 0, 1, 0}}, {0});
   Tensor q = cuda->alloc({1, 4, 16}, DType::BF16), k = cuda->alloc({1, 3, 16}, DType::BF16);
   Tensor v = cuda->alloc({1, 3, 16}, DType::BF16);
-  Tensor k_cache = cuda->alloc({1, 8, 2, 16}, DType::BF16), v_cache = cuda->alloc({1, 8, 2, 16}, DType::BF16);
+  TestKvCache cache(*cuda, 1, 8, 2, 16, false);
   Tensor inv_freq = cuda->alloc({8}, DType::F32);
-  expect_error_mentions([&] { cuda->rope_kv_write(q, k, v, one, inv_freq, 16, nullptr, k_cache, v_cache); },
+  expect_error_mentions([&] { cuda->rope_kv_write(q, k, v, one, inv_freq, 16, nullptr, cache.view()); },
                         {"CUDA rope_kv_write: k has shape [1, 3, 16], expected [1, 2, 16]"});
   Tensor k2 = cuda->alloc({1, 2, 16}, DType::BF16), v2 = cuda->alloc({1, 2, 16}, DType::BF16);
-  expect_error_mentions([&] { cuda->rope_kv_write(q, k2, v2, one, inv_freq, 12, nullptr, k_cache, v_cache); },
+  expect_error_mentions([&] { cuda->rope_kv_write(q, k2, v2, one, inv_freq, 12, nullptr, cache.view()); },
                         {"CUDA rope_kv_write: inv_freq has 8 entries, rotary_dim 12 needs 6"});
   Tensor gain = cuda->alloc({16}, DType::BF16), short_gain = cuda->alloc({12}, DType::BF16);
   const HeadNorms mismatched{gain, short_gain, 1e-6f, NormStyle::Plain};
   expect_error_mentions(
-      [&] { cuda->rope_kv_write(q, k2, v2, one, inv_freq, 16, &mismatched, k_cache, v_cache); },
+      [&] { cuda->rope_kv_write(q, k2, v2, one, inv_freq, 16, &mismatched, cache.view()); },
       {"CUDA rope_kv_write: k norm weight has shape [12], expected [16]"});
 }
 
@@ -295,7 +295,8 @@ TEST(CudaPrefillGemm, RowsAreTheDecodeKernelsBits) {
 
 // rope_kv_write gives the bits of rope(q), rope(k), kv_write(k, v) — and, with per-head norms, of
 // rms_norm(q), rms_norm(k) before them — for decode steps (a head per block) and prefills (eight),
-// full and partial rotary dims, head dims under and over the block's 64 threads per head.
+// full and partial rotary dims, head dims under and over the block's 64 threads per head, into a
+// cache whose slots' blocks are scattered over the pool.
 TEST_P(CudaInvariance, RopeKvWriteEqualsItsOpsBitForBit) {
   std::mt19937 random(14);
   struct Case {
@@ -327,13 +328,10 @@ TEST_P(CudaInvariance, RopeKvWriteEqualsItsOpsBitForBit) {
             norms ? std::optional<HeadNorms>(HeadNorms{q_gain, k_gain, 1e-6f, *norms}) : std::nullopt;
         auto run = [&](bool fused) {
           Tensor q = cuda->upload(q_host), k = cuda->upload(k_host);
-          Tensor k_cache = cuda->alloc({3, 260, kv_heads, head_dim}, act);
-          Tensor v_cache = cuda->alloc({3, 260, kv_heads, head_dim}, act);
-          cuda->zero(k_cache);
-          cuda->zero(v_cache);
+          TestKvCache cache(*cuda, 3, 260, kv_heads, head_dim, true);
           if (fused) {
             cuda->rope_kv_write(q, k, v, layout, inv_freq, static_cast<int>(rotary_dim),
-                                head_norms ? &*head_norms : nullptr, k_cache, v_cache);
+                                head_norms ? &*head_norms : nullptr, cache.view());
           } else {
             if (head_norms) {
               cuda->rms_norm(q, q_gain, head_norms->eps, head_norms->style, q);
@@ -341,10 +339,10 @@ TEST_P(CudaInvariance, RopeKvWriteEqualsItsOpsBitForBit) {
             }
             cuda->rope(q, layout.positions, inv_freq, static_cast<int>(rotary_dim));
             cuda->rope(k, layout.positions, inv_freq, static_cast<int>(rotary_dim));
-            cuda->kv_write(k, v, layout, k_cache, v_cache);
+            cuda->kv_write(k, v, layout, cache.view());
           }
-          return std::vector<Tensor>{cuda->download(q), cuda->download(k), cuda->download(k_cache),
-                                     cuda->download(v_cache)};
+          return std::vector<Tensor>{cuda->download(q), cuda->download(k), cuda->download(cache.keys),
+                                     cuda->download(cache.values)};
         };
         const std::vector<Tensor> fused = run(true), separate = run(false);
         for (size_t i = 0; i < fused.size(); ++i)
@@ -374,9 +372,10 @@ TEST_P(CudaInvariance, NormRowIsBitIdenticalAloneAndInAnyBatch) {
   }
 }
 
-// Three sequences cached once; the reference attends every query of all three in one call. Each
-// other call (alone, reordered batch, prefill chunks, single-token decode, multi-token append,
-// decode batch) must reproduce the reference rows bit for bit.
+// Three sequences cached once, their blocks scattered over the pool; the reference attends every
+// query of all three in one call. Each other call (alone, reordered batch, prefill chunks,
+// single-token decode, multi-token append, decode batch) must reproduce the reference rows bit for
+// bit.
 TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) {
   std::mt19937 random(13);
   struct HeadShape {
@@ -388,15 +387,14 @@ TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) 
     const std::vector<int32_t> lengths = {300, 70, 1030};
     const int64_t capacity = 1100;
     std::vector<Tensor> queries;  // per slot [length, heads, head_dim], host, activation dtype
-    Tensor k_cache = cuda->alloc({3, capacity, shape.kv_heads, shape.head_dim}, act);
-    Tensor v_cache = cuda->alloc({3, capacity, shape.kv_heads, shape.head_dim}, act);
+    TestKvCache cache(*cuda, 3, capacity, shape.kv_heads, shape.head_dim, true);
     const int32_t total = std::accumulate(lengths.begin(), lengths.end(), 0);
     {
       const BatchLayout fill = cuda->make_layout(spans_of({{0, 0, 300}, {1, 0, 70}, {2, 0, 1030}}),
                                                  std::vector<int32_t>(total, 0));
       const Tensor k = cuda->upload(f32_as(random_f32({total, shape.kv_heads, shape.head_dim}, random), act));
       const Tensor v = cuda->upload(f32_as(random_f32({total, shape.kv_heads, shape.head_dim}, random), act));
-      cuda->kv_write(k, v, fill, k_cache, v_cache);
+      cuda->kv_write(k, v, fill, cache.view());
       for (int32_t length : lengths)
         queries.push_back(f32_as(random_f32({length, shape.heads, shape.head_dim}, random), act));
     }
@@ -414,7 +412,7 @@ TEST_P(CudaInvariance, AttentionRowIsBitIdenticalAloneBatchedChunkedAndDecoded) 
       }
       const BatchLayout layout = cuda->make_layout(spans, std::vector<int32_t>(tokens, 0));
       Tensor out = cuda->alloc({tokens, shape.heads, shape.head_dim}, act);
-      cuda->attention(cuda->upload(q), k_cache, v_cache, layout, scale, out);
+      cuda->attention(cuda->upload(q), cache.view(), layout, scale, out);
       return std::make_pair(spans, cuda->download(out));
     };
     const auto [reference_spans, reference] = attend({{0, 0, 300}, {1, 0, 70}, {2, 0, 1030}});

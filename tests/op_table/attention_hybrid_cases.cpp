@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kv_cache_support.h"
 #include "op_table/op_table.h"
 #include "tensor_test_support.h"
 
@@ -17,7 +18,7 @@ namespace kiln::testing {
 namespace {
 
 // Fills each span's slot with K/V for positions [0, first_position + tokens) (one kv_write), then
-// attends the spans' queries.
+// attends the spans' queries. The slots' blocks are scattered over the pool (kv_cache_support.h).
 // `keys` and `values` hold the K/V rows of every filled position (span by span), `queries` the
 // spans' queries.
 OpCase attention_case(int64_t heads, int64_t kv_heads, int64_t head_dim, const std::vector<SequenceSpan>& spans,
@@ -38,18 +39,23 @@ OpCase attention_case(int64_t heads, int64_t kv_heads, int64_t head_dim, const s
   for (const SequenceSpan& span : spans)
     op.name += "[slot " + std::to_string(span.slot) + " @" + std::to_string(span.first_position) + " ×" +
                std::to_string(span.tokens) + "]";
-  op.inputs = {{keys, Role::Activation}, {values, Role::Activation}, {queries, Role::Activation}};
+  const int64_t width = kv_table_width(capacity), blocks = slots * width + kSpareKvBlocks;
+  op.inputs = {{keys, Role::Activation},
+               {values, Role::Activation},
+               {queries, Role::Activation},
+               {kv_block_table(slots, width, blocks, true), Role::Index}};
   op.run = [=](Backend& backend, std::vector<Tensor>& in) {
     const DType act = backend.activation_dtype();
-    Tensor k_cache = backend.alloc({slots, capacity, kv_heads, head_dim}, act);
-    Tensor v_cache = backend.alloc({slots, capacity, kv_heads, head_dim}, act);
+    Tensor k_cache = backend.alloc({blocks, kKvBlockTokens, kv_heads, head_dim}, act);
+    Tensor v_cache = backend.alloc({blocks, kKvBlockTokens, kv_heads, head_dim}, act);
     backend.zero(k_cache);
     backend.zero(v_cache);
+    const KvCacheView cache{k_cache, v_cache, in[3]};
     const BatchLayout fill_layout = backend.make_layout(fill, std::vector<int32_t>(filled, 0));
-    backend.kv_write(in[0], in[1], fill_layout, k_cache, v_cache);
+    backend.kv_write(in[0], in[1], fill_layout, cache);
     const BatchLayout layout = backend.make_layout(spans, std::vector<int32_t>(tokens, 0));
     Tensor out = backend.alloc({tokens, heads, head_dim}, act);
-    backend.attention(in[2], k_cache, v_cache, layout, 1.0f / std::sqrt(static_cast<float>(head_dim)), out);
+    backend.attention(in[2], cache, layout, 1.0f / std::sqrt(static_cast<float>(head_dim)), out);
     return std::vector<Tensor>{out};
   };
   // The BF16 tensor-core attention takes head dims that are multiples of 8 up to 256 (cuda/kernels.h).

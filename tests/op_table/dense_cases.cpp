@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kv_cache_support.h"
 #include "op_table/op_table.h"
 #include "tensor_test_support.h"
 
@@ -256,11 +257,12 @@ std::vector<OpCase> elementwise_cases(std::mt19937& random) {
 
   // The fused attention inputs: two sequences (one prefill chunk, one decode token), GQA 2, full
   // and partial rotary dims, without and with per-head norms (Qwen3's plain ones, Qwen3.5's
-  // zero-centred ones).
+  // zero-centred ones), into a cache whose slots' blocks are scattered over the pool.
   for (int64_t rotary_dim : {64, 32}) {
     for (std::optional<NormStyle> norms : {std::optional<NormStyle>{}, std::optional{NormStyle::Plain},
                                            std::optional{NormStyle::ZeroCentred}}) {
       constexpr int64_t kHeads = 4, kKvHeads = 2, kHeadDim = 64;
+      constexpr int64_t kBlocks = 2 * kv_table_width(400) + kSpareKvBlocks;
       const std::vector<SequenceSpan> spans = spans_of({{1, 64, 70}, {0, 300, 1}});
       const int64_t tokens = span_tokens(spans);
       OpCase fused;
@@ -275,18 +277,19 @@ std::vector<OpCase> elementwise_cases(std::mt19937& random) {
                       {random_f32({tokens, kKvHeads, kHeadDim}, random), Role::Activation},
                       {inv_freq, Role::Float32},
                       {random_f32({kHeadDim}, random), Role::Weight},
-                      {random_f32({kHeadDim}, random), Role::Weight}};
+                      {random_f32({kHeadDim}, random), Role::Weight},
+                      {kv_block_table(2, kv_table_width(400), kBlocks, true), Role::Index}};
       fused.f32_weight_dtypes = {DType::F32, DType::BF16};
       fused.run = [spans, tokens, rotary_dim, norms](Backend& backend, std::vector<Tensor>& in) {
-        Tensor k_cache = backend.alloc({2, 400, kKvHeads, kHeadDim}, backend.activation_dtype());
-        Tensor v_cache = backend.alloc({2, 400, kKvHeads, kHeadDim}, backend.activation_dtype());
+        Tensor k_cache = backend.alloc({kBlocks, kKvBlockTokens, kKvHeads, kHeadDim}, backend.activation_dtype());
+        Tensor v_cache = backend.alloc({kBlocks, kKvBlockTokens, kKvHeads, kHeadDim}, backend.activation_dtype());
         backend.zero(k_cache);
         backend.zero(v_cache);
         const BatchLayout layout = backend.make_layout(spans, std::vector<int32_t>(tokens, 0));
         const std::optional<HeadNorms> head_norms =
             norms ? std::optional<HeadNorms>(HeadNorms{in[4], in[5], 1e-6f, *norms}) : std::nullopt;
         backend.rope_kv_write(in[0], in[1], in[2], layout, in[3], static_cast<int>(rotary_dim),
-                              head_norms ? &*head_norms : nullptr, k_cache, v_cache);
+                              head_norms ? &*head_norms : nullptr, KvCacheView{k_cache, v_cache, in[6]});
         return std::vector<Tensor>{in[0], in[1], k_cache, v_cache};
       };
       cases.push_back(std::move(fused));

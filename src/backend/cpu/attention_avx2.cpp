@@ -7,7 +7,7 @@ namespace kiln::cpu {
 namespace {
 
 void group_scores(const float* q, int64_t heads, const float* keys, int64_t key_stride, int64_t count,
-                  int64_t head_dim, float scale, float* scores) {
+                  int64_t head_dim, float scale, float* scores, int64_t score_stride) {
   const int64_t full_end = head_dim / 16 * 16;
   const int64_t tail = head_dim - full_end;
   const __m256i low_mask = lane_mask(tail), high_mask = lane_mask(tail - 8);
@@ -29,7 +29,7 @@ void group_scores(const float* q, int64_t heads, const float* keys, int64_t key_
         high = _mm256_add_ps(high, _mm256_mul_ps(_mm256_maskload_ps(query + full_end + 8, high_mask),
                                                  _mm256_maskload_ps(key + full_end + 8, high_mask)));
       }
-      scores[g * count + j] = scale * sum_lanes(_mm256_add_ps(low, high));
+      scores[g * score_stride + j] = scale * sum_lanes(_mm256_add_ps(low, high));
     }
   }
 }

@@ -40,7 +40,7 @@ __m512 sum_lanes_of_16(const __m512 (&lanes)[16]) {
 }
 
 void group_scores(const float* q, int64_t heads, const float* keys, int64_t key_stride, int64_t count,
-                  int64_t head_dim, float scale, float* scores) {
+                  int64_t head_dim, float scale, float* scores, int64_t score_stride) {
   const int64_t full_end = head_dim / 16 * 16;
   const __mmask16 tail = lane_mask(head_dim - full_end);
   // Masked-off lanes add +0 · +0 = +0, which leaves any lane unchanged (a lane that starts at +0
@@ -57,7 +57,7 @@ void group_scores(const float* q, int64_t heads, const float* keys, int64_t key_
   const __m512 scales = _mm512_set1_ps(scale);
   for (int64_t g = 0; g < heads; ++g) {
     const float* query = q + g * head_dim;
-    float* head_scores = scores + g * count;
+    float* head_scores = scores + g * score_stride;
     int64_t j = 0;
     // 16 keys at a time, so one transposing tree sums all their lanes.
     for (; j + 16 <= count; j += 16) {

@@ -11,15 +11,18 @@
 
 namespace kiln::cpu {
 
+// A call covers the keys of one cache block (attention.cpp walks a sequence's blocks in order): the
+// scores and weights of a head are rows of `stride` floats, of which the call reads or writes the
+// `count` from where the pointer starts.
 struct AttentionKernels {
-  // scores[g · count + j] = scale · (q_g · k_j) for g < heads, j < count, where
+  // scores[g · score_stride + j] = scale · (q_g · k_j) for g < heads, j < count, where
   // q_g = q + g · head_dim and k_j = keys + j · key_stride.
   void (*group_scores)(const float* q, int64_t heads, const float* keys, int64_t key_stride, int64_t count,
-                       int64_t head_dim, float scale, float* scores) = nullptr;
-  // sums[g · head_dim + d] += weights[g · count + j] · values[j · value_stride + d], for j = 0, 1, ...,
-  // count - 1 in that order, every g < heads and d < head_dim.
-  void (*group_weighted_sums)(const float* weights, int64_t heads, const float* values, int64_t value_stride,
-                              int64_t count, int64_t head_dim, float* sums) = nullptr;
+                       int64_t head_dim, float scale, float* scores, int64_t score_stride) = nullptr;
+  // sums[g · head_dim + d] += weights[g · weight_stride + j] · values[j · value_stride + d], for
+  // j = 0, 1, ..., count - 1 in that order, every g < heads and d < head_dim.
+  void (*group_weighted_sums)(const float* weights, int64_t weight_stride, int64_t heads, const float* values,
+                              int64_t value_stride, int64_t count, int64_t head_dim, float* sums) = nullptr;
 };
 
 const AttentionKernels& attention_kernels_scalar();

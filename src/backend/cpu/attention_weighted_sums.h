@@ -15,8 +15,8 @@ namespace {
 constexpr int kVectorsPerPass = 4;
 
 template <class Lanes, int Heads>
-void weighted_sums_pass(const float* weights, int64_t count, const float* values, int64_t value_stride,
-                        int64_t head_dim, int64_t d0, float* sums) {
+void weighted_sums_pass(const float* weights, int64_t weight_stride, int64_t count, const float* values,
+                        int64_t value_stride, int64_t head_dim, int64_t d0, float* sums) {
   using Floats = typename Lanes::Floats;
   constexpr int kLanes = Lanes::kLanes;
   typename Lanes::Mask masks[kVectorsPerPass];
@@ -30,7 +30,7 @@ void weighted_sums_pass(const float* weights, int64_t count, const float* values
     Floats value[kVectorsPerPass];
     for (int i = 0; i < kVectorsPerPass; ++i) value[i] = Lanes::masked_load(masks[i], row + kLanes * i);
     for (int g = 0; g < Heads; ++g) {
-      const Floats weight = Lanes::broadcast(weights[g * count + j]);
+      const Floats weight = Lanes::broadcast(weights[g * weight_stride + j]);
       for (int i = 0; i < kVectorsPerPass; ++i) acc[g][i] = Lanes::add(acc[g][i], Lanes::mul(weight, value[i]));
     }
   }
@@ -39,8 +39,8 @@ void weighted_sums_pass(const float* weights, int64_t count, const float* values
       Lanes::masked_store(sums + g * head_dim + d0 + kLanes * i, masks[i], acc[g][i]);
 }
 
-using WeightedSumsPass = void (*)(const float* weights, int64_t count, const float* values, int64_t value_stride,
-                                  int64_t head_dim, int64_t d0, float* sums);
+using WeightedSumsPass = void (*)(const float* weights, int64_t weight_stride, int64_t count, const float* values,
+                                  int64_t value_stride, int64_t head_dim, int64_t d0, float* sums);
 
 // weighted_sums_pass<Lanes, h> at index h - 1, for h = 1 .. sizeof...(Index).
 template <class Lanes, int... Index>
@@ -50,16 +50,16 @@ constexpr std::array<WeightedSumsPass, sizeof...(Index)> weighted_sums_passes(st
 
 // Up to MaxHeadsPerPass heads per pass, as many as the registers hold.
 template <class Lanes, int MaxHeadsPerPass>
-void simd_group_weighted_sums(const float* weights, int64_t heads, const float* values, int64_t value_stride,
-                              int64_t count, int64_t head_dim, float* sums) {
+void simd_group_weighted_sums(const float* weights, int64_t weight_stride, int64_t heads, const float* values,
+                              int64_t value_stride, int64_t count, int64_t head_dim, float* sums) {
   static constexpr auto passes = weighted_sums_passes<Lanes>(std::make_integer_sequence<int, MaxHeadsPerPass>{});
   constexpr int64_t kDimsPerPass = int64_t{kVectorsPerPass} * Lanes::kLanes;
   for (int64_t g = 0; g < heads; g += MaxHeadsPerPass) {
     const int64_t pass_heads = heads - g < MaxHeadsPerPass ? heads - g : MaxHeadsPerPass;
-    const float* pass_weights = weights + g * count;
+    const float* pass_weights = weights + g * weight_stride;
     float* pass_sums = sums + g * head_dim;
     for (int64_t d0 = 0; d0 < head_dim; d0 += kDimsPerPass)
-      passes[pass_heads - 1](pass_weights, count, values, value_stride, head_dim, d0, pass_sums);
+      passes[pass_heads - 1](pass_weights, weight_stride, count, values, value_stride, head_dim, d0, pass_sums);
   }
 }
 

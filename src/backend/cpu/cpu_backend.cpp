@@ -123,14 +123,13 @@ void CpuBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq
 
 void CpuBackend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) { cpu::swiglu(gate, up, out); }
 
-void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                          Tensor& v_cache) {
-  cpu::kv_write(k, v, layout, k_cache, v_cache);
+void CpuBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) {
+  cpu::kv_write(k, v, layout, cache);
 }
 
-void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-                           float scale, Tensor& out) {
-  cpu::attention(attention_kernels_, q, k_cache, v_cache, layout, scale, out);
+void CpuBackend::attention(const Tensor& q, const KvCacheView& cache, const BatchLayout& layout, float scale,
+                           Tensor& out) {
+  cpu::attention(attention_kernels_, q, cache, layout, scale, out);
 }
 
 void CpuBackend::split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) {

@@ -51,10 +51,9 @@ class CpuBackend final : public Backend, public HybridOps {
   void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override;
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
-  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                Tensor& v_cache) override;
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-                 float scale, Tensor& out) override;
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) override;
+  void attention(const Tensor& q, const KvCacheView& cache, const BatchLayout& layout, float scale,
+                 Tensor& out) override;
 
   HybridOps* hybrid_ops() override { return this; }
   void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) override;

@@ -36,8 +36,8 @@ void embedding(const Weight& table, const Tensor& ids, Tensor& out);
 void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out);
 
 BatchLayout make_layout(const std::vector<SequenceSpan>& spans, const std::vector<int32_t>& token_ids);
-void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache, Tensor& v_cache);
-void attention(const AttentionKernels& kernels, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
+void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache);
+void attention(const AttentionKernels& kernels, const Tensor& q, const KvCacheView& cache, const BatchLayout& layout,
                float scale, Tensor& out);
 
 // Gated attention (spec A.5): split per-head [query | gate], and x ← x · sigmoid(gate).

@@ -4,6 +4,11 @@
 // 0..p of its slot — never on the other tokens of the call, so one token decoded alone, the same
 // token inside a batch, and the same token inside any chunking of a prefill give the same bits.
 //
+// The cache is paged (backend.h): a slot's positions [64·i, 64·i + 64) are one pool block, named by
+// entry i of the slot's block table. Every key tile below (32 keys in f32, 64 in bf16) starts at a
+// multiple of its size, so it lies inside one block: a tile reads one table entry, and which block
+// holds its rows changes no arithmetic.
+//
 // F32 activations (CUDA cores): one warp per (token, head) walks the keys 0..p in 32-key tiles in
 // order (lane j scores key j of the tile with an f32 FMA chain over head_dim), with an online
 // softmax; the same kernel serves every call.
@@ -36,12 +41,14 @@ constexpr float kLog2E = 1.4426950408889634f;
 // F32 activations
 // ------------------------------------------------------------------------------------------
 constexpr int kF32WarpsPerBlock = 4;
+constexpr int64_t kF32KeyTile = 32;  // a lane per key
+static_assert(kKvBlockRows % kF32KeyTile == 0, "a 32-key tile must lie inside one cache block");
 
 template <int kDimsPerLane>
 __global__ void __launch_bounds__(kF32WarpsPerBlock * 32)
-    attention_f32_kernel(const float* q, const float* k_cache, const float* v_cache, const int32_t* slots,
-                         const int32_t* positions, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                         int64_t capacity, float scale, float* out) {
+    attention_f32_kernel(const float* q, const float* k_cache, const float* v_cache, KvBlockTable table,
+                         const int32_t* slots, const int32_t* positions, int64_t heads, int64_t kv_heads,
+                         int64_t head_dim, float scale, float* out) {
   follow_previous_grid();
   extern __shared__ float query_rows[];  // [warps][head_dim]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -55,16 +62,17 @@ __global__ void __launch_bounds__(kF32WarpsPerBlock * 32)
   for (int64_t d = lane; d < head_dim; d += 32) query[d] = q[(token * heads + head) * head_dim + d];
   __syncwarp();
   const int64_t key_stride = kv_heads * head_dim;
-  const float* keys = k_cache + (slot * capacity * kv_heads + kv_head) * head_dim;
-  const float* values = v_cache + (slot * capacity * kv_heads + kv_head) * head_dim;
+  const float* keys = k_cache + kv_head * head_dim;
+  const float* values = v_cache + kv_head * head_dim;
 
   float running_max = -INFINITY, running_sum = 0.0f;
   float acc[kDimsPerLane] = {};
-  for (int64_t tile = 0; tile <= position; tile += 32) {
+  for (int64_t tile = 0; tile <= position; tile += kF32KeyTile) {
+    const int64_t tile_row = kv_pool_row(table, slot, tile);
     const int64_t key = tile + lane;
     float score = -INFINITY;
     if (key <= position) {
-      const float* row = keys + key * key_stride;
+      const float* row = keys + (tile_row + lane) * key_stride;
       float dot = 0.0f;
       for (int64_t d = 0; d < head_dim; ++d) dot = fmaf(query[d], row[d], dot);
       score = dot * scale;
@@ -80,7 +88,7 @@ __global__ void __launch_bounds__(kF32WarpsPerBlock * 32)
     const int64_t tile_keys = position - tile + 1 < 32 ? position - tile + 1 : 32;
     for (int j = 0; j < tile_keys; ++j) {
       const float weight = __shfl_sync(0xffffffffu, p, j);
-      const float* row = values + (tile + j) * key_stride;
+      const float* row = values + (tile_row + j) * key_stride;
 #pragma unroll
       for (int i = 0; i < kDimsPerLane; ++i) {
         const int64_t d = lane + 32 * i;
@@ -101,8 +109,8 @@ cudaError_t launch_f32(const AttentionArgs& args, cudaStream_t stream) {
   const size_t shared = kF32WarpsPerBlock * args.head_dim * sizeof(float);
   launch_after_previous(&attention_f32_kernel<kDimsPerLane>, grid, kF32WarpsPerBlock * 32, shared, stream,
                         static_cast<const float*>(args.q), static_cast<const float*>(args.k_cache),
-                        static_cast<const float*>(args.v_cache), args.slots, args.positions, args.heads, args.kv_heads,
-                        args.head_dim, args.capacity, args.scale, static_cast<float*>(args.out));
+                        static_cast<const float*>(args.v_cache), args.table, args.slots, args.positions, args.heads,
+                        args.kv_heads, args.head_dim, args.scale, static_cast<float*>(args.out));
   return cudaGetLastError();
 }
 
@@ -111,6 +119,8 @@ cudaError_t launch_f32(const AttentionArgs& args, cudaStream_t stream) {
 // ------------------------------------------------------------------------------------------
 constexpr int kKeyTile = 64;
 constexpr int kTilesPerSplit = static_cast<int>(kAttentionSplitKeys) / kKeyTile;
+static_assert(kKeyTile == kKvBlockRows && kAttentionSplitKeys % kKvBlockRows == 0,
+              "a key tile must be one cache block, and a split whole blocks");
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockRows = kWarps * 16;  // (token, head) rows per block
@@ -260,9 +270,10 @@ struct RowTile {
 };
 
 // Copies keys [key_base + first_row, key_base + end_row) of (slot, kv_head) into shared rows
-// first_row..end_row − 1, zeros past kv_length and past the model's head_dim (≤ kHeadDim).
+// first_row..end_row − 1, zeros past kv_length and past the model's head_dim (≤ kHeadDim). The
+// tile's keys are the block whose first pool row is tile_row (key_base is a multiple of kKeyTile).
 template <int kHeadDim>
-__device__ __forceinline__ void load_key_tile(bf16* destination, const bf16* cache, int64_t slot_base,
+__device__ __forceinline__ void load_key_tile(bf16* destination, const bf16* cache, int64_t tile_row,
                                               int64_t kv_heads, int64_t kv_head, int64_t head_dim, int64_t key_base,
                                               int64_t kv_length, int first_row = 0, int end_row = kKeyTile) {
   constexpr int kStride = Bf16Config<kHeadDim>::kStride;
@@ -270,7 +281,7 @@ __device__ __forceinline__ void load_key_tile(bf16* destination, const bf16* cac
   for (int piece = first_row * kPieces + threadIdx.x; piece < end_row * kPieces; piece += kThreads) {
     const int key = piece / kPieces, part = piece % kPieces;
     const bool valid = key_base + key < kv_length && part * 8 < head_dim;
-    const bf16* source = valid ? cache + ((slot_base + key_base + key) * kv_heads + kv_head) * head_dim + part * 8 : cache;
+    const bf16* source = valid ? cache + ((tile_row + key) * kv_heads + kv_head) * head_dim + part * 8 : cache;
     cp_async_16(destination + key * kStride + part * 8, source, valid);
   }
 }
@@ -281,8 +292,8 @@ __device__ __forceinline__ void load_key_tile(bf16* destination, const bf16* cac
 // smaller one is zero-padded to kHeadDim in shared memory, and zeros add nothing to q·k or P·V.
 template <int kHeadDim, bool kSplitKV>
 __global__ void __launch_bounds__(kThreads)
-    attention_bf16_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, const int32_t* spans,
-                          int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t capacity, int64_t max_splits,
+    attention_bf16_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, KvBlockTable table,
+                          const int32_t* spans, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_splits,
                           float scale_log2, bf16* out, float* partials) {
   using Config = Bf16Config<kHeadDim>;
   constexpr int kStride = Config::kStride;
@@ -307,7 +318,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t key_end = kSplitKV && key_begin + kAttentionSplitKeys < kv_length ? key_begin + kAttentionSplitKeys
                                                                                  : kv_length;
   const int64_t tiles = (key_end - key_begin + kKeyTile - 1) / kKeyTile;
-  const int64_t slot_base = slot * capacity;
+  // The first tile's pool rows (its block from the table), read once for its prefetch and its load.
+  const int64_t first_tile_row = has_work ? kv_pool_row(table, slot, key_begin) : 0;
   // Decode: cache rows before the span's first position were written by earlier steps, so a split
   // requests them before waiting for the kernel before it (which writes this step's rows); their
   // latency then overlaps that kernel's end. Every block still waits before it exits.
@@ -315,9 +327,9 @@ __global__ void __launch_bounds__(kThreads)
   if (kSplitKV && has_work) {
     const int64_t earlier_rows = tile.first_position - key_begin;
     prefetched_rows = static_cast<int>(earlier_rows < 0 ? 0 : (earlier_rows < kKeyTile ? earlier_rows : kKeyTile));
-    load_key_tile<kHeadDim>(key_tiles, k_cache, slot_base, kv_heads, kv_head, head_dim, key_begin, kv_length, 0,
+    load_key_tile<kHeadDim>(key_tiles, k_cache, first_tile_row, kv_heads, kv_head, head_dim, key_begin, kv_length, 0,
                             prefetched_rows);
-    load_key_tile<kHeadDim>(key_tiles + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, head_dim,
+    load_key_tile<kHeadDim>(key_tiles + kKeyTile * kStride, v_cache, first_tile_row, kv_heads, kv_head, head_dim,
                             key_begin, kv_length, 0, prefetched_rows);
   }
   follow_previous_grid();
@@ -335,8 +347,9 @@ __global__ void __launch_bounds__(kThreads)
     bf16* buffer = key_tiles + (index % Config::kKeyBuffers) * 2 * kKeyTile * kStride;
     const int64_t key_base = key_begin + index * kKeyTile;
     const int first_row = index == 0 ? prefetched_rows : 0;
-    load_key_tile<kHeadDim>(buffer, k_cache, slot_base, kv_heads, kv_head, head_dim, key_base, kv_length, first_row);
-    load_key_tile<kHeadDim>(buffer + kKeyTile * kStride, v_cache, slot_base, kv_heads, kv_head, head_dim, key_base,
+    const int64_t tile_row = index == 0 ? first_tile_row : kv_pool_row(table, slot, key_base);
+    load_key_tile<kHeadDim>(buffer, k_cache, tile_row, kv_heads, kv_head, head_dim, key_base, kv_length, first_row);
+    load_key_tile<kHeadDim>(buffer + kKeyTile * kStride, v_cache, tile_row, kv_heads, kv_head, head_dim, key_base,
                             kv_length, first_row);
     cp_async_commit();
   };
@@ -503,8 +516,8 @@ cudaError_t launch_bf16(const AttentionArgs& args, cudaStream_t stream) {
     if (cudaError_t status = allow_dynamic_shared(kernel, kShared, opted_in); status != cudaSuccess) return status;
     const dim3 grid(static_cast<unsigned>(row_tiles * splits), static_cast<unsigned>(args.span_count),
                     static_cast<unsigned>(args.kv_heads));
-    launch_after_previous(kernel, grid, block, kShared, stream, q, k_cache, v_cache, args.spans, args.heads,
-                          args.kv_heads, args.head_dim, args.capacity, splits, scale_log2, out, args.partials);
+    launch_after_previous(kernel, grid, block, kShared, stream, q, k_cache, v_cache, args.table, args.spans,
+                          args.heads, args.kv_heads, args.head_dim, splits, scale_log2, out, args.partials);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
     launch_after_previous(&attention_combine_kernel<kHeadDim>,
                           dim3(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads)), kHeadDim, 0,
@@ -517,8 +530,8 @@ cudaError_t launch_bf16(const AttentionArgs& args, cudaStream_t stream) {
   if (cudaError_t status = allow_dynamic_shared(kernel, kShared, opted_in); status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(args.span_count),
                   static_cast<unsigned>(args.kv_heads));
-  launch_after_previous(kernel, grid, block, kShared, stream, q, k_cache, v_cache, args.spans, args.heads,
-                        args.kv_heads, args.head_dim, args.capacity, 1, scale_log2, out, nullptr);
+  launch_after_previous(kernel, grid, block, kShared, stream, q, k_cache, v_cache, args.table, args.spans,
+                        args.heads, args.kv_heads, args.head_dim, 1, scale_log2, out, nullptr);
   return cudaGetLastError();
 }
 

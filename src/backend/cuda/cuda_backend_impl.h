@@ -137,15 +137,14 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
 
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
-                     int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache, Tensor& v_cache) override;
+                     int rotary_dim, const HeadNorms* head_norms, const KvCacheView& cache) override;
 
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
 
-  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                Tensor& v_cache) override;
+  void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) override;
 
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-                 float scale, Tensor& out) override;
+  void attention(const Tensor& q, const KvCacheView& cache, const BatchLayout& layout, float scale,
+                 Tensor& out) override;
 
   // --- HybridOps: Gated DeltaNet and gated attention (cuda_hybrid_ops.cpp) ---
   void split_query_gate(const Tensor& query_and_gate, Tensor& query, Tensor& gate) override;

@@ -32,6 +32,13 @@ namespace {
 // The scratch's parts start on 256-byte boundaries (the allocator's own alignment).
 constexpr uint64_t kScratchAlignment = 256;
 
+static_assert(cuda::kKvBlockRows == kKvBlockTokens, "the kernels' cache block is backend.h's");
+
+// The block table as the kernels read it (its dtype and shape checked by the op contract).
+cuda::KvBlockTable block_table(const KvCacheView& kv, const CacheDims& cache) {
+  return {kv.block_table.data<int32_t>(), cache.table_width};
+}
+
 }  // namespace
 
 void CudaBackend::embedding(const Weight& table, const Tensor& ids, Tensor& out) {
@@ -181,19 +188,20 @@ void CudaBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_fre
 }
 
 void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout,
-                                const Tensor& inv_freq, int rotary_dim, const HeadNorms* head_norms, Tensor& k_cache,
-                                Tensor& v_cache) {
+                                const Tensor& inv_freq, int rotary_dim, const HeadNorms* head_norms,
+                                const KvCacheView& kv) {
   constexpr const char* op = "rope_kv_write";
   const RopeKvWriteDims dims =
-      check_rope_kv_write(contract(), q, k, v, layout, inv_freq, rotary_dim, head_norms, k_cache, v_cache);
+      check_rope_kv_write(contract(), q, k, v, layout, inv_freq, rotary_dim, head_norms, kv);
   const CacheDims& cache = dims.cache;
   require_device_layout(layout, op);
   cuda::RopeKvWriteArgs args;
   args.q = q.raw();
   args.k = k.raw();
   args.v = v.raw();
-  args.k_cache = k_cache.raw();
-  args.v_cache = v_cache.raw();
+  args.k_cache = kv.keys.raw();
+  args.v_cache = kv.values.raw();
+  args.table = block_table(kv, cache);
   args.positions = layout.positions.data<int32_t>();
   args.slots = layout.slots.data<int32_t>();
   args.inv_freq = inv_freq.data<float>();
@@ -202,7 +210,6 @@ void CudaBackend::rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Bat
   args.kv_heads = cache.kv_heads;
   args.head_dim = cache.head_dim;
   args.rotary_dim = rotary_dim;
-  args.capacity = cache.capacity;
   args.dtype = activations_;
   if (head_norms) {
     const Tensor& q_weight = head_norms->q_weight;
@@ -230,21 +237,20 @@ void CudaBackend::swiglu(const Tensor& gate, const Tensor& up, Tensor& out) {
   launched(cuda::launch_swiglu(gate.raw(), up.raw(), out.raw(), count, gate.dtype(), stream_), "swiglu");
 }
 
-void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, Tensor& k_cache,
-                           Tensor& v_cache) {
-  const CacheDims cache = check_kv_write(contract(), k, v, layout, k_cache, v_cache);
+void CudaBackend::kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& kv) {
+  const CacheDims cache = check_kv_write(contract(), k, v, layout, kv);
   require_device_layout(layout, "kv_write");
   activate();
   launched(cuda::launch_kv_write(k.raw(), v.raw(), layout.total_tokens,
                                  cache.kv_heads * cache.head_dim * static_cast<int64_t>(dtype_size(activations_)),
-                                 layout.slots.data<int32_t>(), layout.positions.data<int32_t>(), cache.capacity,
-                                 k_cache.raw(), v_cache.raw(), stream_),
+                                 layout.slots.data<int32_t>(), layout.positions.data<int32_t>(), block_table(kv, cache),
+                                 kv.keys.raw(), kv.values.raw(), stream_),
            "kv_write");
 }
 
-void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const BatchLayout& layout,
-                            float scale, Tensor& out) {
-  const AttentionDims dims = check_attention(contract(), q, k_cache, v_cache, layout, out);
+void CudaBackend::attention(const Tensor& q, const KvCacheView& kv, const BatchLayout& layout, float scale,
+                            Tensor& out) {
+  const AttentionDims dims = check_attention(contract(), q, kv, layout, out);
   const CacheDims& cache = dims.cache;
   const int64_t heads = dims.heads;
   require_device_layout(layout, "attention");
@@ -253,8 +259,9 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
 
   cuda::AttentionArgs args;
   args.q = q.raw();
-  args.k_cache = k_cache.raw();
-  args.v_cache = v_cache.raw();
+  args.k_cache = kv.keys.raw();
+  args.v_cache = kv.values.raw();
+  args.table = block_table(kv, cache);
   args.out = out.raw();
   args.spans = layout.spans_device.data<int32_t>();
   args.slots = layout.slots.data<int32_t>();
@@ -263,14 +270,14 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor
   args.heads = heads;
   args.kv_heads = cache.kv_heads;
   args.head_dim = cache.head_dim;
-  args.capacity = cache.capacity;
   args.span_count = static_cast<int64_t>(layout.spans.size());
   for (const SequenceSpan& span : layout.spans) {
     args.max_span_tokens = std::max<int64_t>(args.max_span_tokens, span.tokens);
     args.max_position = std::max<int64_t>(args.max_position, span.first_position + span.tokens - 1);
   }
-  // Captured work replays at later positions: size the key splits for the whole cache (the
-  // kernels skip splits past each row's own position, read from the layout's device tensors).
+  // Captured work replays at later positions: size the key splits for every position the block
+  // table holds (the kernels skip splits past each row's own position, read from the layout's
+  // device tensors).
   if (graph_mode_) args.max_position = cache.capacity - 1;
   args.scale = scale;
   args.dtype = q.dtype();

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 
 namespace kiln::cuda {
@@ -150,6 +151,15 @@ cudaError_t launch_after_previous(void (*kernel)(Parameters...), dim3 grid, dim3
   config.attrs = after_previous;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...);
+}
+
+// The pool row of a position of a slot in the paged KV cache (kernels.h's KvBlockTable): one table
+// load. Rows that share a block (a key tile) take it from one call. The table is a step input that
+// no kernel writes (ModelCache::assign_blocks copies it in stream order between steps), so a kernel
+// may read it before waiting for the previous grid.
+__device__ __forceinline__ int64_t kv_pool_row(const KvBlockTable& table, int64_t slot, int64_t position) {
+  return static_cast<int64_t>(table.entries[slot * table.width + position / kKvBlockRows]) * kKvBlockRows +
+         position % kKvBlockRows;
 }
 
 // ldmatrix .x4: four 8×8 b16 matrices from row-major shared memory; lanes 8j..8j+7 give the

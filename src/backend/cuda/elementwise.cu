@@ -125,10 +125,10 @@ __global__ void swiglu_kernel(const T* gate, const T* up, T* out, int64_t count)
 
 template <typename Word>
 __global__ void kv_write_kernel(const Word* k, const Word* v, int64_t row_words, const int32_t* slots,
-                                const int32_t* positions, int64_t capacity, Word* k_cache, Word* v_cache) {
+                                const int32_t* positions, KvBlockTable table, Word* k_cache, Word* v_cache) {
   follow_previous_grid();
   const int64_t token = blockIdx.x;
-  const int64_t row = static_cast<int64_t>(slots[token]) * capacity + positions[token];
+  const int64_t row = kv_pool_row(table, slots[token], positions[token]);
   for (int64_t word = blockIdx.y * blockDim.x + threadIdx.x; word < row_words; word += gridDim.y * blockDim.x) {
     k_cache[row * row_words + word] = k[token * row_words + word];
     v_cache[row * row_words + word] = v[token * row_words + word];
@@ -221,17 +221,17 @@ cudaError_t launch_swiglu(const void* gate, const void* up, void* out, int64_t c
 }
 
 cudaError_t launch_kv_write(const void* k, const void* v, int64_t tokens, int64_t row_bytes,
-                            const int32_t* slots, const int32_t* positions, int64_t capacity, void* k_cache,
+                            const int32_t* slots, const int32_t* positions, KvBlockTable table, void* k_cache,
                             void* v_cache, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(tokens), row_blocks(row_bytes / 4 + 1));
   if (row_bytes % 4 == 0)
     launch_after_previous(&kv_write_kernel<uint32_t>, grid, kThreads, 0, stream, static_cast<const uint32_t*>(k),
-                          static_cast<const uint32_t*>(v), row_bytes / 4, slots, positions, capacity,
+                          static_cast<const uint32_t*>(v), row_bytes / 4, slots, positions, table,
                           static_cast<uint32_t*>(k_cache), static_cast<uint32_t*>(v_cache));
   else
     launch_after_previous(&kv_write_kernel<uint8_t>, grid, kThreads, 0, stream, static_cast<const uint8_t*>(k),
-                          static_cast<const uint8_t*>(v), row_bytes, slots, positions, capacity,
+                          static_cast<const uint8_t*>(v), row_bytes, slots, positions, table,
                           static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache));
   return cudaGetLastError();
 }

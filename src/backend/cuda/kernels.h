@@ -53,10 +53,17 @@ cudaError_t launch_moe_combine(const float* expert_rows, int64_t available, int6
 cudaError_t launch_swiglu(const void* gate, const void* up, void* out, int64_t count, DType dtype,
                           cudaStream_t stream);
 
-// cache[slot[t], position[t], :] = src[t, :] for k and v (row_bytes each), caches of `capacity` rows
-// per slot.
+// The paged KV cache (backend.h): pools of blocks of kKvBlockRows rows, position p of slot s at pool
+// row block_table[s · table_width + p / kKvBlockRows] · kKvBlockRows + p % kKvBlockRows.
+constexpr int64_t kKvBlockRows = 64;  // = kiln::kKvBlockTokens (backend.h, which this layer does not include)
+struct KvBlockTable {
+  const int32_t* entries = nullptr;  // [slots, table_width] on the device
+  int64_t width = 0;
+};
+
+// The pool rows of slot[t], position[t] of k and v ← src[t, :] (row_bytes each).
 cudaError_t launch_kv_write(const void* k, const void* v, int64_t tokens, int64_t row_bytes,
-                            const int32_t* slots, const int32_t* positions, int64_t capacity, void* k_cache,
+                            const int32_t* slots, const int32_t* positions, KvBlockTable table, void* k_cache,
                             void* v_cache, cudaStream_t stream);
 
 // Norm rows up to this wide are reduced by one warp (norm.cu's file comment says in what order);
@@ -90,12 +97,13 @@ struct RopeKvWriteArgs {
   void* q = nullptr;        // [tokens, q_heads, head_dim]
   void* k = nullptr;        // [tokens, kv_heads, head_dim]
   const void* v = nullptr;  // [tokens, kv_heads, head_dim]
-  void* k_cache = nullptr;  // [slots, capacity, kv_heads, head_dim]
+  void* k_cache = nullptr;  // [blocks, kKvBlockRows, kv_heads, head_dim]
   void* v_cache = nullptr;
+  KvBlockTable table;
   const int32_t* positions = nullptr;  // [tokens]
   const int32_t* slots = nullptr;      // [tokens]
   const float* inv_freq = nullptr;     // [rotary_dim / 2]
-  int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0, capacity = 0;
+  int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
   DType dtype = DType::F32;
   // The per-head RMSNorms applied to q and k before the rotation, as rms_norm(q, q_norm) and
   // rms_norm(k, k_norm) would (Qwen3's q_norm / k_norm): [head_dim] gains in norm_dtype, or null.
@@ -193,13 +201,14 @@ constexpr int64_t kMatmulMaxSegments = 64;
 
 struct AttentionArgs {
   const void* q = nullptr;        // [tokens, heads, head_dim]
-  const void* k_cache = nullptr;  // [slots, capacity, kv_heads, head_dim]
+  const void* k_cache = nullptr;  // [blocks, kKvBlockRows, kv_heads, head_dim]
   const void* v_cache = nullptr;
+  KvBlockTable table;
   void* out = nullptr;            // [tokens, heads, head_dim]
   const int32_t* spans = nullptr; // [span_count, 4] = {slot, first_token, tokens, first_position}
   const int32_t* slots = nullptr;      // [tokens]
   const int32_t* positions = nullptr;  // [tokens]
-  int64_t tokens = 0, heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
+  int64_t tokens = 0, heads = 0, kv_heads = 0, head_dim = 0;
   int64_t span_count = 0;
   int64_t max_span_tokens = 0;    // over the spans
   int64_t max_position = 0;       // over all tokens

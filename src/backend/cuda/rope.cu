@@ -71,18 +71,19 @@ __global__ void rope_kernel(T* x, int64_t tokens, int64_t heads, int64_t head_di
 
 // A block per token and blockDim.y heads (thread row y takes head blockIdx.y · blockDim.y + y),
 // query heads first: a query head is rotated in place; a key head is rotated in place and into the
-// cache row (slot, position), whose other dims and the head's value row are copied.
+// cache's pool row of (slot, position), whose other dims and the head's value row are copied.
 // With kHeadNorms, each head is first normalised in place as rms_norm(q, q_norm) and
 // rms_norm(k, k_norm) do (norm.cu's warp rows, head_dim ≤ kNormWarpRowMaxWidth): the row's first
 // warp reduces the sum of squares in that order, and every element is rounded to T after the norm,
 // as the separate op stores it, before it is rotated.
 // Positions, slots and inverse frequencies are step inputs that no kernel writes (uploaded before
 // the step), so each thread reads them and computes its first pair's factors before waiting for
-// the previous kernel (device_math.cuh): that latency overlaps the kernel before it.
+// the previous kernel (device_math.cuh): that latency overlaps the kernel before it. The block
+// table, read once per key head, is such an input too (kv_pool_row).
 template <typename T, typename W, bool kHeadNorms>
 __global__ void rope_kv_write_kernel(T* q, T* k, const T* v, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                      int64_t half_rotary, const int32_t* positions, const int32_t* slots,
-                                     const float* inv_freq, int64_t capacity, T* k_cache, T* v_cache,
+                                     const float* inv_freq, KvBlockTable table, T* k_cache, T* v_cache,
                                      const W* q_norm, const W* k_norm, float norm_eps, bool norm_zero_centred) {
   const int64_t token = blockIdx.x;
   const int64_t head = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
@@ -130,8 +131,7 @@ __global__ void rope_kv_write_kernel(T* q, T* k, const T* v, int64_t q_heads, in
         row[dim] = from_float<T>(input(dim));
     return;
   }
-  const int64_t cache_offset =
-      (static_cast<int64_t>(slots[token]) * capacity + position) * row_elements + kv_head * head_dim;
+  const int64_t cache_offset = kv_pool_row(table, slots[token], position) * row_elements + kv_head * head_dim;
   const T* v_head = v + token * row_elements + kv_head * head_dim;
   for (int64_t dim = threadIdx.x; dim < head_dim; dim += blockDim.x) {
     if (dim < half_rotary) {
@@ -182,7 +182,7 @@ cudaError_t launch_rope_kv_write(const RopeKvWriteArgs& args, cudaStream_t strea
     auto launch = [&](auto* kernel, const auto* q_norm, const auto* k_norm) {
       launch_after_previous(kernel, grid, block, 0, stream, static_cast<T*>(args.q), static_cast<T*>(args.k),
                             static_cast<const T*>(args.v), args.q_heads, args.kv_heads, args.head_dim,
-                            args.rotary_dim / 2, args.positions, args.slots, args.inv_freq, args.capacity,
+                            args.rotary_dim / 2, args.positions, args.slots, args.inv_freq, args.table,
                             static_cast<T*>(args.k_cache), static_cast<T*>(args.v_cache), q_norm, k_norm,
                             args.norm_eps, args.norm_zero_centred);
     };
