@@ -198,4 +198,25 @@ TEST(QuantizedWeight, DecodesCodesScalesAndBiasesExactly) {
   for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(decoded[i], 0.5f * static_cast<float>(i % 8) - 1.25f) << "code " << i;
 }
 
+// A weight whose codes a backend rearranged (CodeOrder::Fragment, the CUDA backend's) keeps that
+// order through row views and new parts, and nothing on the host reads it as if it were stored.
+TEST(QuantizedWeight, CodesInTheFragmentOrderAreReadByTheCudaKernelsOnly) {
+  const Tensor codes = Tensor::zeros({4, 8}, DType::U32);  // 64 4-bit codes per row
+  const Tensor groups = Tensor::zeros({4, 1}, DType::BF16);
+  const Weight stored = Weight::affine(codes, groups, groups, 4, 64);
+  EXPECT_EQ(stored.code_order(), CodeOrder::Stored);
+  const Weight arranged = stored.in_code_order(CodeOrder::Fragment);
+  EXPECT_EQ(arranged.code_order(), CodeOrder::Fragment);
+  EXPECT_EQ(arranged.rows(1, 2).code_order(), CodeOrder::Fragment);
+  EXPECT_EQ(arranged.with_parts(Tensor::zeros({4, 8}, DType::U32), groups, groups).code_order(), CodeOrder::Fragment);
+  expect_error_mentions([&] { Weight(Tensor::zeros({2, 2}, DType::F32)).in_code_order(CodeOrder::Fragment); },
+                        {"dense weight has no codes"});
+  std::vector<float> decoded(4 * 64);
+  expect_error_mentions([&] { decode_rows(arranged, 0, 4, decoded.data()); }, {"stored order"});
+  auto cpu = make_cpu_backend();
+  const Tensor x = Tensor::zeros({1, 64}, DType::F32);
+  Tensor out = Tensor::empty({1, 4}, DType::F32);
+  expect_error_mentions([&] { cpu->matmul(x, arranged, nullptr, out); }, {"fragment order", "only the CUDA kernels"});
+}
+
 }  // namespace

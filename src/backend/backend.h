@@ -135,8 +135,9 @@ class Backend {
   virtual uint64_t reserved_bytes() const { return 0; }
   // A copy (or, on the CPU, the same tensor) of a host tensor on this device.
   virtual Tensor upload(const Tensor& host) = 0;
-  // Every part of a host weight uploaded (upload's rules for each).
-  Weight upload_weight(const Weight& host);
+  // Every part of a host weight uploaded (upload's rules for each); a backend may rearrange a
+  // quantized weight's codes on the way (core/weight.h's CodeOrder).
+  virtual Weight upload_weight(const Weight& host);
   virtual Tensor download(const Tensor& tensor) = 0;  // a host copy
   // False for a backend that only measures what work allocates (backend/measuring_backend.h, the
   // dry run of `kiln fit`): it computes no values, and what it downloads must not be read.

@@ -37,6 +37,9 @@ void require_weight(const OpContext& context, std::string_view op, const Tensor&
 void require_matrix(const OpContext& context, std::string_view op, const Weight& weight, std::string_view name) {
   if (!weight.quantized()) return require_weight(context, op, weight.values(), name);
   require_defined(context, op, weight.values(), name);
+  if (weight.code_order() == CodeOrder::Fragment && context.device != Device::CUDA)
+    fail("{} {}: {} holds its codes in the CUDA backend's fragment order, which only the CUDA kernels read",
+         context.backend, op, name);
   require_defined(context, op, weight.scales(), fmt::format("{} scales", name));
   if (weight.format() == WeightFormat::Affine) require_defined(context, op, weight.biases(), fmt::format("{} biases", name));
 }

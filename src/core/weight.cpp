@@ -152,8 +152,16 @@ Weight Weight::with_parts(Tensor values, Tensor scales, Tensor biases) const {
   return weight;
 }
 
+Weight Weight::in_code_order(CodeOrder order) const {
+  if (!quantized()) fail("a dense weight has no codes to order");
+  Weight weight = *this;
+  weight.code_order_ = order;
+  return weight;
+}
+
 void decode_rows(const Weight& weight, int64_t row_begin, int64_t row_end, float* out) {
   if (weight.device() != Device::CPU) fail("decode_rows reads host weights only");
+  if (weight.code_order() != CodeOrder::Stored) fail("decode_rows reads codes in the stored order only");
   const int64_t columns = weight.dim(1);
   switch (weight.format()) {
     case WeightFormat::Dense:

@@ -15,6 +15,10 @@
 // Every backend decodes an element to exactly that f32 value, then rounds it to its activation
 // dtype where its dense path would read a weight of that dtype; the quantized matmul is thus
 // bit-identical to the dense matmul of the decoded weights (backend parity, invariance).
+//
+// The codes of a row are stored in the order above unless the weight's CodeOrder says otherwise:
+// a backend may rearrange them within each row when it uploads a weight (CodeOrder::Fragment, the
+// CUDA backend's), keeping every part's bytes and shape.
 #pragma once
 
 #include <cmath>
@@ -26,6 +30,13 @@
 namespace kiln {
 
 enum class WeightFormat : uint8_t { Dense, Affine, Fp8Block };
+
+// The order of a quantized weight's codes within each of its rows.
+enum class CodeOrder : uint8_t {
+  Stored,    // the layouts above: checkpoints, host weights, the CPU backend
+  Fragment,  // the CUDA backend's tensor-core fragment order, which only its kernels read
+             // (backend/cuda/quantized.cu); given to 4- and 8-bit affine and FP8 weights at upload
+};
 
 // The bits and group sizes of MLX affine quantization kiln runs (mlx.core.quantize's own set).
 constexpr bool is_affine_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8; }
@@ -56,6 +67,7 @@ class Weight {
   int group_size() const { return group_size_; }     // Affine only
   int block_rows() const { return block_rows_; }     // Fp8Block only
   int block_columns() const { return block_columns_; }
+  CodeOrder code_order() const { return code_order_; }
 
   // The floating-point dtype the matrix is kept in: a dense one's own; a quantized one's scales'
   // (MLX keeps them in the model's dtype).
@@ -73,6 +85,8 @@ class Weight {
   Weight rows(int64_t first, int64_t count) const;
   // The same layout over other tensors of the parts' shapes and dtypes (an upload's copies).
   Weight with_parts(Tensor values, Tensor scales, Tensor biases) const;
+  // The same parts, whose codes the caller has rearranged into `order` (a quantized weight only).
+  Weight in_code_order(CodeOrder order) const;
 
  private:
   WeightFormat format_ = WeightFormat::Dense;
@@ -80,6 +94,7 @@ class Weight {
   Tensor values_, scales_, biases_;
   int bits_ = 0, group_size_ = 0;
   int block_rows_ = 0, block_columns_ = 0;
+  CodeOrder code_order_ = CodeOrder::Stored;
 };
 
 // The code at index `index` of a row's packed bit stream (Affine).
@@ -97,7 +112,8 @@ inline float affine_value(float scale, uint32_t code, float bias) {
   return std::fma(scale, static_cast<float>(code), bias);
 }
 
-// Decodes rows [row_begin, row_end) of a host weight (any format) into f32, row-major [rows, K].
+// Decodes rows [row_begin, row_end) of a host weight (any format, codes in the stored order) into
+// f32, row-major [rows, K].
 void decode_rows(const Weight& weight, int64_t row_begin, int64_t row_end, float* out);
 
 }  // namespace kiln

@@ -60,6 +60,28 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+// A weight's codes [n, k] of `bits` bits (4 or 8) rearranged as the fragment order says
+// (backend/cuda/quantized.cu): each row in blocks of 64 bytes (the last block the rest of the row),
+// and in a block of E codes the four codes from element 32c + 16h + 4q moved to quad position
+// q·E/16 + 2c + h.
+Tensor fragment_ordered(const Tensor& stored, int bits, int64_t k) {
+  Tensor arranged = Tensor::empty(stored.shape(), stored.dtype());
+  const int64_t n = stored.dim(0), row_bytes = k * bits / 8, block = 64 * 8 / bits, quad_bytes = bits / 2;
+  const auto* from = static_cast<const uint8_t*>(stored.raw());
+  auto* to = static_cast<uint8_t*>(arranged.raw());
+  for (int64_t row = 0; row < n; ++row)
+    for (int64_t start = 0; start < k; start += block) {
+      const int64_t codes = std::min(block, k - start);
+      for (int64_t quad = 0; quad < codes / 4; ++quad) {
+        const int64_t c = quad / 8, h = quad / 4 % 2, q = quad % 4;
+        const int64_t target = q * codes / 16 + 2 * c + h;
+        std::memcpy(to + row * row_bytes + (start / 4 + target) * quad_bytes,
+                    from + row * row_bytes + (start / 4 + quad) * quad_bytes, static_cast<size_t>(quad_bytes));
+      }
+    }
+  return arranged;
+}
+
 // The quantized product and the dense product of the decoded weight (with a bias), for every row
 // count, give the same bytes.
 void expect_decoded_bits(Backend& backend, const Weight& host, std::mt19937& random) {
@@ -74,6 +96,38 @@ void expect_decoded_bits(Backend& backend, const Weight& host, std::mt19937& ran
     backend.matmul(x, quantized, &bias, ours);
     backend.matmul(x, dense, &bias, reference);
     EXPECT_TRUE(same_bytes(backend.download(ours), backend.download(reference)));
+  }
+}
+
+// The upload gives the weights the fused decode kernel takes (4- and 8-bit affine, FP8 in
+// 128-column blocks with K a multiple of 16) the fragment order, its bytes exactly as the order
+// says (every K here ends in a short last block), and leaves the others stored. A weight already
+// on the device is arranged in a copy: its own codes stay as they were.
+TEST(CudaQuantizedUpload, TheFusedKernelsWeightsTakeTheFragmentOrder) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::BF16);
+  std::mt19937 random(26);
+  struct Case {
+    Weight host;
+    int bits;  // 0: stays in the stored order
+  };
+  const std::vector<Case> cases = {{random_affine(40, 1216, 4, 64, DType::BF16, random), 4},
+                                   {random_affine(40, 1184, 8, 32, DType::F16, random), 8},
+                                   {random_fp8(40, 1200, DType::F32, random), 8},
+                                   {random_affine(40, 1216, 3, 64, DType::BF16, random), 0},
+                                   {random_fp8(40, 328, DType::BF16, random), 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.host.describe());
+    const Weight uploaded = backend->upload_weight(c.host);
+    EXPECT_EQ(uploaded.code_order(), c.bits ? CodeOrder::Fragment : CodeOrder::Stored);
+    EXPECT_TRUE(same_bytes(backend->download(uploaded.values()),
+                           c.bits ? fragment_ordered(c.host.values(), c.bits, c.host.dim(1)) : c.host.values()));
+    const Weight on_device = c.host.with_parts(backend->upload(c.host.values()), backend->upload(c.host.scales()),
+                                               c.host.biases().defined() ? backend->upload(c.host.biases()) : Tensor());
+    const Weight arranged = backend->upload_weight(on_device);
+    EXPECT_EQ(arranged.code_order(), uploaded.code_order());
+    EXPECT_TRUE(same_bytes(backend->download(arranged.values()), backend->download(uploaded.values())));
+    EXPECT_TRUE(same_bytes(backend->download(on_device.values()), c.host.values()));
   }
 }
 
@@ -139,7 +193,9 @@ TEST(CudaQuantizedMatmul, F32ActivationsAreBitIdenticalToTheDecodedF32Matmul) {
   auto backend = make_cuda_backend(0, DType::F32);
   std::mt19937 random(29);
   for (int bits : {3, 4, 8}) expect_decoded_bits(*backend, random_affine(200, 512, bits, 64, DType::BF16, random), random);
+  // K = 328 stays in the stored order; K = 336 takes the fragment order, decoded into scratch.
   expect_decoded_bits(*backend, random_fp8(200, 328, DType::F32, random), random);
+  expect_decoded_bits(*backend, random_fp8(200, 336, DType::F32, random), random);
 }
 
 TEST(CudaQuantizedMatmul, MixedGroupsGiveEachProductsOwnBits) {
@@ -178,8 +234,12 @@ TEST(CudaQuantizedMatmul, MixedGroupsGiveEachProductsOwnBits) {
 TEST(CudaQuantizedEmbedding, RowsAreTheDecodedRowsRoundedToTheOutput) {
   KILN_REQUIRE_CUDA();
   std::mt19937 random(31);
+  // 4- and 8-bit and FP8 with K = 208 in the fragment order (the last 64-byte blocks of the 8-bit
+  // and FP8 rows short); 6-bit and FP8 with K = 200 stored.
   const std::vector<Weight> tables = {random_affine(50, 256, 4, 64, DType::BF16, random),
+                                      random_affine(50, 224, 8, 32, DType::BF16, random),
                                       random_affine(50, 192, 6, 32, DType::F32, random),
+                                      random_fp8(50, 208, DType::F32, random),
                                       random_fp8(50, 200, DType::F32, random)};
   std::vector<int32_t> ids(40);
   for (auto& id : ids) id = static_cast<int32_t>(random() % 50);

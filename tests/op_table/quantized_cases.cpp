@@ -1,6 +1,7 @@
 // The op table's quantized-weight cases: matmul, matmul_group and embedding with MLX affine and
-// FP8 block weights (core/weight.h), built inside each run from their stored parts (Role::Stored),
-// at decode and prefill row counts.
+// FP8 block weights (core/weight.h), built inside each run from their stored parts (Role::Stored)
+// and handed to the backend's upload_weight as a model's weights are (which may rearrange their
+// codes: CodeOrder), at decode and prefill row counts.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,9 +42,10 @@ struct QuantizedLayout {
     return format == WeightFormat::Affine ? "affine " + std::to_string(bits) + "-bit g" + std::to_string(group)
                                           : std::string("fp8 128x128");
   }
-  Weight build(const std::vector<Tensor>& in, size_t first) const {
-    if (format == WeightFormat::Affine) return Weight::affine(in[first], in[first + 1], in[first + 2], bits, group);
-    return Weight::fp8_block(in[first], in[first + 1], 128, 128);
+  Weight build(Backend& backend, const std::vector<Tensor>& in, size_t first) const {
+    if (format == WeightFormat::Affine)
+      return backend.upload_weight(Weight::affine(in[first], in[first + 1], in[first + 2], bits, group));
+    return backend.upload_weight(Weight::fp8_block(in[first], in[first + 1], 128, 128));
   }
 };
 
@@ -61,8 +63,9 @@ std::vector<OpCase> quantized_op_cases(std::mt19937& random) {
     QuantizedLayout layout;
     DType scale_dtype;
   };
-  // 4- and 8-bit and FP8 with K a multiple of 16 take the fused decode kernel at m ≤ 4; 3- and
-  // 6-bit, FP8 with K = 328 and every m above 4 read a decoded scratch matrix.
+  // On the CUDA backend, 4- and 8-bit and FP8 with K a multiple of 16 take the fused decode kernel
+  // at m ≤ 8 (their codes in the fragment order); 3- and 6-bit, FP8 with K = 328 and every m
+  // above 8 read a decoded scratch matrix.
   const std::vector<MatmulShape> shapes = {{1, 130, 256, {WeightFormat::Affine, 4, 64}, DType::BF16},
                                            {3, 96, 512, {WeightFormat::Affine, 8, 32}, DType::F16},
                                            {64, 130, 256, {WeightFormat::Affine, 4, 64}, DType::BF16},
@@ -80,7 +83,7 @@ std::vector<OpCase> quantized_op_cases(std::mt19937& random) {
     for (Input& part : parts(shape.layout, shape.n, shape.k, shape.scale_dtype, random)) op.inputs.push_back(part);
     op.run = [shape](Backend& backend, std::vector<Tensor>& in) {
       Tensor out = backend.alloc({shape.m, shape.n}, backend.activation_dtype());
-      backend.matmul(in[0], shape.layout.build(in, 1), nullptr, out);
+      backend.matmul(in[0], shape.layout.build(backend, in, 1), nullptr, out);
       return std::vector<Tensor>{out};
     };
     op.same_bits_on_every_cpu = false;  // matmul_kernels.h: block sizes and FMA differ by instruction set
@@ -99,7 +102,7 @@ std::vector<OpCase> quantized_op_cases(std::mt19937& random) {
     group.run = [m, affine, fp8](Backend& backend, std::vector<Tensor>& in) {
       std::vector<Tensor> outs;
       for (int64_t n : {160, 96, 136}) outs.push_back(backend.alloc({m, n}, backend.activation_dtype()));
-      const Weight weights[] = {affine.build(in, 1), in[4], fp8.build(in, 5)};
+      const Weight weights[] = {affine.build(backend, in, 1), in[4], fp8.build(backend, in, 5)};
       const MatmulTarget targets[] = {
           {&weights[0], nullptr, &outs[0]}, {&weights[1], nullptr, &outs[1]}, {&weights[2], &in[7], &outs[2]}};
       backend.matmul_group(in[0], targets);
@@ -121,7 +124,7 @@ std::vector<OpCase> quantized_op_cases(std::mt19937& random) {
       embedding.run = [layout, stream](Backend& backend, std::vector<Tensor>& in) {
         const Tensor& tokens = in[static_cast<size_t>(layout.parts())];
         Tensor out = backend.alloc({tokens.numel(), 192}, stream == DType::F32 ? DType::F32 : backend.activation_dtype());
-        backend.embedding(layout.build(in, 0), tokens, out);
+        backend.embedding(layout.build(backend, in, 0), tokens, out);
         return std::vector<Tensor>{out};
       };
       cases.push_back(std::move(embedding));

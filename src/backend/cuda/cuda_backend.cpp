@@ -199,6 +199,24 @@ void CudaBackend::zero(Tensor& tensor) {
   if (tensor.nbytes()) check_cuda(cudaMemsetAsync(tensor.raw(), 0, tensor.nbytes(), stream_), "cudaMemsetAsync");
 }
 
+Weight CudaBackend::upload_weight(const Weight& host) {
+  refuse_while_recording("upload_weight");
+  Weight device = Backend::upload_weight(host);
+  if (!device.quantized() || device.code_order() != CodeOrder::Stored ||
+      !cuda::fragment_order_applies(quantized_weight_args(device)))
+    return device;
+  // upload hands back a tensor already on the device as it is: its codes are arranged in a copy,
+  // never in the caller's tensor.
+  if (host.values().device() == Device::CUDA) {
+    Tensor values = alloc(host.values().shape(), host.values().dtype());
+    copy(host.values(), values);
+    device = device.with_parts(values, device.scales(), device.biases());
+  }
+  activate();
+  launched(cuda::launch_arrange_fragments(quantized_weight_args(device), stream_), "upload_weight (fragment order)");
+  return device.in_code_order(CodeOrder::Fragment);
+}
+
 void CudaBackend::copy(const Tensor& from, Tensor& to) {
   const int64_t bytes = check_copy(contract(), from, to);
   require_device(from, "copy", "from");

@@ -75,6 +75,11 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
 
   Tensor upload(const Tensor& host) override;
 
+  // A quantized weight that the fused decode kernel takes gets its codes rearranged into the
+  // fragment order on the device (CodeOrder::Fragment; backend/cuda/quantized.cu), in place of the
+  // stored order: the same bytes, no second copy.
+  Weight upload_weight(const Weight& host) override;
+
   Tensor download(const Tensor& tensor) override;
 
   void zero(Tensor& tensor) override;

@@ -24,6 +24,7 @@ cuda::QuantizedWeightArgs quantized_weight_args(const Weight& w) {
   args.group_size = w.group_size();
   args.block_rows = w.block_rows();
   args.block_columns = w.block_columns();
+  args.fragment_order = w.code_order() == CodeOrder::Fragment;
   return args;
 }
 

@@ -116,6 +116,12 @@ __device__ __forceinline__ void cp_async_4(void* shared_destination, const void*
                    static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination))),
                "l"(global_source), "r"(valid ? 4 : 0));
 }
+// The 8-byte form, for runs of four bf16.
+__device__ __forceinline__ void cp_async_8(void* shared_destination, const void* global_source, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(shared_destination))),
+               "l"(global_source), "r"(valid ? 8 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int pending>
 __device__ __forceinline__ void cp_async_wait() {

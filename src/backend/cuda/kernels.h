@@ -163,16 +163,24 @@ struct QuantizedWeightArgs {
   int64_t scale_columns = 0;       // scales' second dimension
   int bits = 0, group_size = 0;    // Affine
   int block_rows = 0, block_columns = 0;  // Fp8Block
+  // Whether each row's codes are in the fragment order (CodeOrder::Fragment; quantized.cu says
+  // how), which launch_arrange_fragments gives the weights fragment_order_applies to at upload.
+  bool fragment_order = false;
 };
+// Whether the upload rearranges this weight's codes into the fragment order: 4- and 8-bit affine
+// weights, FP8 weights of K a multiple of 16 in blocks of 128 columns (scales F32 or BF16).
+bool fragment_order_applies(const QuantizedWeightArgs& weight);
+// Rearranges the codes of every row of a weight that fragment_order_applies to from the stored
+// order into the fragment order, in place.
+cudaError_t launch_arrange_fragments(const QuantizedWeightArgs& weight, cudaStream_t stream);
 // out = the decoded weight [n, k] in out_dtype (F32 or BF16): each element decoded in f32, then
 // rounded once.
 cudaError_t launch_dequantize(const QuantizedWeightArgs& weight, void* out, DType out_dtype, cudaStream_t stream);
 // out[t, :] = the decoded row ids[t] of a quantized table, rounded to out_dtype.
 cudaError_t launch_embedding_quantized(const QuantizedWeightArgs& table, const int32_t* ids, int64_t tokens, void* out,
                                        DType out_dtype, DeviceErrorRecord* errors, cudaStream_t stream);
-// Whether the fused decode kernel takes this weight (4- and 8-bit affine with 128-bit aligned rows,
-// FP8 blocks whose columns hold whole 32-element chunks); the others are decoded into a scratch
-// matrix for the BF16 kernels. Both give the same bits.
+// Whether the fused decode kernel takes this weight: codes in the fragment order. The others are
+// decoded into a scratch matrix for the BF16 kernels. Both give the same bits.
 bool quantized_decode_fused(const QuantizedWeightArgs& weight);
 // The BF16 decode product (m ≤ kMatmulDecodeMaxRows) with the weight decoded inside the kernel:
 // args.w is unused; every element as launch_matmul_bf16 gives on the decoded BF16 weight, in every

@@ -29,7 +29,7 @@
 //     the same order: more blocks, the same additions. A group's products share one launch where
 //     that takes fewer waves of blocks.
 #include <algorithm>
-#include <algorithm>
+#include <iterator>
 
 #include "backend/cuda/matmul_common.cuh"
 
@@ -197,9 +197,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   uint8_t* ring = reinterpret_cast<uint8_t*>(shared_words) + warp * kStages * stage_bytes;
   const int64_t column0 = static_cast<int64_t>(static_cast<int>(blockIdx.x) - targets.first_block[target]) * kColumns;
   const int g = lane / 4, q = lane % 4;
-  const WarpSegments<kDecodeStagesPerSegment> walk((k + kDecodeStageK - 1) / kDecodeStageK, warp, warps);
-  const int64_t my_stages = walk.count;
-  auto stage_of = [&](int64_t i) { return walk.stage_of(i); };
+  const WarpSegments<kDecodeStagesPerSegment> walk(static_cast<int>((k + kDecodeStageK - 1) / kDecodeStageK), warp,
+                                                    warps);
+  const int my_stages = walk.count;
+  auto stage_of = [&](int i) { return static_cast<int64_t>(walk.stage_of(i)); };
   // The first stages' weights are requested before waiting for the previous kernel (they are
   // constant), so with programmatic dependent launch their latency overlaps that kernel's end; x
   // and every store come after. The first commit group holds all those weights.
@@ -213,10 +214,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float acc[4] = {};
-  for (int64_t i = 0; i < my_stages; ++i) {
+  for (int i = 0; i < my_stages; ++i) {
     cp_async_wait<kStages - 2>();
     __syncwarp();
-    const int64_t prefetch = i + kStages - 1;
+    const int prefetch = i + kStages - 1;
     if (prefetch < my_stages) {
       uint8_t* stage = ring + (prefetch % kStages) * stage_bytes;
       weight_copies.issue(stage, stage_of(prefetch) * kDecodeStageK);

@@ -69,25 +69,23 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint4& upper, c
 // A decode warp's share of K in the decode kernels: segments warp, warp + warps, … of the K's
 // `segments` (kMatmulSegmentK each, kStagesPerSegment stages of it), their stages flattened so that
 // the warp's i-th stage is stage stage_of(i) of K, `count` of them.
+// Stage indices are 32-bit: K is at most kMatmulSegmentK · kMatmulMaxSegments.
 template <int kStagesPerSegment>
 struct WarpSegments {
   int warp, warps, segments;
-  int64_t count = 0;
-  __device__ WarpSegments(int64_t total_stages, int warp_, int warps_) : warp(warp_), warps(warps_) {
-    segments = static_cast<int>((total_stages + kStagesPerSegment - 1) / kStagesPerSegment);
-    const int mine = segments > warp ? (segments - warp + warps - 1) / warps : 0;
-    for (int i = 0; i < mine; ++i) {
-      const int64_t first = static_cast<int64_t>(warp + i * warps) * kStagesPerSegment;
+  int count = 0;
+  __device__ WarpSegments(int total_stages, int warp_, int warps_) : warp(warp_), warps(warps_) {
+    segments = (total_stages + kStagesPerSegment - 1) / kStagesPerSegment;
+    for (int segment = warp; segment < segments; segment += warps) {
+      const int first = segment * kStagesPerSegment;
       count += (total_stages - first < kStagesPerSegment ? total_stages - first : kStagesPerSegment);
     }
   }
-  __device__ int segment_of(int64_t i) const { return warp + static_cast<int>(i / kStagesPerSegment) * warps; }
-  __device__ int64_t stage_of(int64_t i) const {
-    return static_cast<int64_t>(segment_of(i)) * kStagesPerSegment + i % kStagesPerSegment;
-  }
+  __device__ int segment_of(int i) const { return warp + i / kStagesPerSegment * warps; }
+  __device__ int stage_of(int i) const { return segment_of(i) * kStagesPerSegment + i % kStagesPerSegment; }
   // After the warp's i-th stage: whether its segment is complete. Then the accumulators go to the
   // block's segment sums ([segment][element][lane]) and start again from zero.
-  __device__ void end_stage(int64_t i, float (&acc)[4], float* segment_sums, int lane) const {
+  __device__ void end_stage(int i, float (&acc)[4], float* segment_sums, int lane) const {
     if ((i + 1) % kStagesPerSegment != 0 && i + 1 != count) return;
     const int segment = segment_of(i);
 #pragma unroll
