@@ -51,6 +51,10 @@ void bound_request(GenerationRequest& request, int64_t context_tokens, int64_t v
   if (request.speculation.enabled()) check_speculative_tokens(request.speculation.tokens);
 }
 
+// The most tokens a sequence runs again in one append: fewer than the Gated DeltaNet chunk, so that
+// the delta rule runs them through the recurrent steps that decoded them (backend.h), bit for bit.
+constexpr int64_t kReplayAppendTokens = kGatedDeltaChunk - 1;
+
 struct GenerationCore::Sequence {
   GenerationRequest request;
   std::shared_ptr<RequestStream> stream;
@@ -73,8 +77,31 @@ struct GenerationCore::Sequence {
   // Generated tokens before next_input that the next decode runs again: a rejected proposal rolled a
   // recurrent state back to before the verify step, and the tokens it accepted are fed anew.
   int64_t replay = 0;
+  // Its block table: the pool blocks of its positions [64·i, 64·i + 64), of which the first
+  // `cached_blocks` are in the prefix index.
+  std::vector<int32_t> blocks = {};
+  size_t cached_blocks = 0;
+  // What it prefills: its prompt, or after a preemption (`resuming`) its prompt and every token it
+  // generated but the last, which it then decodes from.
+  int64_t prefill_target = 0;
+  bool resuming = false;
 
   int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
+  // Token i of the sequence: the prompt, then what it generated.
+  int32_t token_at(int64_t i) const {
+    return i < prompt_length() ? request.prompt[static_cast<size_t>(i)]
+                               : generated_tokens[static_cast<size_t>(i - prompt_length())];
+  }
+  std::vector<int32_t> tokens(int64_t begin, int64_t end) const {
+    std::vector<int32_t> run;
+    for (int64_t i = begin; i < end; ++i) run.push_back(token_at(i));
+    return run;
+  }
+  bool decoding() const { return !resuming && prefilled == prompt_length(); }
+  // The positions whose rows it holds for sure: what it prefilled, then (decoding) every sampled
+  // token but the last, which no step has fed yet (a step in flight may have written it, and rows
+  // past what is recorded are never read before being written again).
+  int64_t known_positions() const { return decoding() ? prompt_length() + generated - 1 - replay : prefilled; }
   // The device sampler (GraphOps::sample_tokens) applies no bias, penalty or grammar mask, so such a
   // request's tokens are always chosen by its host Sampler from the step's logits, which are the
   // same bits on either path: the one rule in every step, alone or in any batch.
@@ -88,9 +115,16 @@ struct GenerationCore::Sequence {
   bool speculates() const { return proposer != nullptr && !matcher && !budget; }
   // The position of the first token its next decode appends.
   int64_t decode_position() const { return prompt_length() + generated - 1 - replay; }
-  // What its next decode appends: the tokens it runs again, the last sampled token, its proposals.
+  // How many tokens its next decode appends: the tokens it runs again, the last sampled token and
+  // its proposals; or, while more than kReplayAppendTokens are to run again, that many of them.
+  int64_t decode_tokens() const {
+    return replay + 1 > kReplayAppendTokens ? kReplayAppendTokens
+                                            : replay + 1 + static_cast<int64_t>(proposal.size());
+  }
   std::vector<int32_t> decode_input() const {
-    std::vector<int32_t> input(generated_tokens.end() - 1 - replay, generated_tokens.end());
+    const auto first = generated_tokens.end() - 1 - replay;
+    if (replay + 1 > kReplayAppendTokens) return {first, first + kReplayAppendTokens};
+    std::vector<int32_t> input(first, generated_tokens.end());
     input.insert(input.end(), proposal.begin(), proposal.end());
     return input;
   }
@@ -126,57 +160,77 @@ TokenEvent final_event(FinishReason reason, std::string error) {
 }  // namespace
 
 GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
-                               int64_t step_token_budget, bool prefix_cache)
+                               int64_t step_token_budget, bool prefix_cache, int64_t kv_blocks)
     : model_(model), prefill_chunk_(prefill_chunk), step_token_budget_(step_token_budget) {
   if (!model_.computes_logits())
     fail("the model has no lm_head to generate with (a bare decoder that does not tie it to the embedding): it "
          "serves embeddings only (kiln serve --embeddings)");
+  const int64_t table_width = kv_table_width(context_tokens);
+  pool_blocks_ = kv_blocks > 0 ? kv_blocks : slots * table_width;
+  if (pool_blocks_ < table_width)
+    fail("a KV pool of {} blocks ({} tokens) cannot hold one sequence of the context's {} tokens", pool_blocks_,
+         pool_blocks_ * kKvBlockTokens, context_tokens);
   // Decode steps run as captured graphs where the backend can; their padded rows need the spare
   // slots of decode_bucket(slots) (engine/decode_graph.h), which requests never hold.
   const bool graphs = DecodeGraphs::supported(model_);
-  cache_ = model_.make_cache(graphs ? decode_bucket(slots) : slots, context_tokens);
+  const int64_t cache_slots = graphs ? decode_bucket(slots) : slots;
+  scratch_block_ = static_cast<int32_t>(pool_blocks_);
+  cache_ = model_.make_cache(cache_slots, context_tokens, pool_blocks_ + 1);
+  const std::vector<int32_t> scratch_table(static_cast<size_t>(table_width), scratch_block_);
+  for (int32_t slot = 0; slot < cache_slots; ++slot) cache_->assign_blocks(slot, 0, scratch_table);
+  // One pool per cache, and a cache serves one model: the identity need not tell models apart.
+  pool_ = std::make_unique<KvBlockPool>(KvBlockPoolOptions{pool_blocks_, kKvBlockTokens, 0, {}});
   if (graphs) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, *cache_);
   for (int32_t slot = slots - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   prefix_cache_ = prefix_cache && cache_->resumes_at_any_position();
-  slot_tokens_.resize(static_cast<size_t>(slots));
-  slot_released_.assign(static_cast<size_t>(slots), 0);
 }
 
 GenerationCore::~GenerationCore() = default;
 
-void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStream> stream) {
-  if (free_slots_.empty()) fail("no free cache slot for a new request");
-  const std::vector<int32_t>& prompt = request.prompt;
-  // The free slot to take: the longest reusable run, else the one released longest ago.
-  size_t chosen = 0;
-  int64_t reused = 0;
-  for (size_t i = 0; i < free_slots_.size(); ++i) {
-    const std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(free_slots_[i])];
-    int64_t run = 0;
-    if (prefix_cache_) {
-      const auto limit = static_cast<int64_t>(std::min(held.size(), prompt.size() - 1));
-      while (run < limit && held[static_cast<size_t>(run)] == prompt[static_cast<size_t>(run)]) ++run;
-      run -= run % kPrefixBlock;
-    }
-    const bool older = slot_released_[static_cast<size_t>(free_slots_[i])] <
-                       slot_released_[static_cast<size_t>(free_slots_[chosen])];
-    if (run > reused || (run == reused && reused == 0 && older)) {
-      chosen = i;
-      reused = run;
-    }
-  }
-  const int32_t slot = free_slots_[chosen];
-  free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(chosen));
-  slot_tokens_[static_cast<size_t>(slot)].clear();
-  if (reused == 0) cache_->reset_slot(slot);
-  prefix_query_tokens_ += static_cast<int64_t>(prompt.size());
-  prefix_hit_tokens_ += reused;
-  stream->cached_tokens_.store(reused);
+// Blocks the pool can hand out: the free ones and the cached ones no sequence holds.
+int64_t GenerationCore::blocks_available() const {
+  const KvBlockPoolStats stats = pool_->stats();
+  return stats.free_blocks + stats.cached_unreferenced_blocks;
+}
 
+bool GenerationCore::can_admit(const GenerationRequest& request) const {
+  const auto prompt_blocks = kv_table_width(static_cast<int64_t>(request.prompt.size()));
+  return !free_slots_.empty() && preempted_.empty() && prompt_blocks <= blocks_available();
+}
+
+// Puts a sequence (new, or preempted) into a free slot on the longest cached run of blocks that
+// begins what it prefills, leaving at least one token of it to run.
+void GenerationCore::start_in_slot(Sequence& sequence, int32_t slot) {
+  sequence.slot = slot;
+  sequence.prefilled = 0;
+  sequence.blocks.clear();
+  sequence.cached_blocks = 0;
+  if (prefix_cache_) {
+    const std::vector<int32_t> target = sequence.tokens(0, sequence.prefill_target);
+    PrefixMatch match = pool_->match_prefix(target, sequence.prefill_target - 1);
+    sequence.blocks = std::move(match.blocks);
+    sequence.cached_blocks = sequence.blocks.size();
+    sequence.prefilled = static_cast<int64_t>(sequence.blocks.size()) * kKvBlockTokens;
+  }
+  if (sequence.blocks.empty()) cache_->reset_slot(slot);
+  else cache_->assign_blocks(slot, 0, sequence.blocks);
+}
+
+void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStream> stream) {
+  if (!can_admit(request))
+    fail("no room for a new request: {} free slots, {} preempted requests waiting, {} blocks available for a prompt "
+         "of {} tokens",
+         free_slots_.size(), preempted_.size(), blocks_available(), request.prompt.size());
+  const int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
   Sampler sampler(request.sampling, request.prompt);
   auto sequence =
       std::make_unique<Sequence>(Sequence{std::move(request), std::move(stream), std::move(sampler), slot});
-  sequence->prefilled = reused;
+  sequence->prefill_target = sequence->prompt_length();
+  start_in_slot(*sequence, slot);
+  prefix_query_tokens_ += sequence->prompt_length();
+  prefix_hit_tokens_ += sequence->prefilled;
+  sequence->stream->cached_tokens_.store(sequence->prefilled);
   sequence->id = ++admitted_;
   if (sequence->request.grammar) {
     sequence->matcher.emplace(sequence->request.grammar);
@@ -190,28 +244,110 @@ void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStr
   running_.push_back(std::move(sequence));
 }
 
+// Makes sure a sequence's blocks cover its positions [0, positions), taking the missing ones from
+// the pool; false (taking none) when the pool has too few.
+bool GenerationCore::reserve_blocks(Sequence& sequence, int64_t positions) {
+  const int64_t needed = kv_table_width(positions) - static_cast<int64_t>(sequence.blocks.size());
+  if (needed <= 0) return true;
+  std::optional<std::vector<int32_t>> taken = pool_->allocate(needed);
+  if (!taken) return false;
+  cache_->assign_blocks(sequence.slot, static_cast<int64_t>(sequence.blocks.size()), *taken);
+  sequence.blocks.insert(sequence.blocks.end(), taken->begin(), taken->end());
+  return true;
+}
+
+// The blocks a step's works write: a prefill's chunk, a decode's tokens.
+bool GenerationCore::reserve_step_blocks(const StepPlan& plan) {
+  for (const PlannedWork& work : plan.work) {
+    Sequence& sequence = *running_[work.sequence];
+    const int64_t end = work.decodes ? sequence.decode_position() + work.decode_tokens : work.end;
+    if (!reserve_blocks(sequence, end)) return false;
+  }
+  return true;
+}
+
+// Puts a sequence's full blocks that it holds for sure into the prefix index, in order. Where the
+// index has the same block already (another sequence prefilled the same tokens), the sequence takes
+// that one instead: the rows are the same bits (one model, the same tokens at the same positions).
+void GenerationCore::cache_full_blocks(Sequence& sequence) {
+  if (!prefix_cache_) return;
+  const auto full = static_cast<size_t>(sequence.known_positions() / kKvBlockTokens);
+  for (size_t i = sequence.cached_blocks; i < std::min(full, sequence.blocks.size()); ++i) {
+    const auto begin = static_cast<int64_t>(i) * kKvBlockTokens;
+    const std::optional<int32_t> parent = i == 0 ? std::nullopt : std::optional<int32_t>(sequence.blocks[i - 1]);
+    const int32_t cached = pool_->cache_block(parent, sequence.blocks[i], sequence.tokens(begin, begin + kKvBlockTokens));
+    if (cached != sequence.blocks[i]) {
+      sequence.blocks[i] = cached;
+      cache_->assign_blocks(sequence.slot, static_cast<int64_t>(i), std::span<const int32_t>(&cached, 1));
+    }
+    sequence.cached_blocks = i + 1;
+  }
+}
+
+// Gives a sequence's blocks back (the cached ones stay in the index) and frees its slot, whose first
+// table entry goes back to the scratch block.
+void GenerationCore::release_blocks(Sequence& sequence) {
+  pool_->release(sequence.blocks);
+  sequence.blocks.clear();
+  sequence.cached_blocks = 0;
+  cache_->assign_blocks(sequence.slot, 0, std::span<const int32_t>(&scratch_block_, 1));
+  free_slots_.push_back(sequence.slot);
+}
+
+// Takes the most recently admitted running request's blocks back (vLLM's recompute preemption): it
+// keeps its tokens and its sampler, and runs again, first of all, when a slot and the blocks of
+// what it prefills are free; its full blocks stay cached meanwhile, so it may find them again.
+void GenerationCore::preempt_latest() {
+  const auto latest = std::max_element(running_.begin(), running_.end(),
+                                       [](const auto& a, const auto& b) { return a->id < b->id; });
+  Sequence& sequence = **latest;
+  cache_full_blocks(sequence);
+  release_blocks(sequence);
+  sequence.resuming = sequence.generated > 0;
+  // A KV cache takes back its generated tokens as prompt (attention's rows are the same bits however
+  // they are split); a recurrent state runs them again as decode did (the resuming commit).
+  sequence.prefill_target = sequence.prompt_length();
+  if (cache_->resumes_at_any_position()) sequence.prefill_target += std::max<int64_t>(sequence.generated - 1, 0);
+  sequence.prefilled = 0;
+  sequence.replay = 0;
+  sequence.proposal.clear();
+  ++preemptions_;
+  preempted_.push_back(std::move(*latest));
+  running_.erase(latest);
+}
+
+void GenerationCore::resume_preempted() {
+  while (!preempted_.empty() && !free_slots_.empty() &&
+         kv_table_width(preempted_.front()->prefill_target) <= blocks_available()) {
+    const int32_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    start_in_slot(*preempted_.front(), slot);
+    running_.push_back(std::move(preempted_.front()));
+    preempted_.pop_front();
+  }
+}
+
+KvCacheStats GenerationCore::kv_cache_stats() const {
+  const KvBlockPoolStats pool = pool_->stats();
+  return {pool.total_blocks, pool.free_blocks, pool.cached_unreferenced_blocks, pool.in_use_blocks, preemptions_};
+}
+
 int64_t GenerationCore::cache_tokens_used() const {
   int64_t used = 0;
-  for (const auto& sequence : running_) used += sequence->prefilled + sequence->generated;
+  for (const auto& sequence : running_) used += static_cast<int64_t>(sequence->blocks.size()) * kKvBlockTokens;
   return used;
 }
 
 void GenerationCore::cancel_all(const std::string& why) {
   for (auto& sequence : running_) sequence->stream->push(final_event(FinishReason::Cancelled, why));
+  for (auto& sequence : preempted_) sequence->stream->push(final_event(FinishReason::Cancelled, why));
 }
 
+// Ends a running request: what its blocks hold for sure stays cached for later prompts.
 void GenerationCore::end(Sequence& sequence, TokenEvent event) {
   sequence.stream->push(std::move(event));
-  // What the slot now holds for sure: the prompt as far as it was prefilled, then every sampled
-  // token but the last, which no step has fed yet (a step in flight may have written it, and
-  // rows past what is recorded are never read before being written again).
-  std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(sequence.slot)];
-  const std::vector<int32_t>& prompt = sequence.request.prompt;
-  held.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(sequence.prefilled));
-  if (sequence.prefilled == sequence.prompt_length() && !sequence.generated_tokens.empty())
-    held.insert(held.end(), sequence.generated_tokens.begin(), sequence.generated_tokens.end() - 1);
-  slot_released_[static_cast<size_t>(sequence.slot)] = ++releases_;
-  free_slots_.push_back(sequence.slot);
+  cache_full_blocks(sequence);
+  release_blocks(sequence);
 }
 
 // Drops cancelled requests (a disconnected client) before spending compute on them.
@@ -219,6 +355,11 @@ void GenerationCore::drop_cancelled() {
   std::erase_if(running_, [&](const std::unique_ptr<Sequence>& sequence) {
     if (!sequence->stream->cancelled()) return false;
     end(*sequence, final_event(FinishReason::Cancelled, ""));
+    return true;
+  });
+  std::erase_if(preempted_, [&](const std::unique_ptr<Sequence>& sequence) {
+    if (!sequence->stream->cancelled()) return false;
+    sequence->stream->push(final_event(FinishReason::Cancelled, ""));  // it holds no slot or block
     return true;
   });
 }
@@ -234,8 +375,8 @@ void GenerationCore::fail_running(const std::exception& error) {
   }
   in_flight_.clear();
   for (auto& sequence : running_) {
-    end(*sequence, final_event(FinishReason::Error, error.what()));
-    slot_tokens_[static_cast<size_t>(sequence->slot)].clear();  // what the failed step wrote is unknown
+    sequence->stream->push(final_event(FinishReason::Error, error.what()));
+    release_blocks(*sequence);  // what the failed step wrote is unknown: nothing more is cached
   }
   running_.clear();
 }
@@ -362,7 +503,7 @@ void GenerationCore::propose() {
   std::map<Proposer*, std::vector<Sequence*>> askers;
   for (auto& sequence : running_) {
     sequence->proposal.clear();
-    if (!sequence->speculates() || sequence->prefilled < sequence->prompt_length() || sequence->replay > 0) continue;
+    if (!sequence->speculates() || !sequence->decoding() || sequence->replay > 0) continue;
     const int64_t room = sequence->request.max_tokens - sequence->generated - 1;
     const auto count = static_cast<int32_t>(std::min<int64_t>(sequence->request.speculation.tokens, room));
     if (count <= 0) continue;
@@ -468,13 +609,16 @@ bool GenerationCore::queue_next_decode(const std::function<bool()>& requests_wai
            (!sequence->budget || sequence->budget->next_two_free()) &&
            sequence->generated + 2 <= sequence->request.max_tokens;
   });
-  return every_request_decodes_again && !(has_free_slot() && requests_waiting());
+  return every_request_decodes_again && preempted_.empty() && !(!free_slots_.empty() && requests_waiting());
 }
 
 // A decode step is in flight (queued, its tokens not yet read): queues the next one where it may,
 // then reads the tokens of the one in flight. False when the step failed.
 bool GenerationCore::advance_in_flight(const std::function<bool()>& requests_waiting) {
-  const bool queue_next = queue_next_decode(requests_waiting);
+  // The next step writes each row's next position: its block must be there before it is queued.
+  bool queue_next = queue_next_decode(requests_waiting);
+  for (auto& sequence : running_)
+    queue_next = queue_next && reserve_blocks(*sequence, sequence->prompt_length() + sequence->generated + 1);
   std::vector<uint64_t> next;
   std::vector<SampledToken> tokens;
   try {
@@ -500,6 +644,7 @@ bool GenerationCore::advance_in_flight(const std::function<bool()>& requests_wai
     if (accept(*sequence, token, {}, forced.has_value())) still_running.push_back(std::move(sequence));
   }
   running_ = std::move(still_running);
+  for (auto& sequence : running_) cache_full_blocks(*sequence);
   in_flight_ = std::move(next);
   if (running_.empty() && !in_flight_.empty()) {
     try {
@@ -516,8 +661,8 @@ bool GenerationCore::advance_in_flight(const std::function<bool()>& requests_wai
 StepPlan GenerationCore::plan() const {
   std::vector<SequenceProgress> progress;
   for (const auto& sequence : running_)
-    progress.push_back({sequence->prompt_length(), sequence->prefilled,
-                        sequence->replay + 1 + static_cast<int64_t>(sequence->proposal.size())});
+    progress.push_back({sequence->prefill_target, sequence->prefilled,
+                        sequence->decode_tokens()});
   return plan_step(progress, prefill_chunk_, step_token_budget_);
 }
 
@@ -556,10 +701,7 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
       steps.push_back({sequence.slot, static_cast<int32_t>(sequence.decode_position()), sequence.decode_input(),
                        false, static_cast<int32_t>(1 + sequence.proposal.size())});
     } else
-      steps.push_back({sequence.slot, static_cast<int32_t>(work.begin),
-                       std::vector<int32_t>(sequence.request.prompt.begin() + work.begin,
-                                            sequence.request.prompt.begin() + work.end),
-                       false});
+      steps.push_back({sequence.slot, static_cast<int32_t>(work.begin), sequence.tokens(work.begin, work.end), false});
   }
   result.logits = run_step(model_, *cache_, steps);
   return result;
@@ -583,6 +725,24 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
       const size_t logit_rows = 1 + sequence.proposal.size();
       logit_row += work.decodes ? logit_rows : 1;
       if (!work.decodes) sequence.prefilled = work.end;
+      if (work.samples && sequence.resuming) {
+        // A preempted request has prefilled again what it had (a KV cache: its prompt and every
+        // token it generated but the last), or its prompt (a recurrent state: its generated tokens
+        // run again as appends, the recurrent steps that decoded them): it decodes on from its last
+        // token, which it already sampled.
+        sequence.resuming = false;
+        if (sequence.prefill_target > sequence.prompt_length())
+          sequence.prefill_target = sequence.prefilled = sequence.prompt_length();
+        else
+          sequence.replay = sequence.generated - 1;
+        still_running.push_back(std::move(running_[index]));
+        continue;
+      }
+      if (work.decodes && work.decode_tokens < sequence.replay + 1) {
+        sequence.replay -= work.decode_tokens;  // part of what it runs again: nothing is sampled
+        still_running.push_back(std::move(running_[index]));
+        continue;
+      }
       if (work.samples && sequence.request.max_tokens == 0) {
         end(sequence, final_event(FinishReason::Length, ""));
         continue;
@@ -618,17 +778,28 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
     still_running.push_back(std::move(running_[index]));
   }
   running_ = std::move(still_running);
+  for (auto& sequence : running_) cache_full_blocks(*sequence);
 }
 
 bool GenerationCore::step(const std::function<bool()>& requests_waiting) {
   drop_cancelled();
   if (!in_flight_.empty()) return advance_in_flight(requests_waiting);
+  resume_preempted();
   if (running_.empty()) return false;
   StepPlan step_plan;
   StepResult result;
   try {
     propose();
     step_plan = plan();
+    // The pool is short of the step's blocks: the latest request gives its blocks back and the step
+    // is planned again without it (a lone request always fits: the pool holds a whole context).
+    while (!reserve_step_blocks(step_plan)) {
+      if (running_.size() == 1)
+        fail("the KV pool's {} blocks cannot hold one request's step (positions up to {})", pool_blocks_,
+             running_.front()->known_positions() + step_plan.tokens);
+      preempt_latest();
+      step_plan = plan();
+    }
     result = execute(step_plan);
   } catch (const std::exception& error) {
     fail_running(error);

@@ -28,6 +28,7 @@
 #include "engine/decode_graph.h"
 #include "engine/finish_reason.h"
 #include "engine/grammar/token_mask.h"
+#include "engine/kv_block_pool.h"
 #include "engine/reasoning_budget.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
@@ -94,39 +95,63 @@ class RequestStream {
   std::atomic<int64_t> cached_tokens_{0};
 };
 
+// The paged KV cache's state as the core sees it (for metrics): blocks of kKvBlockTokens positions.
+struct KvCacheStats {
+  int64_t blocks = 0;         // in the pool
+  int64_t free_blocks = 0;    // holding nothing
+  int64_t cached_blocks = 0;  // holding a cached prefix no running request holds (reused, or evicted on demand)
+  int64_t used_blocks = 0;    // held by running requests
+  int64_t preemptions = 0;    // requests whose blocks were taken back to let others run, so far
+};
+
 class GenerationCore {
  public:
-  // `slots` sequences of `context_tokens` each (on a backend with GraphOps the cache gets the spare
-  // slots of decode_bucket(slots) that padded graph rows take); each step runs at most
+  // `slots` sequences of up to `context_tokens` each (on a backend with GraphOps the cache gets the
+  // spare slots of decode_bucket(slots) that padded graph rows take); each step runs at most
   // `step_token_budget` tokens, a prefilling sequence at most `prefill_chunk` of them. The sizes are
   // those of a ServingSizes that passed check_serving_sizes, and the budget its step_token_budget.
   //
-  // With `prefix_cache`, a slot keeps the tokens its last sequence wrote, and a request is admitted
-  // to the free slot whose tokens begin its prompt for longest: it prefills only the rest. The run
-  // it reuses is cut to a multiple of kPrefixBlock (the split points at which chunked prefill is
-  // bit-identical to a one-shot one) and leaves at least one prompt token to prefill (the first
-  // sampled token needs its logits), so a cached answer is bit-identical to an uncached one. Only
-  // caches that resume at any position (ModelCache::resumes_at_any_position) reuse; a request that
-  // reuses nothing takes the free slot used least recently, so recent prefixes stay longest.
+  // The KV cache is paged (ModelCache): `kv_blocks` blocks of kKvBlockTokens positions shared by
+  // every sequence (0: a block for every position of every slot), taken as a sequence's steps need
+  // them and given back when it ends. When a step needs more blocks than are free, the most
+  // recently admitted running request is preempted: its blocks go back to the pool, and it waits
+  // to run again, first among those waiting, prefilling its prompt and the tokens it had generated
+  // (bit-identical rows: the invariance contract), then decoding on from where it stopped.
+  //
+  // With `prefix_cache`, every full block a sequence has written is kept in the pool's prefix index
+  // (engine/kv_block_pool.h) after the sequence ends, until its room is needed, and a request
+  // starts on the longest run of cached blocks that begins its prompt: it prefills only the rest.
+  // Blocks are 64-token runs (the split points at which chunked prefill is bit-identical to a
+  // one-shot one) and at least one prompt token is left to prefill (the first sampled token needs
+  // its logits), so a cached answer is bit-identical to an uncached one. Only caches that resume at
+  // any position (ModelCache::resumes_at_any_position) reuse.
   GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
-                 int64_t step_token_budget, bool prefix_cache = true);
+                 int64_t step_token_budget, bool prefix_cache = true, int64_t kv_blocks = 0);
   ~GenerationCore();
   GenerationCore(const GenerationCore&) = delete;
   GenerationCore& operator=(const GenerationCore&) = delete;
 
-  bool has_free_slot() const { return !free_slots_.empty(); }
-  // Starts a request (checked by bound_request) in a free slot; its events go to `stream`.
+  // Whether `request` (checked by bound_request) can start now: a slot is free, no preempted
+  // request waits to run again, and the pool has the blocks of its prompt.
+  bool can_admit(const GenerationRequest& request) const;
+  // Starts a request for which can_admit holds; its events go to `stream`.
   void admit(GenerationRequest request, std::shared_ptr<RequestStream> stream);
-  // One step: drops cancelled requests, then plans, executes and commits. `requests_waiting` says
-  // whether requests wait to be admitted (a decode step is then not queued ahead: a newcomer needs
-  // a prefill step first). False when there was nothing to run.
+  // One step: drops cancelled requests, runs preempted ones again where they fit, then plans,
+  // executes and commits. `requests_waiting` says whether requests wait to be admitted (a decode
+  // step is then not queued ahead: a newcomer needs a prefill step first). False when there was
+  // nothing to run.
   bool step(const std::function<bool()>& requests_waiting);
-  // Ends every running request with a Cancelled event saying `why`, leaving the core to be destroyed.
+  // Ends every running or preempted request with a Cancelled event saying `why`, leaving the core to
+  // be destroyed.
   void cancel_all(const std::string& why);
 
-  size_t running() const { return running_.size(); }
-  // Cache positions the running requests hold.
+  // Requests running or preempted (admitted and not ended).
+  size_t running() const { return running_.size() + preempted_.size(); }
+  // Cache positions the running requests' blocks hold.
   int64_t cache_tokens_used() const;
+  // Positions the KV pool holds.
+  int64_t cache_tokens_total() const { return pool_blocks_ * kKvBlockTokens; }
+  KvCacheStats kv_cache_stats() const;
   // Prompt tokens admitted so far, and of them those served from the prefix cache.
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
@@ -144,6 +169,14 @@ class GenerationCore {
   };
 
   void end(Sequence& sequence, TokenEvent event);
+  int64_t blocks_available() const;
+  void start_in_slot(Sequence& sequence, int32_t slot);
+  bool reserve_blocks(Sequence& sequence, int64_t positions);
+  bool reserve_step_blocks(const StepPlan& plan);
+  void cache_full_blocks(Sequence& sequence);
+  void release_blocks(Sequence& sequence);
+  void preempt_latest();
+  void resume_preempted();
   void drop_cancelled();
   void fail_running(const std::exception& error);
   bool accept(Sequence& sequence, const SampledToken& token, std::span<const float> row, bool forced = false);
@@ -171,13 +204,16 @@ class GenerationCore {
   std::unique_ptr<ModelCache> cache_;
   std::unique_ptr<DecodeGraphs> decode_graphs_;  // null on backends without GraphOps (the CPU)
   std::vector<std::unique_ptr<Sequence>> running_;
+  std::deque<std::unique_ptr<Sequence>> preempted_;  // oldest preemption first
   std::vector<int32_t> free_slots_;
   bool prefix_cache_;
-  // Per slot: the tokens whose rows it holds (those its last sequence wrote, none while a sequence
-  // runs in it), and when it was last released (a count of releases).
-  std::vector<std::vector<int32_t>> slot_tokens_;
-  std::vector<uint64_t> slot_released_;
-  uint64_t releases_ = 0;
+  int64_t pool_blocks_ = 0;
+  // The cache block past the pool's: a free slot's first table entry points at it, so that the
+  // padded rows of a decode graph (engine/decode_graph.h), which write a free slot's first
+  // positions, write into no sequence's rows.
+  int32_t scratch_block_ = 0;
+  std::unique_ptr<KvBlockPool> pool_;
+  int64_t preemptions_ = 0;
   int64_t prefix_query_tokens_ = 0;
   int64_t prefix_hit_tokens_ = 0;
   SpeculationCounts speculation_counts_;
