@@ -109,7 +109,7 @@ TEST(MemoryPlan, EachPartIsWhatTheCpuBackendHandsOutForTheSameWork) {
 
       const std::unique_ptr<Model> model = build_model(model_plan, backend);
       EXPECT_EQ(plan.weights, backend.live());
-      const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context);
+      const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
       EXPECT_EQ(plan.cache, backend.live() - plan.weights);
       EXPECT_EQ(plan.cache, cache->bytes());
       const uint64_t before_step = backend.live();
@@ -133,7 +133,7 @@ TEST(MemoryPlan, AnEmbeddingServersStepIsWhatTheCpuBackendHandsOut) {
     // Every token's hidden-state row instead of each sequence's logit row.
     EXPECT_NE(plan.step_scratch, plan_memory(model_plan, backend, std::nullopt, {3, 200, 64}).step_scratch);
     const std::unique_ptr<Model> model = build_model(model_plan, backend);
-    const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context);
+    const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
     const uint64_t before_step = backend.live();
     backend.restart_peak();
     run_largest_step(*model, *cache, request);
@@ -151,7 +151,8 @@ TEST(MemoryPlan, SpeculationCountsTheSavedStatesOfAHybridCache) {
     const MemoryPlan plain = plan_memory(model_plan, backend, std::nullopt, {3, 200, 64});
     const MemoryPlan speculative = plan_memory(model_plan, backend, std::nullopt, {3, 200, 64, false, true});
     const std::unique_ptr<Model> model = build_model(model_plan, backend);
-    const std::unique_ptr<ModelCache> cache = model->make_cache(plain.cache_slots, 200);
+    const std::unique_ptr<ModelCache> cache =
+        model->make_cache(plain.cache_slots, 200, engine_cache_blocks(plain.request));
     const uint64_t before_save = backend.live();
     cache->save_slot_state(0);
     const uint64_t saved = backend.live() - before_save;
@@ -379,9 +380,9 @@ TEST(MemoryPlan, An80GigabytePlanIsMadeInUnderASecondWithoutItsMemory) {
   EXPECT_TRUE(plan.steps_planned);
   EXPECT_TRUE(plan.fits()) << describe_memory_plan(plan, "cpu");
   EXPECT_GT(plan.total(), uint64_t{80} << 30);
-  // 32 layers x K and V x 32 x 8,192 x 8 heads x 128 x f32, and the block table: 32 slots x 128 I32
-  // entries of 64 positions.
-  EXPECT_EQ(plan.cache, (uint64_t{64} << 30) + 32 * 128 * 4);
+  // 32 layers x K and V x 32 x 8,192 x 8 heads x 128 x f32, the engine's scratch block (64 positions
+  // of each layer's K and V) and the block table: 32 slots x 128 I32 entries of 64 positions.
+  EXPECT_EQ(plan.cache, (uint64_t{64} << 30) + uint64_t{32} * 2 * 64 * 8 * 128 * 4 + 32 * 128 * 4);
   EXPECT_EQ(plan.step_tokens, 32 * 256);
   EXPECT_GT(plan.step_scratch, 0u);
 }
@@ -429,9 +430,11 @@ TEST(MemoryPlan, TheVerdictAndTheLongestContextFollowFromTheParts) {
   EXPECT_LE(plan_memory(model, *backend, std::nullopt, at).total(), too_big.memory.available);
   at.context = longest + 1;
   EXPECT_GT(plan_memory(model, *backend, std::nullopt, at).total(), too_big.memory.available);
-  // The cache grows linearly with the context: twice the sequences cost twice the cache.
+  // The cache grows linearly with the sequences (beside the engine's one scratch block): two more
+  // cost the same wherever they are added.
   const MemoryPlan doubled = plan_memory(model, *backend, std::nullopt, {4, 512, 256});
-  EXPECT_EQ(doubled.cache, 2 * small.cache);
+  const MemoryPlan tripled = plan_memory(model, *backend, std::nullopt, {6, 512, 256});
+  EXPECT_EQ(tripled.cache - doubled.cache, doubled.cache - small.cache);
 }
 
 TEST(MemoryPlan, ABadRequestIsAnError) {

@@ -146,6 +146,9 @@ OpenedModel open_model(const ModelOptions& options, const ServingSizes& sizes) {
 void add_serving_size_options(CLI::App& command, ServingSizes& sizes) {
   command.add_option("--max-batch", sizes.max_batch, "Sequences decoded together (KV-cache slots)");
   command.add_option("--max-context", sizes.max_context, "Tokens per sequence (default: the model's context)");
+  command.add_option("--kv-cache-tokens", sizes.kv_cache_tokens,
+                     "Positions of the paged KV cache the sequences share, a multiple of 64 (default: max batch x "
+                     "context): smaller lets more sequences run than whole contexts fit");
   add_prefill_chunk_option(command, sizes);
 }
 

@@ -152,6 +152,7 @@ void serve(const ServeCommand& options) {
   scheduler_options.max_queue = options.max_queue;
   scheduler_options.prefill_chunk = options.sizes.prefill_chunk;
   scheduler_options.prefix_cache = !options.no_prefix_cache;
+  scheduler_options.kv_cache_tokens = options.sizes.kv_cache_tokens;
 
   server::ServerOptions server_options;
   server_options.http.host = options.host;
@@ -307,7 +308,7 @@ RegisterCommand register_serve([](CLI::App& app) {
                       "Web origins whose pages may call the server (CORS), e.g. https://app.example; * for any")
       ->delimiter(',');
   command->add_flag("--no-prefix-cache", options->no_prefix_cache,
-                    "Prefill every prompt in full instead of reusing a cache slot's tokens as its prefix");
+                    "Prefill every prompt in full instead of reusing cached KV blocks of an earlier prompt as its prefix");
   command->add_flag("--no-loopback-origins", options->no_loopback_origins,
                     "Refuse pages served from this machine (localhost, 127.0.0.1, [::1]) too, unless listed");
   command->add_option("--log-format", options->log_format, "The per-request log line: text, or one JSON object")

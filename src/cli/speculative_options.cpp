@@ -83,6 +83,7 @@ std::optional<PreparedModel> SpeculativeOptions::prepare_draft(const ModelOption
 MemoryRequest SpeculativeOptions::memory_request(const ServingSizes& sizes, int64_t context, bool embeddings,
                                                  const std::optional<PreparedModel>& draft) const {
   MemoryRequest request{sizes.max_batch, context, sizes.prefill_chunk, embeddings, enabled()};
+  request.kv_blocks = sizes.kv_blocks(context);
   if (draft) {
     request.draft = &draft->plan;
     request.draft_load_dtype = draft->load_dtype;

@@ -21,6 +21,16 @@ double gib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<dou
 
 int64_t chunk_tokens(const MemoryRequest& request) { return std::min(request.prefill_chunk, request.context); }
 
+int64_t kv_blocks(const MemoryRequest& request) {
+  return request.kv_blocks > 0 ? request.kv_blocks : request.sequences * kv_table_width(request.context);
+}
+
+}  // namespace
+
+int64_t engine_cache_blocks(const MemoryRequest& request) { return kv_blocks(request) + 1; }
+
+namespace {
+
 // The end of the positions a step can reach in a cache of `capacity` positions (BatchLayout's
 // positions are 32-bit).
 int64_t reachable_end(int64_t capacity) { return std::min<int64_t>(capacity, std::numeric_limits<int32_t>::max()); }
@@ -49,7 +59,8 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
   // (engine/decode_graph.h: padded rows take spare slots); embeddings decode nothing.
   const bool graphs = !request.embeddings && DecodeGraphs::supported(*dry);
   plan.cache_slots = graphs ? decode_bucket(request.sequences) : request.sequences;
-  const std::unique_ptr<ModelCache> cache = dry->make_cache(plan.cache_slots, request.context);
+  const std::unique_ptr<ModelCache> cache =
+      dry->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
   if (request.speculative) cache->save_slot_state(0);  // allocates the saved states of every slot
   plan.cache = held() - plan.weights;
   // The draft's parts stay held while the target's steps are planned, as they are while it serves.
@@ -146,8 +157,11 @@ std::string describe_memory_plan(const MemoryPlan& plan, const std::string& devi
   const MemoryRequest& request = plan.request;
   std::string text;
   text += fmt::format("weights          {:9.3f} GiB\n", gib(plan.weights));
-  text += fmt::format("cache            {:9.3f} GiB  ({} slots x {} tokens)\n", gib(plan.cache), plan.cache_slots,
-                      request.context);
+  const int64_t blocks = kv_blocks(request);
+  text += fmt::format("cache            {:9.3f} GiB  ({} blocks of {} tokens: {} tokens, {} sequences of the whole "
+                      "{}-token context at once; {} slots)\n",
+                      gib(plan.cache), blocks, kKvBlockTokens, blocks * kKvBlockTokens,
+                      blocks / kv_table_width(request.context), request.context, plan.cache_slots);
   if (plan.steps_planned)
     text += fmt::format("step scratch     {:9.3f} GiB  ({} tokens a step: {} x {}-token prefill chunks)\n",
                         gib(plan.step_scratch), plan.step_tokens, request.sequences, chunk_tokens(request));

@@ -40,7 +40,14 @@ struct MemoryRequest {
   // its largest step are planned too. It runs no decode graphs.
   const ModelPlan* draft = nullptr;
   std::optional<DType> draft_load_dtype = std::nullopt;
+  // The paged KV cache's blocks, shared by the sequences (ServingSizes::kv_blocks); 0: a block for
+  // every position of every sequence.
+  int64_t kv_blocks = 0;
 };
+
+// The blocks of the cache the engine makes for `request`: its KV pool and the scratch block that
+// free slots point at (engine/generation_core.h).
+int64_t engine_cache_blocks(const MemoryRequest& request);
 
 struct MemoryPlan {
   MemoryRequest request;

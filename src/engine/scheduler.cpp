@@ -20,9 +20,13 @@ Scheduler::Scheduler(Model& model, SchedulerOptions options)
     : SchedulerQueue(options.max_queue), model_(model), options_(options) {
   const ServingSizes sizes{options_.max_batch, options_.context_tokens, options_.prefill_chunk};
   check_serving_sizes(sizes, model_.config());
+  if (options_.kv_cache_tokens < 0 || options_.kv_cache_tokens % kKvBlockTokens != 0)
+    fail("the KV cache's {} tokens are not a multiple of its {}-token blocks", options_.kv_cache_tokens, kKvBlockTokens);
   core_ = std::make_unique<GenerationCore>(model_, options_.max_batch, options_.context_tokens,
-                                           options_.prefill_chunk, sizes.step_token_budget(), options_.prefix_cache);
-  stats_.cache_tokens_total = options_.max_batch * options_.context_tokens;
+                                           options_.prefill_chunk, sizes.step_token_budget(), options_.prefix_cache,
+                                           options_.kv_cache_tokens / kKvBlockTokens);
+  stats_.cache_tokens_total = core_->cache_tokens_total();
+  publish_cache_stats();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -48,7 +52,7 @@ void Scheduler::run() {
         return;
       }
       if (stopping_ && waiting_.empty() && core_->running() == 0) return;
-      while (core_->has_free_slot() && !waiting_.empty()) {
+      while (!waiting_.empty() && core_->can_admit(waiting_.front().first)) {
         auto [request, stream] = std::move(waiting_.front());
         waiting_.pop_front();
         core_->admit(std::move(request), std::move(stream));
@@ -76,6 +80,16 @@ void Scheduler::step() {
   stats_.running = static_cast<int64_t>(core_->running());
   stats_.cache_tokens_used = cache_used;
   stats_.speculation = core_->speculation_counts();
+  publish_cache_stats();
+}
+
+void Scheduler::publish_cache_stats() {
+  const KvCacheStats cache = core_->kv_cache_stats();
+  stats_.kv_blocks_total = cache.blocks;
+  stats_.kv_blocks_free = cache.free_blocks;
+  stats_.kv_blocks_cached = cache.cached_blocks;
+  stats_.kv_blocks_used = cache.used_blocks;
+  stats_.preemptions = cache.preemptions;
 }
 
 }  // namespace kiln

@@ -24,7 +24,10 @@ struct SchedulerOptions {
   int64_t context_tokens = 4096;   // per-sequence capacity (prompt + generation)
   int64_t max_queue = 64;          // waiting requests beyond this are refused (QueueFull)
   int64_t prefill_chunk = kDefaultPrefillChunk;  // most prompt tokens one sequence prefills per step (multiple of 64)
-  bool prefix_cache = true;  // reuse a slot's tokens as a new prompt's prefix (GenerationCore)
+  bool prefix_cache = true;  // reuse cached KV blocks as a new prompt's prefix (GenerationCore)
+  // Positions of the paged KV cache's pool (a multiple of 64; 0: max_batch × context_tokens): requests
+  // share it, so more may run at once than whole contexts fit (GenerationCore).
+  int64_t kv_cache_tokens = 0;
 };
 
 class Scheduler : public SchedulerQueue<std::pair<GenerationRequest, std::shared_ptr<RequestStream>>> {
@@ -41,6 +44,8 @@ class Scheduler : public SchedulerQueue<std::pair<GenerationRequest, std::shared
   void run();
   // Runs one step of the core and publishes the stats it leaves.
   void step();
+  // Copies the core's KV cache stats into stats_ (with the mutex held, or before the thread starts).
+  void publish_cache_stats();
 
   Model& model_;
   SchedulerOptions options_;

@@ -26,6 +26,13 @@ struct SchedulerStats {
   int64_t steps = 0;
   int64_t prefix_query_tokens = 0;  // prompt tokens admitted
   int64_t prefix_hit_tokens = 0;    // of them, served from the prefix cache
+  // The paged KV cache's blocks (engine/generation_core.h's KvCacheStats): free, cached and held by
+  // no running request, held; and the preemptions so far.
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t kv_blocks_cached = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t preemptions = 0;
   SpeculationCounts speculation;    // verify steps, proposed and accepted tokens (engine/speculative.h)
 };
 

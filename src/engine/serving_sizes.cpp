@@ -22,7 +22,16 @@ void check_serving_sizes(const ServingSizes& sizes, const ModelConfig& config) {
   if (sizes.max_batch < 1) fail("max batch must be at least 1, got {}", sizes.max_batch);
   check_prefill_chunk(sizes.prefill_chunk);
   if (sizes.max_context < 0) fail("max context must not be negative, got {}", sizes.max_context);
-  sizes.context(config);
+  const int64_t context = sizes.context(config);
+  if (sizes.kv_cache_tokens < 0 || sizes.kv_cache_tokens % kKvBlockTokens != 0)
+    fail("the KV cache's tokens must be a multiple of its {}-token blocks, got {}", kKvBlockTokens,
+         sizes.kv_cache_tokens);
+  if (sizes.kv_cache_tokens > 0 && sizes.kv_cache_tokens < kv_table_width(context) * kKvBlockTokens)
+    fail("a KV cache of {} tokens cannot hold one sequence of the context's {} tokens", sizes.kv_cache_tokens, context);
+}
+
+int64_t ServingSizes::kv_blocks(int64_t context) const {
+  return kv_cache_tokens > 0 ? kv_cache_tokens / kKvBlockTokens : max_batch * kv_table_width(context);
 }
 
 }  // namespace kiln

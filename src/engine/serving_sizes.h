@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "io/config.h"
 
 namespace kiln {
@@ -19,6 +20,9 @@ struct ServingSizes {
   int32_t max_batch = 8;                         // sequences decoded together (cache slots)
   int64_t max_context = 0;                       // tokens per sequence, prompt and completion; 0: the model's
   int64_t prefill_chunk = kDefaultPrefillChunk;  // most prompt tokens a sequence prefills per step
+  // Positions of the paged KV cache, which the sequences share (a multiple of 64, at least one
+  // context's blocks); 0: a block for every position of every sequence, max_batch × context.
+  int64_t kv_cache_tokens = 0;
 
   // Tokens per sequence: the model's context, or less when max_context asks; fails when neither
   // says.
@@ -26,6 +30,8 @@ struct ServingSizes {
   // The most tokens one step runs: every sequence prefilling a whole chunk, the step the memory
   // plan makes room for.
   int64_t step_token_budget() const { return max_batch * prefill_chunk; }
+  // The KV pool's blocks (kKvBlockTokens positions each) for sequences of `context` tokens.
+  int64_t kv_blocks(int64_t context) const;
 };
 
 // Fails, naming the size at fault, unless the batch is at least 1, the prefill chunk a positive

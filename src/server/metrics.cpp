@@ -141,7 +141,7 @@ std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
                 static_cast<double>(scheduler.running));
   append_metric(text, "kiln_kv_cache_tokens_used", "gauge", "KV-cache token positions held by running requests.",
                 static_cast<double>(scheduler.cache_tokens_used));
-  append_metric(text, "kiln_kv_cache_tokens_total", "gauge", "KV-cache token positions (slots x context).",
+  append_metric(text, "kiln_kv_cache_tokens_total", "gauge", "KV-cache token positions (the block pool's).",
                 static_cast<double>(scheduler.cache_tokens_total));
   append_metric(text, "kiln_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache in use.",
                 scheduler.cache_tokens_total > 0 ? static_cast<double>(scheduler.cache_tokens_used) /
@@ -154,6 +154,19 @@ std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
   append_metric(text, "kiln_prefix_cache_hits_total", "counter",
                 "Prompt tokens served from the prefix cache instead of prefilled.",
                 static_cast<double>(scheduler.prefix_hit_tokens));
+  append_metric(text, "kiln_kv_cache_blocks_total", "gauge", "Blocks of the paged KV cache (64 positions each).",
+                static_cast<double>(scheduler.kv_blocks_total));
+  append_metric(text, "kiln_kv_cache_blocks_free", "gauge", "KV-cache blocks holding nothing.",
+                static_cast<double>(scheduler.kv_blocks_free));
+  append_metric(text, "kiln_kv_cache_blocks_cached", "gauge",
+                "KV-cache blocks holding a cached prefix that no running request holds (evicted least recently used "
+                "first when blocks are needed).",
+                static_cast<double>(scheduler.kv_blocks_cached));
+  append_metric(text, "kiln_kv_cache_blocks_used", "gauge", "KV-cache blocks held by running requests.",
+                static_cast<double>(scheduler.kv_blocks_used));
+  append_metric(text, "kiln_preemptions_total", "counter",
+                "Requests whose KV blocks were taken back for others to run (each runs again, recomputed).",
+                static_cast<double>(scheduler.preemptions));
   const SpeculationCounts& speculation = scheduler.speculation;
   append_metric(text, "kiln_speculative_verify_steps_total", "counter",
                 "Verify steps of speculative decoding (one per sequence and step).",

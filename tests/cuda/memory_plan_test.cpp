@@ -54,7 +54,7 @@ void expect_the_allocator_holds_the_plan(const std::filesystem::path& dir, DType
   const std::unique_ptr<Model> model = build_model(model_plan, *backend);
   expect_planned("weights", plan.weights, held() - start);
   start = held();
-  const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context);
+  const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
   expect_planned("cache", plan.cache, held() - start);
   // The allocator gives nothing back (no request here comes near the device's memory), so what
   // it holds after a phase is that phase's peak.
