@@ -9,7 +9,8 @@
 # BIN_DIR holds llama-bench, llama-quantize and their shared libraries; GGUF_PY_DIR is llama.cpp's
 # gguf-py. GGUFs go to $LLAMA_PEER_WORK (default /tmp/llama-peer) and are deleted as soon as they
 # are measured: at most the 8B's F16 (16 GB) and one quantized file (8.5 GB for Q8_0) at a time.
-# LLAMA_PEER_SHAPES (default "llama-3.1-8b llama-3.2-1b", or "tiny" for a CPU check) and
+# LLAMA_PEER_SHAPES (default "llama-3.1-8b llama-3.2-1b", or "tiny" for a CPU check),
+# LLAMA_PEER_TYPES (default: Q4_0 Q4_K_M Q8_0 for the 8B, Q4_0 for the others) and
 # LLAMA_PEER_BENCH_ARGS (default "-p 512 -n 128 -fa on -ngl 99 -r 3") change what runs.
 set -euo pipefail
 if [ $# -ne 2 ]; then
@@ -35,6 +36,7 @@ for shape in $shapes; do
     llama-3.1-8b) types="Q4_0 Q4_K_M Q8_0" ;;
     *) types="Q4_0" ;;
   esac
+  types=${LLAMA_PEER_TYPES:-$types}
   f16="$work/$shape-f16.gguf"
   stamp "$shape: writing F16"
   python3 "$here/write_random_gguf.py" --gguf-py "$gguf_py" --shape "$shape" "$f16"
