@@ -568,6 +568,19 @@ void read_gated_delta_net_fields(const ConfigFields& text, ModelConfig& config) 
   if (config.linear_conv_kernel_dim < 2)
     text.fail_field("linear_conv_kernel_dim", "is {}; a causal conv needs a kernel of at least 2",
                     config.linear_conv_kernel_dim);
+  // The multi-token-prediction layers: Qwen3.5 names them mtp_num_hidden_layers, Qwen3-Next
+  // num_nextn_predict_layers; absent, 1, as vLLM's qwen3_5_mtp.py and qwen3_next_mtp.py read them.
+  config.mtp_layers = 1;
+  const char* named = nullptr;
+  for (const char* field : {"mtp_num_hidden_layers", "num_nextn_predict_layers"}) {
+    if (!text.has(field)) continue;
+    const int64_t layers = text.integer(field);
+    if (layers < 0) text.fail_field(field, "is {}, not a count of layers", layers);
+    if (named && layers != config.mtp_layers)
+      text.fail_field(field, "is {}, but {} is {}", layers, named, config.mtp_layers);
+    config.mtp_layers = layers;
+    named = field;
+  }
 }
 
 }  // namespace
@@ -742,8 +755,8 @@ FamilySpec qwen3_5_family() {
       .wrappers = {{"qwen3_5", "qwen3_5_text"}},
       .graph_shaping_fields = hybrid_graph_shaping_fields(),
       // Qwen3.5 ships in two checkpoint generations (and Qwen3-Next in a third row layout).
-      .sanitize = [](const Checkpoint& checkpoint,
-                     const ModelConfig& config) { return plan_qwen3_5_checkpoint(checkpoint.tensors(), config); },
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig& config,
+                     bool keep_mtp) { return plan_qwen3_5_checkpoint(checkpoint.tensors(), config, keep_mtp); },
       .tensor_parallel = {check_qwen3_5_tensor_parallel, qwen3_5_tensor_shard},
       // The graph needs the backend's HybridOps: the CPU and CUDA have them.
       .backends = {{Device::CPU, make_qwen3_5_model}, {Device::CUDA, make_qwen3_5_model}},
