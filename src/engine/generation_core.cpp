@@ -86,6 +86,8 @@ struct GenerationCore::Sequence {
   // A grammar's mask and a reasoning budget's forced tokens decide a token at a time: such a request
   // decodes plainly.
   bool speculates() const { return proposer != nullptr && !matcher && !budget; }
+  // Its proposer reads the target's hidden states: every step that runs it returns them.
+  bool reads_hidden_states() const { return proposer && request.speculation.proposer->reads_hidden_states(); }
   // The position of the first token its next decode appends.
   int64_t decode_position() const { return prompt_length() + generated - 1 - replay; }
   // What its next decode appends: the tokens it runs again, the last sampled token, its proposals.
@@ -147,13 +149,17 @@ GenerationCore::~GenerationCore() = default;
 void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStream> stream) {
   if (free_slots_.empty()) fail("no free cache slot for a new request");
   const std::vector<int32_t>& prompt = request.prompt;
+  // A proposer that reads the target's hidden states must see those of every prompt position, so
+  // its request reuses no prefix.
+  const bool reuses = prefix_cache_ && !(request.speculation.enabled() &&
+                                         request.speculation.proposer->reads_hidden_states());
   // The free slot to take: the longest reusable run, else the one released longest ago.
   size_t chosen = 0;
   int64_t reused = 0;
   for (size_t i = 0; i < free_slots_.size(); ++i) {
     const std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(free_slots_[i])];
     int64_t run = 0;
-    if (prefix_cache_) {
+    if (reuses) {
       const auto limit = static_cast<int64_t>(std::min(held.size(), prompt.size() - 1));
       while (run < limit && held[static_cast<size_t>(run)] == prompt[static_cast<size_t>(run)]) ++run;
       run -= run % kPrefixBlock;
@@ -339,7 +345,8 @@ bool GenerationCore::verify(Sequence& sequence, std::span<const float> rows) {
 // Asks each speculating request that decodes this step for its proposals: at most its speculation's
 // tokens, and fewer than its max_tokens leave (a verify step emits up to one token more than it
 // proposes). A request that runs tokens again proposes nothing: its state is saved before the step
-// that proposes, and must first hold every token it emitted.
+// that proposes, and must first hold every token it emitted. A request whose proposer reads hidden
+// states is asked at every step, for none when it may not propose (ProposalAsk).
 // The requests of one method are asked together (a draft model runs them as one batch).
 void GenerationCore::propose() {
   const auto vocab = static_cast<int32_t>(model_.config().vocab_size);
@@ -347,10 +354,12 @@ void GenerationCore::propose() {
   std::map<Proposer*, std::vector<Sequence*>> askers;
   for (auto& sequence : running_) {
     sequence->proposal.clear();
-    if (!sequence->speculates() || sequence->prefilled < sequence->prompt_length() || sequence->replay > 0) continue;
+    if (!sequence->speculates()) continue;
     const int64_t room = sequence->request.max_tokens - sequence->generated - 1;
-    const auto count = static_cast<int32_t>(std::min<int64_t>(sequence->request.speculation.tokens, room));
-    if (count <= 0) continue;
+    int32_t count = 0;
+    if (sequence->prefilled == sequence->prompt_length() && sequence->replay == 0)
+      count = static_cast<int32_t>(std::max<int64_t>(0, std::min<int64_t>(sequence->request.speculation.tokens, room)));
+    if (count == 0 && !sequence->reads_hidden_states()) continue;
     Proposer* method = sequence->request.speculation.proposer.get();
     asks[method].push_back({sequence->proposer.get(), sequence->history, count, {}});
     askers[method].push_back(sequence.get());
@@ -467,7 +476,9 @@ StepPlan GenerationCore::plan() const {
 // the step is left in flight: the next step() queues the following step before reading its tokens.
 GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
   StepResult result;
-  const bool on_device = decode_graphs_ && plan.every_sequence_decodes;
+  const bool reads_hidden_states = std::any_of(running_.begin(), running_.end(),
+                                               [](const auto& sequence) { return sequence->reads_hidden_states(); });
+  const bool on_device = decode_graphs_ && plan.every_sequence_decodes && !reads_hidden_states;
   const bool wants_logits =
       std::any_of(running_.begin(), running_.end(), [](const auto& sequence) { return sequence->needs_logits(); });
   if (on_device && !wants_logits) {
@@ -489,14 +500,23 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
       // to be put back if a proposal is rejected.
       if (!sequence.proposal.empty() && !cache_->resumes_at_any_position()) cache_->save_slot_state(sequence.slot);
       steps.push_back({sequence.slot, static_cast<int32_t>(sequence.decode_position()), sequence.decode_input(),
-                       false, static_cast<int32_t>(1 + sequence.proposal.size())});
+                       false, static_cast<int32_t>(1 + sequence.proposal.size()), sequence.reads_hidden_states()});
     } else
       steps.push_back({sequence.slot, static_cast<int32_t>(work.begin),
                        std::vector<int32_t>(sequence.request.prompt.begin() + work.begin,
                                             sequence.request.prompt.begin() + work.end),
-                       false});
+                       false, 1, sequence.reads_hidden_states()});
   }
-  result.logits = run_step(model_, *cache_, steps);
+  Tensor hidden;
+  result.logits = run_step(model_, *cache_, steps, &hidden);
+  // Each proposer that reads hidden states gets its request's rows, in the order run_step wrote them.
+  int64_t hidden_row = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!steps[i].hidden_states) continue;
+    const auto rows = static_cast<int64_t>(steps[i].tokens.size());
+    running_[plan.work[i].sequence]->proposer->observe(steps[i].first_position, hidden.slice_rows(hidden_row, rows));
+    hidden_row += rows;
+  }
   return result;
 }
 
