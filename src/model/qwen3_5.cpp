@@ -681,12 +681,12 @@ json qwen3_5_text_config(const Qwen35Sizes& sizes) {
   return config;
 }
 
-}  // namespace
-
-// Qwen3.5 text decoder as transformers' Qwen3_5ForCausalLM saves it (spec A): zero-centred
-// RMSNorm gains (stored w, applied as 1 + w), gated attention (q_proj carries query and gate per
-// head), Gated DeltaNet layers with the depthwise conv weight in torch's [C, 1, K] layout.
-std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
+// One decoder layer's tensors under `prefix`, as transformers saves them: zero-centred RMSNorm
+// gains (stored w, applied as 1 + w), gated attention (q_proj carries query and gate per head) or
+// a Gated DeltaNet layer with the depthwise conv weight in torch's [C, 1, K] layout, and the dense
+// MLP or the sparse one (experts in the fused v5 layout).
+void append_synth_layer(std::vector<SynthTensor>& tensors, const std::string& prefix, LayerKind kind, bool sparse,
+                        const ModelConfig& config) {
   const int64_t hidden = config.hidden_size;
   const int64_t head_dim = config.head_dim;
   const int64_t key_width = config.linear_num_key_heads * config.linear_key_head_dim;
@@ -694,44 +694,69 @@ std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
   const int64_t conv_channels = 2 * key_width + value_width;
   const int64_t value_heads = config.linear_num_value_heads;
   const int64_t intermediate = config.intermediate_size;
+  tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Zeros});
+  if (kind == LayerKind::FullAttention) {
+    const std::string attention = prefix + "self_attn.";
+    tensors.push_back(layer_linear(attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}));
+    tensors.push_back(layer_linear(attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
+    tensors.push_back(layer_linear(attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
+    tensors.push_back(layer_linear(attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}));
+    tensors.push_back({attention + "q_norm.weight", {head_dim}, SynthInit::Zeros});
+    tensors.push_back({attention + "k_norm.weight", {head_dim}, SynthInit::Zeros});
+  } else {
+    const std::string linear = prefix + "linear_attn.";
+    tensors.push_back(layer_linear(linear + "in_proj_qkv.weight", {conv_channels, hidden}));
+    tensors.push_back(layer_linear(linear + "in_proj_z.weight", {value_width, hidden}));
+    tensors.push_back(layer_linear(linear + "in_proj_b.weight", {value_heads, hidden}));
+    tensors.push_back(layer_linear(linear + "in_proj_a.weight", {value_heads, hidden}));
+    tensors.push_back({linear + "conv1d.weight", {conv_channels, 1, config.linear_conv_kernel_dim}});
+    tensors.push_back({linear + "dt_bias", {value_heads}, SynthInit::Ones});
+    tensors.push_back({linear + "A_log", {value_heads}});
+    tensors.push_back({linear + "norm.weight", {config.linear_value_head_dim}, SynthInit::Ones});
+    tensors.push_back(layer_linear(linear + "out_proj.weight", {hidden, value_width}));
+  }
+  tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
+  if (sparse) {
+    for (SynthTensor& tensor : sparse_moe_synth_layout(prefix, config, ExpertLayout::Fused))
+      tensors.push_back(std::move(tensor));
+    return;
+  }
+  tensors.push_back(layer_linear(prefix + "mlp.gate_proj.weight", {intermediate, hidden}));
+  tensors.push_back(layer_linear(prefix + "mlp.up_proj.weight", {intermediate, hidden}));
+  tensors.push_back(layer_linear(prefix + "mlp.down_proj.weight", {hidden, intermediate}));
+}
 
+bool sparse_layer(const ModelConfig& config, int64_t layer) {
+  return config.moe.experts > 0 && config.moe.sparse_layers.at(static_cast<size_t>(layer));
+}
+
+}  // namespace
+
+// Qwen3.5 text decoder as transformers' Qwen3_5ForCausalLM saves it (spec A).
+std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
   std::vector<SynthTensor> tensors;
   tensors.push_back(embedding("model.embed_tokens.weight", {config.vocab_size, hidden}));
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    const std::string prefix = fmt::format("model.layers.{}.", layer);
-    tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Zeros});
-    if (config.layer_types.at(static_cast<size_t>(layer)) == LayerKind::FullAttention) {
-      const std::string attention = prefix + "self_attn.";
-      tensors.push_back(layer_linear(attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}));
-      tensors.push_back(layer_linear(attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
-      tensors.push_back(layer_linear(attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
-      tensors.push_back(layer_linear(attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}));
-      tensors.push_back({attention + "q_norm.weight", {head_dim}, SynthInit::Zeros});
-      tensors.push_back({attention + "k_norm.weight", {head_dim}, SynthInit::Zeros});
-    } else {
-      const std::string linear = prefix + "linear_attn.";
-      tensors.push_back(layer_linear(linear + "in_proj_qkv.weight", {conv_channels, hidden}));
-      tensors.push_back(layer_linear(linear + "in_proj_z.weight", {value_width, hidden}));
-      tensors.push_back(layer_linear(linear + "in_proj_b.weight", {value_heads, hidden}));
-      tensors.push_back(layer_linear(linear + "in_proj_a.weight", {value_heads, hidden}));
-      tensors.push_back({linear + "conv1d.weight", {conv_channels, 1, config.linear_conv_kernel_dim}});
-      tensors.push_back({linear + "dt_bias", {value_heads}, SynthInit::Ones});
-      tensors.push_back({linear + "A_log", {value_heads}});
-      tensors.push_back({linear + "norm.weight", {config.linear_value_head_dim}, SynthInit::Ones});
-      tensors.push_back(layer_linear(linear + "out_proj.weight", {hidden, value_width}));
-    }
-    tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
-    if (config.moe.experts > 0 && config.moe.sparse_layers.at(static_cast<size_t>(layer))) {
-      for (SynthTensor& tensor : sparse_moe_synth_layout(prefix, config, ExpertLayout::Fused))
-        tensors.push_back(std::move(tensor));
-      continue;
-    }
-    tensors.push_back(layer_linear(prefix + "mlp.gate_proj.weight", {intermediate, hidden}));
-    tensors.push_back(layer_linear(prefix + "mlp.up_proj.weight", {intermediate, hidden}));
-    tensors.push_back(layer_linear(prefix + "mlp.down_proj.weight", {hidden, intermediate}));
-  }
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+    append_synth_layer(tensors, fmt::format("model.layers.{}.", layer),
+                       config.layer_types.at(static_cast<size_t>(layer)), sparse_layer(config, layer), config);
   tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Zeros});
   if (!config.tie_word_embeddings) tensors.push_back(head_linear("lm_head.weight", {config.vocab_size, hidden}));
+  return tensors;
+}
+
+// The multi-token-prediction head as the published Qwen3.5 checkpoints store it (spec A.8): fc,
+// three zero-centred norms and one full-attention layer with the MLP of the model's layer 0. fc is
+// no layer matrix to synth --quantize: NVFP4 exports keep it in BF16 (vLLM's qwen3_5_mtp.py).
+std::vector<SynthTensor> qwen3_5_mtp_synth_layout(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  std::vector<SynthTensor> tensors = {
+      {"mtp.fc.weight", {hidden, 2 * hidden}},
+      {"mtp.pre_fc_norm_embedding.weight", {hidden}, SynthInit::Zeros},
+      {"mtp.pre_fc_norm_hidden.weight", {hidden}, SynthInit::Zeros},
+      {"mtp.norm.weight", {hidden}, SynthInit::Zeros},
+  };
+  append_synth_layer(tensors, "mtp.layers.0.", LayerKind::FullAttention, sparse_layer(config, 0), config);
   return tensors;
 }
 
@@ -776,6 +801,7 @@ FamilySpec qwen3_5_family() {
       .synth_layout = qwen3_5_text_synth_layout,
       // Qwen3-Next stores its GDN projections in another row layout (in_proj_qkvz, in_proj_ba).
       .synth_model_types = {"qwen3_5_text"},
+      .synth_mtp_layout = qwen3_5_mtp_synth_layout,
   };
 }
 

@@ -91,6 +91,7 @@ FamilySpec qwen3_5_moe_family() {
                         qwen3_5_35b_a3b_config()}},
       .synth_layout = qwen3_5_text_synth_layout,
       .synth_model_types = {"qwen3_5_moe_text"},
+      .synth_mtp_layout = qwen3_5_mtp_synth_layout,
   };
 }
 
