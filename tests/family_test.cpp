@@ -36,7 +36,7 @@ FamilySpec toy_family(std::string graph = "toy", std::string model_type = "toy_l
       .model_types = {rules},
       .wrappers = {{"toy_vl", model_type}},
       .graph_shaping_fields = {{"toy_kernel", [](const ModelConfig& c) { return c.linear_conv_kernel_dim; }}},
-      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&) { return identity_plan(checkpoint); },
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&, bool) { return identity_plan(checkpoint); },
       .tensor_parallel = {check_llama_tensor_parallel, llama_tensor_shard},
       .backends = {{Device::CPU, make_llama_model}, {Device::CUDA, make_llama_model}},
       .synth_layout = dense_decoder_synth_layout,

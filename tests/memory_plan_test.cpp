@@ -22,6 +22,7 @@
 #include "model/loader.h"
 #include "model/synth.h"
 #include "forwarding_backend.h"
+#include "mtp_support.h"
 #include "profile_support.h"
 #include "test_support.h"
 
@@ -184,6 +185,47 @@ TEST(MemoryPlan, ADraftModelIsPlannedBesideTheTarget) {
   EXPECT_EQ(with_draft.total() - alone.total(), with_draft.draft);
   EXPECT_NE(describe_memory_plan(with_draft, "cpu").find("draft model"), std::string::npos);
   EXPECT_EQ(describe_memory_plan(alone, "cpu").find("draft model"), std::string::npos);
+}
+
+// Requests that speculate with the MTP head: its weights are the model's (a load that keeps them),
+// and its cache and its step over the largest step's hidden states are what the CPU backend hands
+// out for them.
+TEST(MemoryPlan, TheMtpHeadIsPlannedWithTheModel) {
+  for (const char* family : {"qwen3_5-text-tiny", "qwen3_5-moe-tiny"}) {
+    SCOPED_TRACE(family);
+    TempDir dir;
+    write_with_mtp(fixtures_dir() / family / "f32", dir.path());
+    LoadOptions options;
+    options.mtp = true;
+    const ModelPlan model_plan = plan_model(dir.path(), Device::CPU, true, options);
+    const ModelPlan without_head = plan_model(fixtures_dir() / family / "f32", Device::CPU, true);
+    CountingCpuBackend backend;
+    MemoryRequest request{3, 200, 64, false, true};
+    const MemoryPlan ngram = plan_memory(without_head, backend, std::nullopt, request);
+    request.mtp = true;
+    const MemoryPlan plan = plan_memory(model_plan, backend, std::nullopt, request);
+    EXPECT_EQ(backend.live(), 0u) << "the dry run handed out memory of the CPU backend";
+    EXPECT_GT(plan.weights, ngram.weights);
+    EXPECT_GT(plan.step_scratch, ngram.step_scratch);
+    EXPECT_NE(describe_memory_plan(plan, "cpu").find("mtp head cache"), std::string::npos);
+    EXPECT_EQ(describe_memory_plan(ngram, "cpu").find("mtp head cache"), std::string::npos);
+
+    const std::unique_ptr<Model> model = build_model(model_plan, backend);
+    EXPECT_EQ(plan.weights, backend.live());
+    const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context);
+    cache->save_slot_state(0);
+    EXPECT_EQ(plan.cache, cache->bytes());
+    const uint64_t before_head = backend.live();
+    const std::unique_ptr<ModelCache> head_cache = model->draft_head()->make_cache(3, request.context);
+    EXPECT_EQ(plan.mtp, backend.live() - before_head);
+    EXPECT_EQ(plan.mtp, head_cache->bytes());
+    const uint64_t before_step = backend.live();
+    backend.restart_peak();
+    run_largest_step(*model, *cache, request, head_cache.get());
+    EXPECT_EQ(plan.step_scratch, backend.peak() - before_step);
+    EXPECT_EQ(backend.live(), before_step);
+    EXPECT_EQ(plan.total(), plan.weights + plan.cache + plan.step_scratch + plan.reserve + plan.mtp);
+  }
 }
 
 TEST(MemoryPlan, ConvertedWeightsArePlannedInTheLoadDtype) {

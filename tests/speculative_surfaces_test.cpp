@@ -8,6 +8,7 @@
 #include <regex>
 #include <nlohmann/json.hpp>
 
+#include "mtp_support.h"
 #include "serve_process.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
@@ -104,11 +105,8 @@ TEST(SpeculativeFlags, AreCheckedAtStart) {
   const std::string model = "--model " + dir.string() + " --ids 1,2 --max-tokens 4 ";
   expect_one_line_error({"generate " + model + "--speculative ngram --num-speculative-tokens 17", "1..16"});
   expect_one_line_error({"generate " + model + "--speculative ngram --num-speculative-tokens 0", "1..16"});
-  expect_one_line_error({"generate " + model + "--speculative mtp", "no MTP weights"});
   expect_one_line_error({"generate " + model + "--speculative eagle", "unknown method"});
   expect_one_line_error({"generate " + model + "--speculative oracle", "unknown method"});
-  expect_one_line_error({"serve --model " + dir.string() + " --port 0 --speculative mtp", "no MTP weights"});
-  expect_one_line_error({"fit --model " + dir.string() + " --speculative mtp", "no MTP weights"});
 
   // A draft whose tokenizer maps a token to another id.
   TempDir other;
@@ -120,6 +118,84 @@ TEST(SpeculativeFlags, AreCheckedAtStart) {
   vocab[first] = vocab[first].get<int>() + 1000;
   std::ofstream(other.path() / "tokenizer.json") << tokenizer.dump();
   expect_one_line_error({"generate " + model + "--speculative draft:" + other.path().string(), "tokenizer differs"});
+}
+
+// --speculative mtp needs a family with an MTP head and a checkpoint holding its weights, on one
+// device: each refused in one line before any weight is read.
+TEST(SpeculativeFlags, MtpIsRefusedWhereNoHeadRuns) {
+  KILN_REQUIRE_STORIES(dir);
+  for (const std::string command : {"generate --ids 1,2 --max-tokens 4", "serve --port 0", "fit", "bench --ids 1,2"})
+    expect_one_line_error({command + " --model " + dir.string() + " --speculative mtp",
+                           "model_type llama has no multi-token-prediction head"});
+  const std::filesystem::path dense = fixtures_dir() / "qwen3_5-text-tiny" / "f32";
+  for (const std::string command : {"generate --ids 1,2 --max-tokens 4", "serve --port 0", "fit", "bench --ids 1,2"})
+    expect_one_line_error({command + " --model " + dense.string() + " --speculative mtp", "no MTP weights"});
+  TempDir with_head;
+  write_with_mtp(dense, with_head.path());
+  expect_one_line_error({"generate --ids 1,2 --max-tokens 4 --tensor-parallel 2 --model " + with_head.path().string() +
+                             " --speculative mtp",
+                         "not split over --tensor-parallel 2 ranks"});
+}
+
+// The dense fixture with random MTP weights: kiln generate --speculative mtp prints the plain ids
+// and its counts, kiln fit plans the head's cache, kiln bench reports the exact run.
+TEST(SpeculativeGenerate, TheMtpHeadGivesThePlainIds) {
+  KILN_REQUIRE_STORIES(stories);
+  TempDir dir;
+  write_with_mtp(fixtures_dir() / "qwen3_5-text-tiny" / "f32", dir.path());
+  const std::string model = "--model " + dir.path().string() + " --ids 1,5,9,3,5,9,3,5,9,7 --max-tokens 120 ";
+  for (const std::string sampling : {"--temperature 0", "--temperature 0.8 --seed 4"}) {
+    const CommandResult plain = run_command(kiln_command("generate " + model + sampling));
+    const CommandResult mtp = run_command(kiln_command("generate " + model + sampling + " --speculative mtp"));
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    ASSERT_EQ(mtp.exit_code, 0) << mtp.output;
+    const auto ids = [](const std::string& output) { return output.substr(0, output.find_first_not_of("0123456789,")); };
+    EXPECT_EQ(ids(mtp.output), ids(plain.output)) << sampling;
+    EXPECT_NE(mtp.output.find("tokens per verify step"), std::string::npos) << mtp.output;
+  }
+  const CommandResult fit =
+      run_command(kiln_command("fit --model " + dir.path().string() + " --max-batch 2 --speculative mtp"));
+  ASSERT_EQ(fit.exit_code, 0) << fit.output;
+  EXPECT_NE(fit.output.find("mtp head cache"), std::string::npos) << fit.output;
+  const CommandResult bench = run_command(kiln_command("bench --model " + dir.path().string() +
+                                                       " --ids 1,5,9 --speculative mtp --decode-tokens 48 --repeats 1 --json"));
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  const nlohmann::json report = nlohmann::json::parse(bench.output.substr(bench.output.find('{')));
+  EXPECT_EQ(report["method"], "mtp");
+  EXPECT_EQ(report["generated_tokens"], 48);
+  EXPECT_GT(report["verify_steps"].get<int64_t>(), 0);
+}
+
+// A server with the MTP head (the dense fixture with random MTP weights, and stories260K's tokenizer
+// of the same 512 ids): a request gets the plain text whether it takes the server's MTP speculation,
+// asks for it or for n-gram proposals by name, or declines; /metrics counts the verify steps.
+TEST(SpeculativeServe, TheMtpHeadServesThePlainText) {
+  KILN_REQUIRE_STORIES(stories);
+  TempDir dir;
+  write_with_mtp(fixtures_dir() / "qwen3_5-text-tiny" / "f32", dir.path());
+  std::filesystem::copy_file(stories / "tokenizer.json", dir.path() / "tokenizer.json");
+  ServeProcess server({"--model", dir.path().string(), "--max-batch", "3", "--speculative", "mtp"});
+  ASSERT_NE(server.port(), 0) << "kiln serve did not start:\n" << server.log();
+  const auto completion = [&](nlohmann::json extra) {
+    nlohmann::json body = {{"model", dir.path().filename().string()}, {"prompt", "Once upon a time"},
+                           {"max_tokens", 60}, {"temperature", 0}, {"ignore_eos", true}};
+    body.update(extra);
+    return post(server.port(), "/v1/completions", body);
+  };
+  const auto plain = completion({{"speculative", false}});
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const std::string text = nlohmann::json::parse(plain->body)["choices"][0]["text"];
+  for (const nlohmann::json& speculative :
+       {nlohmann::json(nullptr), nlohmann::json{{"method", "mtp"}, {"num_tokens", 2}}, nlohmann::json{{"method", "ngram"}}}) {
+    nlohmann::json extra = nlohmann::json::object();
+    if (!speculative.is_null()) extra["speculative"] = speculative;
+    const auto response = completion(extra);
+    ASSERT_TRUE(response);
+    ASSERT_EQ(response->status, 200) << response->body;
+    EXPECT_EQ(nlohmann::json::parse(response->body)["choices"][0]["text"], text) << speculative.dump();
+  }
+  EXPECT_GT(metric_value(server.port(), "kiln_speculative_verify_steps_total"), 0);
 }
 
 TEST(SpeculativeGenerate, PrintsThePlainIdsAndItsCounts) {

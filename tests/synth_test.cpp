@@ -226,6 +226,34 @@ TEST(Synth, MoeShapesCountEveryExpertAndTheSanitizerPlansThem) {
   }
 }
 
+// synth --mtp: the head the published Qwen3.5 checkpoints carry beside the model (fc, three norms
+// and one full-attention layer with the model's MLP), which the sanitizer keeps for --speculative
+// mtp and drops otherwise; a family without an MTP head has none to write.
+TEST(Synth, Qwen35MtpHeadsAreLaidOutAndPlanned) {
+  for (const char* shape : {"qwen3.5-9b", "qwen3.5-35b-a3b"}) {
+    SCOPED_TRACE(shape);
+    const ModelConfig config = parse_model_config(find_synth_shape(shape).config, "config.json");
+    const int64_t hidden = config.hidden_size;
+    std::map<std::string, Shape> mtp;
+    for (const SynthTensor& tensor : synth_mtp_tensor_layout(config)) mtp[tensor.name] = tensor.shape;
+    EXPECT_EQ(mtp.at("mtp.fc.weight"), (Shape{hidden, 2 * hidden}));
+    EXPECT_EQ(mtp.at("mtp.norm.weight"), Shape{hidden});
+    EXPECT_EQ(mtp.at("mtp.layers.0.self_attn.q_proj.weight"),
+              (Shape{2 * config.num_attention_heads * config.head_dim, hidden}));
+    EXPECT_EQ(mtp.count("mtp.layers.0.mlp.experts.gate_up_proj"), config.moe.experts > 0 ? 1u : 0u);
+    EXPECT_EQ(mtp.count("mtp.layers.0.mlp.gate_proj.weight"), config.moe.experts > 0 ? 0u : 1u);
+    std::map<std::string, TensorInfo> tensors;
+    for (const SynthTensor& tensor : synth_tensor_layout(config))
+      tensors[tensor.name] = TensorInfo{tensor.name, DType::BF16, tensor.shape, {}, 0, 0};
+    for (const auto& [name, tensor_shape] : mtp) tensors[name] = TensorInfo{name, DType::BF16, tensor_shape, {}, 0, 0};
+    EXPECT_EQ(plan_qwen3_5_checkpoint(tensors, config).dropped.size(), mtp.size());
+    EXPECT_TRUE(plan_qwen3_5_checkpoint(tensors, config, true).dropped.empty());
+  }
+  const ModelConfig dense = parse_model_config(find_synth_shape("qwen3-0.6b").config, "config.json");
+  kiln::testing::expect_error_mentions([&] { synth_mtp_tensor_layout(dense); },
+                                       {"synth --mtp", "no multi-token-prediction head"});
+}
+
 namespace {
 
 // Every tensor of two checkpoints, byte for byte, and their config.json quantization.

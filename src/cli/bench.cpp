@@ -115,7 +115,7 @@ void bench_speculative(const BenchCommand& options, PreparedModel prepared) {
     setup.speculation = {std::make_shared<ReplayProposer>(prompt, plain.tokens), options.speculative.tokens};
   } else {
     const int64_t context = static_cast<int64_t>(prompt.size()) + options.decode_tokens + 1;
-    setup = make_speculation(options.speculative, options.model, config, 1, context, kDefaultPrefillChunk);
+    setup = make_speculation(options.speculative, options.model, model, 1, context, kDefaultPrefillChunk);
   }
   generation.speculation = setup.speculation;
   const GenerationResult speculative = fastest_run(model, prompt, generation, options.repeats);
@@ -193,6 +193,7 @@ RegisterCommand register_bench([](CLI::App& app) {
     options->model.resolve();
     if (options->speculative.enabled()) {
       const ServingSizes sizes{1, 0, kDefaultPrefillChunk};
+      options->model.mtp = options->speculative.uses_mtp_head();
       PreparedModel prepared = prepare_model(options->model, sizes);
       options->speculative.check(prepared);
       bench_speculative(*options, std::move(prepared));

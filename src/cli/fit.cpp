@@ -56,6 +56,7 @@ const RegisterCommand kRegisterFit([](CLI::App& app) {
   options->speculative.add_to(*command);
   command->callback([options] {
     options->model.resolve();
+    options->model.mtp = options->speculative.uses_mtp_head();
     fit(*options);
   });
 });

@@ -79,12 +79,13 @@ RegisterCommand register_generate([](CLI::App& app) {
     if (!*ids && !*prompt && !*chat) fail("generate needs one of --ids, --prompt or --chat");
     if (*ids && !options->stops.empty()) fail("--stop applies to text (--prompt or --chat), not to --ids");
     options->model.resolve();
+    options->model.mtp = options->speculative.uses_mtp_head();
     PreparedModel prepared = prepare_model(options->model, options->sizes);
     if (options->speculative.enabled()) options->speculative.check(prepared);
     OpenedModel opened = build_prepared_model(std::move(prepared));
     SpeculativeSetup speculation;
     if (options->speculative.enabled())
-      speculation = make_speculation(options->speculative, options->model, opened.model->config(), 1,
+      speculation = make_speculation(options->speculative, options->model, *opened.model, 1,
                                      options->sizes.context(opened.model->config()), options->sizes.prefill_chunk);
     // The flags win over the generation config, which wins over kiln's defaults.
     const SamplingDefaults defaults = generation_defaults(options->generation_config, options->model.model_dir);

@@ -83,6 +83,7 @@ PreparedModel prepare_model(const ModelOptions& options) {
   if (options.dtype == "f32") load.dtype = DType::F32;
   if (options.dtype == "bf16") load.dtype = DType::BF16;
   load.hash_artifact = options.hash_artifact;
+  load.mtp = options.mtp;
   const Device device = options.device == "cuda" ? Device::CUDA : Device::CPU;
 #ifdef KILN_HAVE_CUDA
   if (device == Device::CUDA) {

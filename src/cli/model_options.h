@@ -37,6 +37,7 @@ struct ModelOptions {
   int threads = 0;  // 0: all hardware threads
   bool hash_artifact = false;
   int tensor_parallel = 1;  // ranks the model is split over (model/tensor_parallel.h)
+  bool mtp = false;         // keep the checkpoint's MTP head (--speculative mtp: LoadOptions::mtp)
 
   void add_to(CLI::App& command, bool with_dtype = true);
   // model_dir = resolve_model(model); the command's callback calls it first.

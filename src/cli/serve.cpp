@@ -190,19 +190,10 @@ void serve(const ServeCommand& options) {
   }
   server_options.api_key = options.api_key;
   server_options.shutdown_grace = to_milliseconds(options.shutdown_grace_seconds);
-  // A draft model loads here, before the port opens (the memory check planned it beside the target).
-  // With --speculative, a request may also ask for n-gram proposals.
-  SpeculativeSetup speculation;
-  if (options.speculative.enabled()) {
-    speculation = make_speculation(options.speculative, options.model, prepared.plan.config, options.sizes.max_batch,
-                                   context, options.sizes.prefill_chunk, std::move(draft));
-    server_options.speculation = speculation.speculation;
-    server_options.proposers["ngram"] = std::make_shared<NgramProposer>();
-    server_options.proposers[speculation.speculation.proposer->name()] = speculation.speculation.proposer;
-  }
-
-  // Declared before the server, which uses them until it is destroyed.
+  // Declared before the server, which uses them until it is destroyed; the speculation (a draft
+  // model, or a cache of the target's MTP head) after the target it serves.
   std::optional<OpenedModel> opened;
+  SpeculativeSetup speculation;
   std::optional<Scheduler> scheduler;
   std::optional<EmbeddingScheduler> embedding_scheduler;
   server::Server server(server_options);
@@ -218,6 +209,15 @@ void serve(const ServeCommand& options) {
   std::thread loader([&] {
     try {
       opened.emplace(build_prepared_model(std::move(prepared)));
+      // A draft model loads with the target (the memory check planned it beside the target). With
+      // --speculative, a request may also ask for n-gram proposals.
+      if (options.speculative.enabled()) {
+        speculation = make_speculation(options.speculative, options.model, *opened->model, options.sizes.max_batch,
+                                       context, options.sizes.prefill_chunk, std::move(draft));
+        server.offer_speculation(speculation.speculation,
+                                 {{"ngram", std::make_shared<NgramProposer>()},
+                                  {speculation.speculation.proposer->name(), speculation.speculation.proposer}});
+      }
       if (pooling) {
         embedding_scheduler.emplace(*opened->model,
                                     EmbeddingSchedulerOptions{scheduler_options.max_batch, scheduler_options.context_tokens,
@@ -335,6 +335,7 @@ RegisterCommand register_serve([](CLI::App& app) {
   command->callback([options, command] {
     if (!options->config_file.empty()) apply_config_file(*command, options->config_file);
     options->model.resolve();
+    options->model.mtp = options->speculative.uses_mtp_head();
     serve(*options);
   });
 });

@@ -7,15 +7,12 @@
 
 #include "core/error.h"
 #include "engine/draft_proposer.h"
+#include "engine/mtp_proposer.h"
 
 namespace kiln::cli {
 namespace {
 
 constexpr std::string_view kDraftPrefix = "draft:";
-
-bool names_mtp_tensor(const std::string& name) {
-  return name.starts_with("mtp.") || name.find(".mtp.") != std::string::npos;
-}
 
 // What defines a tokenizer.json's mapping between text and ids: its model (vocabulary, merges) and
 // its added tokens. Formatting and the other sections (normalizer options written differently, a
@@ -55,11 +52,11 @@ void SpeculativeOptions::check(const PreparedModel& target) const {
   check_speculative_tokens(tokens);
   if (method == "ngram" || (method == "oracle" && offers_oracle)) return;
   if (method == "mtp") {
-    for (const auto& [name, info] : target.plan.checkpoint.tensors())
-      if (names_mtp_tensor(name))
-        fail("--speculative mtp: {} has MTP weights ({}), but kiln does not run the MTP head yet (docs/speculative.md)",
-             target.options.model_dir, name);
-    fail("--speculative mtp: {} has no MTP weights (no tensor named mtp.*)", target.options.model_dir);
+    if (!target.options.mtp) fail("--speculative mtp: the model was prepared without its MTP head");
+    if (target.options.tensor_parallel > 1)
+      fail("--speculative mtp runs the MTP head on one device, not split over --tensor-parallel {} ranks",
+           target.options.tensor_parallel);
+    return;
   }
   if (method.starts_with(kDraftPrefix)) {
     const std::string draft = resolve_model(method.substr(kDraftPrefix.size()));
@@ -76,6 +73,7 @@ std::optional<PreparedModel> SpeculativeOptions::prepare_draft(const ModelOption
   ModelOptions draft_options = target_options;
   draft_options.model = method.substr(kDraftPrefix.size());
   draft_options.tensor_parallel = 1;
+  draft_options.mtp = false;
   draft_options.resolve();
   return prepare_model(draft_options, sizes);
 }
@@ -88,20 +86,23 @@ MemoryRequest SpeculativeOptions::memory_request(const ServingSizes& sizes, int6
     request.draft = &draft->plan;
     request.draft_load_dtype = draft->load_dtype;
   }
+  request.mtp = uses_mtp_head();
   return request;
 }
 
-SpeculativeSetup make_speculation(const SpeculativeOptions& options, const ModelOptions& target_options,
-                                  const ModelConfig& target_config, int32_t slots, int64_t context_tokens,
-                                  int64_t prefill_chunk, std::optional<PreparedModel> draft) {
+SpeculativeSetup make_speculation(const SpeculativeOptions& options, const ModelOptions& target_options, Model& target,
+                                  int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
+                                  std::optional<PreparedModel> draft) {
   SpeculativeSetup setup;
   setup.speculation.tokens = options.tokens;
   if (options.method == "ngram") {
     setup.speculation.proposer = std::make_shared<NgramProposer>();
+  } else if (options.uses_mtp_head()) {
+    setup.speculation.proposer = std::make_shared<MtpProposer>(target, slots, context_tokens);
   } else if (options.method.starts_with(kDraftPrefix)) {
     if (!draft) draft = options.prepare_draft(target_options, {slots, context_tokens, prefill_chunk});
     setup.draft = build_prepared_model(std::move(*draft));
-    check_draft_model(target_config, *setup.draft.model);
+    check_draft_model(target.config(), *setup.draft.model);
     setup.speculation.proposer =
         std::make_shared<DraftModelProposer>(*setup.draft.model, slots, context_tokens, prefill_chunk);
   } else {

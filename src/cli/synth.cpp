@@ -37,6 +37,8 @@ const RegisterCommand kSynthCommand([](CLI::App& app) {
   command->add_option("--group-size", arguments->group_size, "MLX affine: inputs per scale and bias")
       ->check(CLI::IsMember({32, 64, 128}))
       ->capture_default_str();
+  command->add_flag("--mtp", arguments->options.mtp,
+                    "Also write the multi-token-prediction head (mtp.*: Qwen3.5 shapes), for --speculative mtp");
   command->callback([arguments, layers] {
     SynthOptions options = arguments->options;
     options.dtype = arguments->dtype == "f32" ? DType::F32 : DType::BF16;
@@ -45,9 +47,10 @@ const RegisterCommand kSynthCommand([](CLI::App& app) {
     else if (!arguments->quantize.empty())
       options.quantize = SynthQuantization{QuantizeFormat::MlxAffine, {std::stoi(arguments->quantize), arguments->group_size}};
     const SynthResult result = write_synthetic_checkpoint(options);
-    fmt::print("kiln synth: {} (num_hidden_layers {}, {}{}): {} tensors, {:.2f} GiB in {} files under {}\n",
+    fmt::print("kiln synth: {} (num_hidden_layers {}, {}{}{}): {} tensors, {:.2f} GiB in {} files under {}\n",
                options.shape, result.config.num_hidden_layers, dtype_name(options.dtype),
-               options.quantize ? ", quantized " + arguments->quantize : std::string(), result.tensor_count,
+               options.quantize ? ", quantized " + arguments->quantize : std::string(),
+               options.mtp ? ", with the MTP head" : "", result.tensor_count,
                static_cast<double>(result.tensor_bytes) / (1ull << 30), result.files.size(), options.out.string());
   });
 });

@@ -12,11 +12,12 @@
 
 namespace kiln {
 
-Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences) {
+Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences, Tensor* hidden) {
   Backend& backend = model.backend();
   std::vector<SequenceSpan> spans;
   std::vector<int32_t> token_ids;
   std::vector<int32_t> logit_rows;
+  std::vector<int32_t> hidden_rows;
   for (const SequenceStep& sequence : sequences) {
     if (sequence.tokens.empty()) fail("a sequence step must carry at least one token");
     if (sequence.first_position + static_cast<int64_t>(sequence.tokens.size()) > cache.capacity())
@@ -30,13 +31,24 @@ Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>
       fail("a sequence step of {} tokens asks for the logits of its last {}", count, sequence.last_logits);
     for (int32_t i = sequence.all_logits ? 0 : count - sequence.last_logits; i < count; ++i)
       logit_rows.push_back(first_token + i);
+    if (sequence.hidden_states)
+      for (int32_t i = 0; i < count; ++i) hidden_rows.push_back(first_token + i);
   }
   const BatchLayout layout = backend.make_layout(spans, token_ids);
-  Tensor host_rows = Tensor::empty({static_cast<int64_t>(logit_rows.size())}, DType::I32);
-  std::memcpy(host_rows.raw(), logit_rows.data(), logit_rows.size() * sizeof(int32_t));
-  Tensor rows = backend.upload(host_rows);
+  const auto upload_rows = [&](const std::vector<int32_t>& indices) {
+    Tensor host_rows = Tensor::empty({static_cast<int64_t>(indices.size())}, DType::I32);
+    std::memcpy(host_rows.raw(), indices.data(), indices.size() * sizeof(int32_t));
+    return backend.upload(host_rows);
+  };
   Tensor logits = backend.alloc({static_cast<int64_t>(logit_rows.size()), model.config().vocab_size}, DType::F32);
-  model.forward(layout, rows, cache, logits);
+  if (hidden_rows.empty()) {
+    model.forward(layout, upload_rows(logit_rows), cache, logits);
+  } else {
+    if (!hidden) fail("a sequence step asks for hidden states, but run_step was given nowhere to put them");
+    *hidden = backend.alloc({static_cast<int64_t>(hidden_rows.size()), model.config().hidden_size},
+                            backend.activation_dtype());
+    model.forward_with_hidden(layout, upload_rows(logit_rows), upload_rows(hidden_rows), cache, logits, *hidden);
+  }
   return backend.download(logits);
 }
 

@@ -19,18 +19,22 @@ namespace kiln {
 
 // One sequence's contribution to a step: `tokens` continue the sequence in `slot` at
 // `first_position`. Its logits rows are every token's (all_logits), or those of its last
-// `last_logits` tokens (a verify step's rows; the last token's alone by default).
+// `last_logits` tokens (a verify step's rows; the last token's alone by default). With
+// `hidden_states`, every token's final hidden state comes back too (run_step's `hidden`).
 struct SequenceStep {
   int32_t slot = 0;
   int32_t first_position = 0;
   std::vector<int32_t> tokens;
   bool all_logits = false;
   int32_t last_logits = 1;
+  bool hidden_states = false;
 };
 
 // Runs one forward over the sequences (in order) and returns their logit rows as a host
-// f32 tensor [rows, vocab], sequence by sequence.
-Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences);
+// f32 tensor [rows, vocab], sequence by sequence. When some sequence asks for its hidden states,
+// `hidden` receives them from the same forward (Model::forward_with_hidden): [rows, hidden_size]
+// in the activation dtype on the backend's device, every token of those sequences in order.
+Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences, Tensor* hidden = nullptr);
 
 // Logits of every prompt position [T, vocab], prefilled in chunks of `chunk` tokens split as a
 // step plan splits them (prefill_chunk_end; a chunk is a positive multiple of 64), or with

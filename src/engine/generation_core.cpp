@@ -113,6 +113,8 @@ struct GenerationCore::Sequence {
   // A grammar's mask and a reasoning budget's forced tokens decide a token at a time: such a request
   // decodes plainly.
   bool speculates() const { return proposer != nullptr && !matcher && !budget; }
+  // Its proposer reads the target's hidden states: every step that runs it returns them.
+  bool reads_hidden_states() const { return proposer && request.speculation.proposer->reads_hidden_states(); }
   // The position of the first token its next decode appends.
   int64_t decode_position() const { return prompt_length() + generated - 1 - replay; }
   // How many tokens its next decode appends: the tokens it runs again, the last sampled token and
@@ -205,7 +207,9 @@ void GenerationCore::start_in_slot(Sequence& sequence, int32_t slot) {
   sequence.prefilled = 0;
   sequence.blocks.clear();
   sequence.cached_blocks = 0;
-  if (prefix_cache_) {
+  // A proposer that reads the target's hidden states must see those of every position it runs
+  // over, so its request reuses no prefix.
+  if (prefix_cache_ && !sequence.reads_hidden_states()) {
     const std::vector<int32_t> target = sequence.tokens(0, sequence.prefill_target);
     PrefixMatch match = pool_->match_prefix(target, sequence.prefill_target - 1);
     sequence.blocks = std::move(match.blocks);
@@ -226,11 +230,6 @@ void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStr
   Sampler sampler(request.sampling, request.prompt);
   auto sequence =
       std::make_unique<Sequence>(Sequence{std::move(request), std::move(stream), std::move(sampler), slot});
-  sequence->prefill_target = sequence->prompt_length();
-  start_in_slot(*sequence, slot);
-  prefix_query_tokens_ += sequence->prompt_length();
-  prefix_hit_tokens_ += sequence->prefilled;
-  sequence->stream->cached_tokens_.store(sequence->prefilled);
   sequence->id = ++admitted_;
   if (sequence->request.grammar) {
     sequence->matcher.emplace(sequence->request.grammar);
@@ -241,6 +240,11 @@ void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStr
     sequence->proposer = sequence->request.speculation.proposer->start(sequence->request.prompt);
     sequence->history = sequence->request.prompt;
   }
+  sequence->prefill_target = sequence->prompt_length();
+  start_in_slot(*sequence, slot);
+  prefix_query_tokens_ += sequence->prompt_length();
+  prefix_hit_tokens_ += sequence->prefilled;
+  sequence->stream->cached_tokens_.store(sequence->prefilled);
   running_.push_back(std::move(sequence));
 }
 
@@ -495,7 +499,8 @@ bool GenerationCore::verify_choices(Sequence& sequence, const RowChoice& choose)
 // Asks each speculating request that decodes this step for its proposals: at most its speculation's
 // tokens, and fewer than its max_tokens leave (a verify step emits up to one token more than it
 // proposes). A request that runs tokens again proposes nothing: its state is saved before the step
-// that proposes, and must first hold every token it emitted.
+// that proposes, and must first hold every token it emitted. A request whose proposer reads hidden
+// states is asked at every step, for none when it may not propose (ProposalAsk).
 // The requests of one method are asked together (a draft model runs them as one batch).
 void GenerationCore::propose() {
   const auto vocab = static_cast<int32_t>(model_.config().vocab_size);
@@ -503,10 +508,12 @@ void GenerationCore::propose() {
   std::map<Proposer*, std::vector<Sequence*>> askers;
   for (auto& sequence : running_) {
     sequence->proposal.clear();
-    if (!sequence->speculates() || !sequence->decoding() || sequence->replay > 0) continue;
+    if (!sequence->speculates()) continue;
     const int64_t room = sequence->request.max_tokens - sequence->generated - 1;
-    const auto count = static_cast<int32_t>(std::min<int64_t>(sequence->request.speculation.tokens, room));
-    if (count <= 0) continue;
+    int32_t count = 0;
+    if (sequence->decoding() && sequence->replay == 0)
+      count = static_cast<int32_t>(std::max<int64_t>(0, std::min<int64_t>(sequence->request.speculation.tokens, room)));
+    if (count == 0 && !sequence->reads_hidden_states()) continue;
     Proposer* method = sequence->request.speculation.proposer.get();
     asks[method].push_back({sequence->proposer.get(), sequence->history, count, {}});
     askers[method].push_back(sequence.get());
@@ -671,7 +678,9 @@ StepPlan GenerationCore::plan() const {
 // the step is left in flight: the next step() queues the following step before reading its tokens.
 GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
   StepResult result;
-  const bool on_device = decode_graphs_ && plan.every_sequence_decodes;
+  const bool reads_hidden_states = std::any_of(running_.begin(), running_.end(),
+                                               [](const auto& sequence) { return sequence->reads_hidden_states(); });
+  const bool on_device = decode_graphs_ && plan.every_sequence_decodes && !reads_hidden_states;
   const bool wants_logits =
       std::any_of(running_.begin(), running_.end(), [](const auto& sequence) { return sequence->needs_logits(); });
   if (on_device && !wants_logits) {
@@ -685,7 +694,7 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
     result.logits = model_.backend().download(decode_graphs_->last_logits());
     return result;
   }
-  if (decode_graphs_ && !wants_logits && verifies_as_graph(plan)) {
+  if (decode_graphs_ && !wants_logits && !reads_hidden_states && verifies_as_graph(plan)) {
     if (!cache_->resumes_at_any_position())
       for (const auto& sequence : running_) cache_->save_slot_state(sequence->slot);
     result.device_tokens = decode_graphs_->step(verify_rows());
@@ -699,11 +708,21 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
       // to be put back if a proposal is rejected.
       if (!sequence.proposal.empty() && !cache_->resumes_at_any_position()) cache_->save_slot_state(sequence.slot);
       steps.push_back({sequence.slot, static_cast<int32_t>(sequence.decode_position()), sequence.decode_input(),
-                       false, static_cast<int32_t>(1 + sequence.proposal.size())});
+                       false, static_cast<int32_t>(1 + sequence.proposal.size()), sequence.reads_hidden_states()});
     } else
-      steps.push_back({sequence.slot, static_cast<int32_t>(work.begin), sequence.tokens(work.begin, work.end), false});
+      steps.push_back({sequence.slot, static_cast<int32_t>(work.begin), sequence.tokens(work.begin, work.end), false,
+                       1, sequence.reads_hidden_states()});
   }
-  result.logits = run_step(model_, *cache_, steps);
+  Tensor hidden;
+  result.logits = run_step(model_, *cache_, steps, &hidden);
+  // Each proposer that reads hidden states gets its request's rows, in the order run_step wrote them.
+  int64_t hidden_row = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!steps[i].hidden_states) continue;
+    const auto rows = static_cast<int64_t>(steps[i].tokens.size());
+    running_[plan.work[i].sequence]->proposer->observe(steps[i].first_position, hidden.slice_rows(hidden_row, rows));
+    hidden_row += rows;
+  }
   return result;
 }
 

@@ -11,6 +11,7 @@
 #include "engine/decode_graph.h"
 #include "engine/embedding.h"
 #include "engine/generation.h"
+#include "engine/mtp_proposer.h"
 #include "engine/sampler.h"
 #include "model/load_plan.h"
 
@@ -63,6 +64,14 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
       dry->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
   if (request.speculative) cache->save_slot_state(0);  // allocates the saved states of every slot
   plan.cache = held() - plan.weights;
+  std::unique_ptr<ModelCache> mtp_cache;
+  if (request.mtp) {
+    DraftHead* head = dry->draft_head();
+    if (!head) fail("memory plan: the requests speculate with the MTP head, but the model's plan holds none");
+    const uint64_t start = held();
+    mtp_cache = head->make_cache(request.sequences, request.context);
+    plan.mtp = held() - start;
+  }
   // The draft's parts stay held while the target's steps are planned, as they are while it serves.
   std::unique_ptr<Model> draft;
   std::unique_ptr<ModelCache> draft_cache;
@@ -79,12 +88,12 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
     run_largest_step(*draft, *draft_cache, draft_step);
     plan.draft = peak_since(start);
   }
-  if (plan.weights + plan.cache + plan.draft + plan.reserve > available) return plan;
+  if (plan.weights + plan.cache + plan.draft + plan.mtp + plan.reserve > available) return plan;
 
   plan.steps_planned = true;
   uint64_t start = held();
   measuring.restart_peak();
-  run_largest_step(*dry, *cache, request);
+  run_largest_step(*dry, *cache, request, mtp_cache.get());
   plan.step_scratch = peak_since(start);
   if (graphs) {
     start = held();
@@ -93,7 +102,7 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
     capture_every_decode_graph(decode_graphs, *cache);
     // Blocks a capture took from the allocator's cache are the graphs' now: the next largest step
     // allocates them again.
-    run_largest_step(*dry, *cache, request);
+    run_largest_step(*dry, *cache, request, mtp_cache.get());
     plan.graph_scratch = peak_since(start);
   }
   return plan;
@@ -101,12 +110,20 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
 
 }  // namespace
 
-void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& request) {
+void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& request, ModelCache* mtp_cache) {
   const int64_t tokens = chunk_tokens(request);
   std::vector<SequenceStep> steps;
   for (int64_t sequence = 0; sequence < request.sequences; ++sequence)
     steps.push_back({static_cast<int32_t>(sequence), static_cast<int32_t>(reachable_end(request.context) - tokens),
-                     std::vector<int32_t>(static_cast<size_t>(tokens), 0), false});
+                     std::vector<int32_t>(static_cast<size_t>(tokens), 0), false, 1, request.mtp});
+  if (request.mtp) {
+    if (!mtp_cache) fail("memory plan: the largest step of MTP speculation needs the head's cache");
+    // The step's hidden states stay held while the head takes them in (engine/mtp_proposer.h).
+    Tensor hidden;
+    run_step(model, cache, steps, &hidden);
+    run_draft_head_step(model, *mtp_cache, steps, hidden);
+    return;
+  }
   if (!request.embeddings) {
     run_step(model, cache, steps);
     return;
@@ -171,6 +188,9 @@ std::string describe_memory_plan(const MemoryPlan& plan, const std::string& devi
   if (plan.draft)
     text += fmt::format("draft model      {:9.3f} GiB  (weights, {} slots x {} tokens of cache, its largest step)\n",
                         gib(plan.draft), request.sequences, request.context);
+  if (request.mtp)
+    text += fmt::format("mtp head cache   {:9.3f} GiB  ({} slots x {} tokens; its weights are counted above)\n",
+                        gib(plan.mtp), request.sequences, request.context);
   text += fmt::format("backend reserve  {:9.3f} GiB\n", gib(plan.reserve));
   text += fmt::format("total            {:9.3f} GiB\n", gib(plan.total()));
   text += fmt::format("available        {:9.3f} GiB of {:.3f} GiB on {}\n", gib(plan.memory.available),

@@ -43,6 +43,10 @@ struct MemoryRequest {
   // The paged KV cache's blocks, shared by the sequences (ServingSizes::kv_blocks); 0: a block for
   // every position of every sequence.
   int64_t kv_blocks = 0;
+  // Requests may speculate with the model's MTP head (engine/mtp_proposer.h; the model's plan holds
+  // its weights, LoadOptions::mtp): its cache of `sequences` slots of `context` positions, and the
+  // largest step's hidden states with the head's step over them, are planned too.
+  bool mtp = false;
 };
 
 // The blocks of the cache the engine makes for `request`: its KV pool and the scratch block that
@@ -60,13 +64,14 @@ struct MemoryPlan {
                                // scratch they took from the allocator's cache (run_largest_step again)
   uint64_t reserve = 0;        // the backend's (Backend::reserved_bytes)
   uint64_t draft = 0;          // request.draft's weights, cache and largest step at its peak
+  uint64_t mtp = 0;            // the MTP head's cache (request.mtp; its weights are in `weights`)
   // Whether the steps were planned: they are not when the weights, the cache and the reserve alone
   // exceed the memory available (the plan cannot fit, whatever they take; their dry run's host
   // time grows with the step's tokens and the decode graphs' buckets).
   bool steps_planned = false;
   DeviceMemory memory;         // what the backend reported when the plan was made
 
-  uint64_t total() const { return weights + cache + step_scratch + graph_scratch + reserve + draft; }
+  uint64_t total() const { return weights + cache + step_scratch + graph_scratch + reserve + draft + mtp; }
   bool fits() const { return total() <= memory.available; }
 };
 
@@ -86,8 +91,10 @@ int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::o
 // prefills a chunk of min(prefill_chunk, context) tokens (slot i for sequence i), at the end of
 // its context (positions are 32-bit: a longer context, which no step reaches, is planned as if it
 // ended there), with one logit row each, or, for embeddings, the hidden-state row of every token.
-// The cache needs `request.sequences` slots of `context`.
-void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& request);
+// With request.mtp the step returns every token's hidden state too, and the MTP head then takes
+// them all in, in `mtp_cache` (its make_cache of `request.sequences` slots of `context`). The
+// cache needs `request.sequences` slots of `context`.
+void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& request, ModelCache* mtp_cache = nullptr);
 // One greedy and one sampling decode step of every batch-size bucket up to the cache's slots, at
 // the cache's last position: each captures its graph, which keeps its buffers while `graphs` lives.
 void capture_every_decode_graph(DecodeGraphs& graphs, const ModelCache& cache);

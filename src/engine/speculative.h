@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace kiln {
 
 // The most tokens proposed for one verify step (`--num-speculative-tokens`).
@@ -40,9 +42,18 @@ class SequenceProposer {
   // Between calls `tokens` grows by what was accepted (the proposals taken and the target's own
   // token); what was proposed and rejected is not in it.
   virtual std::vector<int32_t> propose(std::span<const int32_t> tokens, int32_t count) = 0;
+  // For a proposer that reads hidden states (Proposer::reads_hidden_states): the target's final
+  // hidden states [rows, hidden_size] (on the device) of the positions first_position … that the
+  // step just run appended for the request — a prefill chunk, or a decode's tokens, of which those
+  // past the tokens accepted are not the sequence's. Every step that runs the request calls it
+  // before the next proposal.
+  virtual void observe(int64_t /*first_position*/, const Tensor& /*hidden*/) {}
 };
 
 // One request's part of a step's proposals: what SequenceProposer::propose takes, and its answer.
+// A proposer that reads hidden states is asked at every step, with count 0 while the request may
+// not propose (it prefills, runs accepted tokens again, or has no room left): it takes in what it
+// observed, and proposes nothing.
 struct ProposalAsk {
   SequenceProposer* sequence = nullptr;
   std::span<const int32_t> tokens;
@@ -55,8 +66,11 @@ struct ProposalAsk {
 class Proposer {
  public:
   virtual ~Proposer() = default;
-  // How the method is named in metrics and flags ("ngram", "draft", "oracle").
+  // How the method is named in metrics and flags ("ngram", "draft", "mtp", "oracle").
   virtual std::string name() const = 0;
+  // Whether its sequences read the target's final hidden states (SequenceProposer::observe): the
+  // steps that run such a request return them (and run directly, not as captured decode graphs).
+  virtual bool reads_hidden_states() const { return false; }
   // The proposer of a request whose prompt is `prompt`.
   virtual std::unique_ptr<SequenceProposer> start(std::span<const int32_t> prompt) = 0;
   // The proposals of one step's requests that use this method (each asker started by it). By

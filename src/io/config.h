@@ -85,6 +85,10 @@ struct ModelConfig {
   int64_t linear_key_head_dim = 0;
   int64_t linear_value_head_dim = 0;
   int64_t linear_conv_kernel_dim = 0;
+  // The multi-token-prediction layers the hybrid family's checkpoints carry beside the model
+  // (Qwen3.5's mtp_num_hidden_layers, Qwen3-Next's num_nextn_predict_layers; 1 when the config does
+  // not say, as vLLM reads it), run only for --speculative mtp; 0 elsewhere.
+  int64_t mtp_layers = 0;
 
   MoeConfig moe;  // experts 0 for a dense model
 

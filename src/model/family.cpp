@@ -45,6 +45,8 @@ void check_spec(const FamilySpec& spec, const std::set<std::string>& common_fiel
   for (const std::string& model_type : spec.synth_model_types)
     if (!contains(accepted, model_type))
       fail("model family {} writes synth checkpoints of model_type '{}', which it does not accept", family, model_type);
+  if (spec.synth_mtp_layout && !spec.synth_layout)
+    fail("model family {} gives a synth MTP layout but no synth layout for the model itself", family);
   std::set<std::string_view> fields;
   for (const GraphShapingField& field : spec.graph_shaping_fields) {
     if (!field.value) fail("model family {} reads graph-shaping field {} from nothing", family, field.name);

@@ -78,6 +78,9 @@ struct FamilySpec {
   std::vector<SynthShape> synth_shapes = {};
   SynthLayout synth_layout = {};
   std::vector<std::string> synth_model_types = {};
+  // `kiln synth --mtp`: the multi-token-prediction head's tensors a checkpoint of a config holds
+  // beside the model's (empty: the family has no such head).
+  SynthLayout synth_mtp_layout = {};
 };
 
 class FamilyList {
@@ -86,7 +89,8 @@ class FamilyList {
   // model_type (or wrapper) that another family (or this one) already declares, a wrapper around
   // a model_type of another family, no oracle, no sanitizer, no backend or one listed twice or
   // without a builder, half a tensor-parallel rule, a synth layout without its model_types (or of a
-  // model_type the family does not accept), a synth shape name or a graph-shaping field repeated.
+  // model_type the family does not accept), an MTP synth layout without a synth layout, a synth
+  // shape name or a graph-shaping field repeated.
   explicit FamilyList(std::vector<FamilySpec> specs);
 
   const std::vector<FamilySpec>& specs() const { return specs_; }

@@ -367,7 +367,7 @@ FamilySpec llama_family() {
       .model_types = {llama, qwen2},
       // Llama-family checkpoints are stored under the graph's canonical names (a bare decoder's
       // under them less "model.").
-      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&) { return dense_decoder_plan(checkpoint); },
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&, bool) { return dense_decoder_plan(checkpoint); },
       .tensor_parallel = {check_llama_tensor_parallel, llama_tensor_shard},
       // Written against the Backend interface alone, the graph runs on every backend.
       .backends = {{Device::CPU, make_llama_model}, {Device::CUDA, make_llama_model}},

@@ -1,5 +1,6 @@
 #include "model/loader.h"
 
+#include <algorithm>
 #include <map>
 
 #include <fmt/format.h>
@@ -43,7 +44,11 @@ ModelPlan plan_model(const std::filesystem::path& model_dir, Device device, bool
   const Sanitizer& sanitize = options.sanitizers->for_profile(resolved.profile);
   Checkpoint checkpoint = Checkpoint::open(model_dir);
   LoadPlan load_plan =
-      plan_checkpoint(checkpoint, config, [&](const Checkpoint& seen) { return sanitize(seen, config); });
+      plan_checkpoint(checkpoint, config, [&](const Checkpoint& seen) { return sanitize(seen, config, options.mtp); });
+  if (options.mtp && std::none_of(load_plan.tensors.begin(), load_plan.tensors.end(),
+                                  [](const PlannedTensor& tensor) { return tensor.canonical.starts_with("mtp."); }))
+    fail("{}: model_type {} has no multi-token-prediction head that kiln runs (--speculative mtp runs Qwen3.5's, "
+         "Qwen3.5-MoE's and Qwen3-Next's)", model_dir.string(), config.model_type);
   return ModelPlan{model_dir,
                    std::move(config),
                    std::move(resolved),

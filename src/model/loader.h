@@ -25,8 +25,9 @@
 namespace kiln {
 
 // Maps a family's checkpoint conventions onto its graph's canonical names, from tensor names and
-// shapes alone.
-using Sanitizer = std::function<LoadPlan(const Checkpoint& checkpoint, const ModelConfig& config)>;
+// shapes alone. With `keep_mtp` the plan keeps the checkpoint's multi-token-prediction head too
+// (LoadOptions::mtp); a family that has none ignores it, and plan_model refuses the load.
+using Sanitizer = std::function<LoadPlan(const Checkpoint& checkpoint, const ModelConfig& config, bool keep_mtp)>;
 
 // The sanitizer of each graph. Immutable; with() returns a new table.
 class SanitizerTable {
@@ -49,6 +50,10 @@ struct LoadOptions {
   std::optional<DType> dtype;
   // Fingerprint a folder that is not a Hugging Face snapshot by hashing its weight files.
   bool hash_artifact = false;
+  // Keep the checkpoint's multi-token-prediction head for --speculative mtp (the model then has a
+  // Model::draft_head); without it those tensors are dropped and cost nothing. A load option, not
+  // the profile's: the profile declares how the model is built, this what the load keeps.
+  bool mtp = false;
   const ProfileTable* profiles = &builtin_profile_table();
   const ImplementationRegistry* registry = &builtin_registry();
   const SanitizerTable* sanitizers = &builtin_sanitizers();

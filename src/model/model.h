@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "io/config.h"
 
@@ -59,6 +60,25 @@ class ModelCache {
   virtual void restore_slot_state(int32_t /*slot*/) {}
 };
 
+// A model's own proposer of draft tokens (engine/mtp_proposer.h, docs/speculative.md): Qwen3.5's
+// multi-token-prediction (MTP) layers, loaded beside the model for --speculative mtp. Each token of
+// a step is a pair: the token x_{p+1} that follows position p, and a hidden state at p — the
+// target's final normed one there (Model::forward_with_hidden), or the head's own output for the
+// pair before when it chains — run at position p in the head's own KV cache. Its logits are the
+// head's guess of x_{p+2}.
+class DraftHead {
+ public:
+  virtual ~DraftHead() = default;
+  // The head's KV cache: `slots` sequences of up to `capacity` positions.
+  virtual std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const = 0;
+  // One step over a flattened batch: `layout`'s tokens with `hidden` [tokens, hidden_size] (the
+  // backend's activation dtype, on its device), writing for the tokens listed in `rows` their f32
+  // logits [rows, vocab] and their output hidden states [rows, hidden_size] (what a chained step
+  // takes as its hidden input), on the device.
+  virtual void forward(const BatchLayout& layout, const Tensor& hidden, const Tensor& rows, ModelCache& cache,
+                       Tensor& logits, Tensor& out_hidden) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -99,11 +119,24 @@ class Model {
   // returns as last_hidden_state — into hidden [rows.size(), hidden_size], in the backend's
   // activation dtype on its device. Embedding models pool them (engine/embedding_scheduler.h).
   virtual void forward_hidden(const BatchLayout& layout, const Tensor& rows, ModelCache& cache, Tensor& hidden) = 0;
+  // forward() that also writes forward_hidden()'s states of the tokens listed in `hidden_rows` into
+  // hidden [hidden_rows.size(), hidden_size], from the same step: what a draft head reads of the
+  // target (draft_head()) with no second forward. A graph that has no draft head need not give them
+  // (the default fails).
+  virtual void forward_with_hidden(const BatchLayout& layout, const Tensor& logit_rows, const Tensor& hidden_rows,
+                                   ModelCache& cache, Tensor& logits, Tensor& hidden);
+  // The model's draft head, loaded when LoadOptions::mtp asked for it; null otherwise.
+  virtual DraftHead* draft_head() { return nullptr; }
   // Whether forward() has an lm_head to compute logits with: not for a checkpoint of a bare
   // decoder (an embedding model's Qwen3Model) that stores none and does not tie it to the
   // embedding, which gives hidden states only.
   virtual bool computes_logits() const { return true; }
 };
+
+inline void Model::forward_with_hidden(const BatchLayout&, const Tensor&, const Tensor&, ModelCache&, Tensor&,
+                                       Tensor&) {
+  fail("this model has no draft head: its forward does not return hidden states beside its logits");
+}
 
 // The head every graph's Model::forward ends with: the logits of rows `logit_rows` of the step's
 // final normed hidden states [tokens, hidden], gathered and then multiplied by lm_head.

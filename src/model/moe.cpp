@@ -262,9 +262,16 @@ int64_t expert_index(const std::string& name, const std::string& prefix) {
 
 std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTensor>& canonical, int64_t layer,
                                         const ModelConfig& config, std::set<std::string>& consumed) {
+  return plan_experts(canonical, fmt::format("model.layers.{}.", layer), fmt::format("layer {}", layer), config,
+                      consumed);
+}
+
+std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTensor>& canonical,
+                                        const std::string& prefix, const std::string& layer, const ModelConfig& config,
+                                        std::set<std::string>& consumed) {
   const MoeConfig& moe = config.moe;
   const int64_t experts = moe.experts, hidden = config.hidden_size, width = moe.expert_intermediate_size;
-  const std::string mlp = fmt::format("model.layers.{}.mlp.", layer);
+  const std::string mlp = prefix + "mlp.";
   const std::string per_expert = mlp + "experts.", fused_gate_up = mlp + "experts.gate_up_proj",
                     fused_down = mlp + "experts.down_proj", mlx = mlp + "switch_mlp.";
   // Which layouts the layer holds, with one tensor of each to name.
@@ -279,7 +286,7 @@ std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTe
       seen_mlx = seen_mlx ? seen_mlx : &it->second;
     } else if (const int64_t e = expert_index(name, per_expert); e >= 0) {
       if (e >= experts)
-        fail("{}: expert {} of layer {} is beyond num_experts {}", where(it->second), e, layer, experts);
+        fail("{}: expert {} of {} is beyond num_experts {}", where(it->second), e, layer, experts);
       seen_per_expert = seen_per_expert ? seen_per_expert : &it->second;
     }
   }
@@ -288,13 +295,13 @@ std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTe
     std::vector<std::string> held;
     for (const CheckpointTensor* tensor : layouts)
       if (tensor) held.push_back("'" + tensor->name + "'");
-    fail("{}: layer {} mixes expert layouts (per-expert, fused and mlx-lm stacked tensors cannot be combined): {}",
+    fail("{}: {} mixes expert layouts (per-expert, fused and mlx-lm stacked tensors cannot be combined): {}",
          config.source.string(), layer, fmt::join(held, " and "));
   }
   auto find = [&](const std::string& name, const Shape& shape, const std::string& why) -> const CheckpointTensor& {
     const auto found = canonical.find(name);
     if (found == canonical.end())
-      fail("{}: layer {} is sparse but the checkpoint has no tensor for {} ({})", config.source.string(), layer, name,
+      fail("{}: {} is sparse but the checkpoint has no tensor for {} ({})", config.source.string(), layer, name,
            why);
     if (found->second.info->shape != shape)
       fail("{}: has shape {}, expected {} ({})", where(found->second), shape_string(found->second.info->shape),
@@ -304,9 +311,9 @@ std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTe
   };
   // The router: one row of logits per expert.
   if (const auto router = canonical.find(mlp + "gate.weight"); router == canonical.end())
-    fail("{}: layer {} is sparse but the checkpoint has no router {}gate.weight", config.source.string(), layer, mlp);
+    fail("{}: {} is sparse but the checkpoint has no router {}gate.weight", config.source.string(), layer, mlp);
   else if (router->second.info->shape != Shape{experts, hidden})
-    fail("{}: layer {}'s router has shape {}, expected [{}, {}] (num_experts {} rows of hidden_size {})",
+    fail("{}: {}'s router has shape {}, expected [{}, {}] (num_experts {} rows of hidden_size {})",
          where(router->second), layer, shape_string(router->second.info->shape), experts, hidden, experts, hidden);
   const Shape gate_shape{experts, width, hidden}, down_shape{experts, hidden, width};
   std::vector<PlannedTensor> planned;
@@ -339,7 +346,7 @@ std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTe
   // Anything else under the expert prefixes is not an expert matrix kiln knows.
   for (auto it = canonical.lower_bound(mlp); it != canonical.end() && it->first.starts_with(mlp); ++it)
     if (!consumed.count(it->first) && (it->first.starts_with(per_expert) || it->first.starts_with(mlx)))
-      fail("{}: is not one of layer {}'s expert matrices (gate_proj, up_proj, down_proj)", where(it->second), layer);
+      fail("{}: is not one of {}'s expert matrices (gate_proj, up_proj, down_proj)", where(it->second), layer);
   return planned;
 }
 

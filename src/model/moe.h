@@ -105,6 +105,11 @@ struct CheckpointTensor {
 // expert tensor.
 std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTensor>& canonical, int64_t layer,
                                         const ModelConfig& config, std::set<std::string>& consumed);
+// The same for the sparse layer whose canonical names begin with `prefix` ("model.layers.3.",
+// "mtp.layers.0."), called `layer` in errors ("layer 3", "MTP layer 0").
+std::vector<PlannedTensor> plan_experts(const std::map<std::string, CheckpointTensor>& canonical,
+                                        const std::string& prefix, const std::string& layer, const ModelConfig& config,
+                                        std::set<std::string>& consumed);
 
 // A checkpoint already under canonical names but for its experts (Qwen3-MoE): the identity plan
 // with each sparse layer's experts planned by plan_experts.

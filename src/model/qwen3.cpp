@@ -16,7 +16,7 @@ FamilySpec qwen3_family() {
       .model_types = {{.model_type = "qwen3", .qk_norm = true, .head_dim_required = true}},
       // Qwen3 checkpoints are stored under the graph's canonical names; Qwen3-Embedding's bare
       // Qwen3Model under them less "model.".
-      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&) { return dense_decoder_plan(checkpoint); },
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig&, bool) { return dense_decoder_plan(checkpoint); },
       .tensor_parallel = {check_llama_tensor_parallel, llama_tensor_shard},
       .backends = {{Device::CPU, make_llama_model}, {Device::CUDA, make_llama_model}},
       // As published on the Hugging Face Hub, field for field.

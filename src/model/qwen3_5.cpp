@@ -179,10 +179,10 @@ class Qwen35Model final : public Model {
       return backend.upload_weight(weights.take_weight(name, shape));
     };
     embed_tokens_ = take_matrix("model.embed_tokens.weight", {config.vocab_size, hidden});
-    for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
-      const std::string prefix = "model.layers." + std::to_string(index) + ".";
+    // A decoder layer's weights under `prefix` (the model's layers, and the MTP head's one).
+    auto take_layer = [&](const std::string& prefix, LayerKind kind, bool sparse) {
       HybridLayer layer;
-      layer.kind = config.layer_types.at(index);
+      layer.kind = kind;
       layer.input_norm = take(prefix + "input_layernorm.weight", {hidden});
       layer.post_attention_norm = take(prefix + "post_attention_layernorm.weight", {hidden});
       if (layer.kind == LayerKind::LinearAttention) {
@@ -197,7 +197,6 @@ class Qwen35Model final : public Model {
         d.a_log = take(p + "A_log", {value_heads});
         d.norm = take(p + "norm.weight", {value_dim});
         d.out_proj = take_matrix(p + "out_proj.weight", {hidden, value_heads * value_dim});
-        layer.state_index = delta_layers_++;
       } else {
         const std::string p = prefix + "self_attn.";
         GatedAttentionWeights& a = layer.attention;
@@ -207,15 +206,21 @@ class Qwen35Model final : public Model {
         a.o_proj = take_matrix(p + "o_proj.weight", {hidden, q_width});
         a.q_norm = take(p + "q_norm.weight", {config.head_dim});
         a.k_norm = take(p + "k_norm.weight", {config.head_dim});
-        layer.state_index = attention_layers_++;
       }
-      if (config.moe.experts > 0 && config.moe.sparse_layers.at(index)) {
+      if (sparse) {
         layer.moe = take_sparse_moe(weights, backend, prefix, config);
       } else {
         layer.gate_proj = take_matrix(prefix + "mlp.gate_proj.weight", {ffn, hidden});
         layer.up_proj = take_matrix(prefix + "mlp.up_proj.weight", {ffn, hidden});
         layer.down_proj = take_matrix(prefix + "mlp.down_proj.weight", {hidden, ffn});
       }
+      return layer;
+    };
+    const auto sparse = [&](int64_t index) { return config.moe.experts > 0 && config.moe.sparse_layers.at(index); };
+    for (int64_t index = 0; index < config.num_hidden_layers; ++index) {
+      HybridLayer layer = take_layer("model.layers." + std::to_string(index) + ".", config.layer_types.at(index),
+                                     sparse(index));
+      layer.state_index = layer.kind == LayerKind::LinearAttention ? delta_layers_++ : attention_layers_++;
       layers_.push_back(std::move(layer));
     }
     final_norm_ = take("model.norm.weight", {hidden});
@@ -223,6 +228,16 @@ class Qwen35Model final : public Model {
       lm_head_ = take_matrix("lm_head.weight", {config.vocab_size, hidden});
     else
       lm_head_ = embed_tokens_;
+    // The load plan holds the MTP head only when the load asked for it (LoadOptions::mtp). Its one
+    // layer is full attention with the MLP of the model's layer 0 (as vLLM builds mtp.layers.0),
+    // and the only attention layer of the head's own cache.
+    if (weights.contains("mtp.fc.weight")) {
+      mtp_.emplace(MtpWeights{take_matrix("mtp.fc.weight", {hidden, 2 * hidden}),
+                              take("mtp.pre_fc_norm_embedding.weight", {hidden}),
+                              take("mtp.pre_fc_norm_hidden.weight", {hidden}), take("mtp.norm.weight", {hidden}),
+                              take_layer("mtp.layers.0.", LayerKind::FullAttention, sparse(0))});
+      mtp_head_ = std::make_unique<MtpHead>(*this);
+    }
 
     // Text-only input: the three mRoPE streams all carry the 1-D position, so the interleaved
     // multimodal RoPE is exactly partial 1-D RoPE (spec A.5.3).
@@ -274,7 +289,82 @@ class Qwen35Model final : public Model {
     run_layers(layout, model_cache, [&](const Tensor& normed) { backend_.gather_rows(normed, rows, hidden); });
   }
 
+  void forward_with_hidden(const BatchLayout& layout, const Tensor& logit_rows, const Tensor& hidden_rows,
+                           ModelCache& model_cache, Tensor& logits, Tensor& hidden) override {
+    run_layers(layout, model_cache, [&](const Tensor& normed) {
+      lm_head_logits(backend_, normed, logit_rows, lm_head_, logits);
+      backend_.gather_rows(normed, hidden_rows, hidden);
+    });
+  }
+
+  DraftHead* draft_head() override { return mtp_head_.get(); }
+
  private:
+  // The multi-token-prediction head's weights (checkpoint mtp.*).
+  struct MtpWeights {
+    Weight fc;  // [H, 2H]: the embedding's half of the input first, then the hidden state's
+    Tensor pre_fc_norm_embedding, pre_fc_norm_hidden, norm;
+    HybridLayer layer;
+  };
+
+  class MtpHead final : public DraftHead {
+   public:
+    explicit MtpHead(Qwen35Model& model) : model_(model) {}
+    std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity) const override {
+      return std::make_unique<HybridCache>(model_.backend_, model_.config_, model_.heads_, 1, 0, slots, capacity,
+                                         slots * kv_table_width(capacity));
+    }
+    void forward(const BatchLayout& layout, const Tensor& hidden, const Tensor& rows, ModelCache& cache, Tensor& logits,
+                 Tensor& out_hidden) override {
+      model_.mtp_forward(layout, hidden, rows, dynamic_cast<HybridCache&>(cache), logits, out_hidden);
+    }
+
+   private:
+    Qwen35Model& model_;
+  };
+
+  // The MTP head over a step's pairs (x_{p+1} in layout.token_ids, h_p in `hidden`; spec A.8,
+  // vLLM's Qwen3_5MultiTokenPredictor):
+  //   e = RMSNorm_zc(E[x]; pre_fc_norm_embedding),  g = RMSNorm_zc(h; pre_fc_norm_hidden)
+  //   u = [e | g]·W_fcᵀ                                  the residual stream, f32 as the model's
+  //   u = u + GatedAttention(RMSNorm_zc(u)), u = u + MLP(RMSNorm_zc(u))    the layer, at position p
+  //   o = RMSNorm_zc(u; mtp.norm);  logits = o·W_lmᵀ
+  // vLLM's head returns o both to its logits and as the hidden state its next draft step takes.
+  void mtp_forward(const BatchLayout& layout, const Tensor& hidden, const Tensor& rows, HybridCache& cache,
+                   Tensor& logits, Tensor& out_hidden) {
+    const MtpWeights& mtp = *mtp_;
+    Backend& ops = backend_;
+    const int64_t tokens = layout.total_tokens, width = config_.hidden_size;
+    const float eps = static_cast<float>(config_.rms_norm_eps);
+    const DType act = ops.activation_dtype();
+    Tensor embedded = ops.alloc({tokens, width}, DType::F32);
+    ops.embedding(embed_tokens_, layout.token_ids, embedded);
+    // e and g stacked [2T, H], then a row gather interleaves them: rows 2t and 2t + 1 of [2T, H]
+    // are row t of [T, 2H], so the fc input is [e_t | g_t] with no concatenation op.
+    Tensor stacked = ops.alloc({2 * tokens, width}, act);
+    Tensor e = stacked.slice_rows(0, tokens), g = stacked.slice_rows(tokens, tokens);
+    ops.rms_norm(embedded, mtp.pre_fc_norm_embedding, eps, NormStyle::ZeroCentred, e);
+    ops.rms_norm(hidden, mtp.pre_fc_norm_hidden, eps, NormStyle::ZeroCentred, g);
+    Tensor order = Tensor::empty({2 * tokens}, DType::I32);
+    for (int64_t t = 0; t < tokens; ++t) {
+      order.data<int32_t>()[2 * t] = static_cast<int32_t>(t);
+      order.data<int32_t>()[2 * t + 1] = static_cast<int32_t>(tokens + t);
+    }
+    Tensor joined = ops.alloc({2 * tokens, width}, act);
+    ops.gather_rows(stacked, ops.upload(order), joined);
+    Tensor residual = ops.alloc({tokens, width}, DType::F32);
+    ops.matmul(joined.reshape({tokens, 2 * width}), mtp.fc, nullptr, residual);
+    Tensor normed = ops.alloc({tokens, width}, act);
+    Tensor mixed = ops.alloc({tokens, width}, DType::F32);
+    ops.rms_norm(residual, mtp.layer.input_norm, eps, NormStyle::ZeroCentred, normed);
+    gated_attention(mtp.layer, normed, layout, cache, mixed);
+    ops.add_rms_norm(residual, mixed, mtp.layer.post_attention_norm, eps, NormStyle::ZeroCentred, normed);
+    mlp(mtp.layer, normed, mixed);
+    ops.add_rms_norm(residual, mixed, mtp.norm, eps, NormStyle::ZeroCentred, normed);
+    lm_head_logits(ops, normed, rows, lm_head_, logits);
+    ops.gather_rows(normed, rows, out_hidden);
+  }
+
   // Runs the layers and the final norm over the step's tokens, then `head` on the normed hidden
   // states [tokens, hidden], while the step's buffers are still held (as model/llama.cpp does).
   template <typename Head>
@@ -403,6 +493,8 @@ class Qwen35Model final : public Model {
   int64_t attention_layers_ = 0, delta_layers_ = 0;
   int rotary_dim_ = 0;
   size_t last_step_bytes_ = 0;  // weight bytes the last forward read
+  std::optional<MtpWeights> mtp_;
+  std::unique_ptr<MtpHead> mtp_head_;
 };
 
 }  // namespace
@@ -484,6 +576,19 @@ void read_gated_delta_net_fields(const ConfigFields& text, ModelConfig& config) 
   if (config.linear_conv_kernel_dim < 2)
     text.fail_field("linear_conv_kernel_dim", "is {}; a causal conv needs a kernel of at least 2",
                     config.linear_conv_kernel_dim);
+  // The multi-token-prediction layers: Qwen3.5 names them mtp_num_hidden_layers, Qwen3-Next
+  // num_nextn_predict_layers; absent, 1, as vLLM's qwen3_5_mtp.py and qwen3_next_mtp.py read them.
+  config.mtp_layers = 1;
+  const char* named = nullptr;
+  for (const char* field : {"mtp_num_hidden_layers", "num_nextn_predict_layers"}) {
+    if (!text.has(field)) continue;
+    const int64_t layers = text.integer(field);
+    if (layers < 0) text.fail_field(field, "is {}, not a count of layers", layers);
+    if (named && layers != config.mtp_layers)
+      text.fail_field(field, "is {}, but {} is {}", layers, named, config.mtp_layers);
+    config.mtp_layers = layers;
+    named = field;
+  }
 }
 
 }  // namespace
@@ -584,12 +689,12 @@ json qwen3_5_text_config(const Qwen35Sizes& sizes) {
   return config;
 }
 
-}  // namespace
-
-// Qwen3.5 text decoder as transformers' Qwen3_5ForCausalLM saves it (spec A): zero-centred
-// RMSNorm gains (stored w, applied as 1 + w), gated attention (q_proj carries query and gate per
-// head), Gated DeltaNet layers with the depthwise conv weight in torch's [C, 1, K] layout.
-std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
+// One decoder layer's tensors under `prefix`, as transformers saves them: zero-centred RMSNorm
+// gains (stored w, applied as 1 + w), gated attention (q_proj carries query and gate per head) or
+// a Gated DeltaNet layer with the depthwise conv weight in torch's [C, 1, K] layout, and the dense
+// MLP or the sparse one (experts in the fused v5 layout).
+void append_synth_layer(std::vector<SynthTensor>& tensors, const std::string& prefix, LayerKind kind, bool sparse,
+                        const ModelConfig& config) {
   const int64_t hidden = config.hidden_size;
   const int64_t head_dim = config.head_dim;
   const int64_t key_width = config.linear_num_key_heads * config.linear_key_head_dim;
@@ -597,44 +702,69 @@ std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
   const int64_t conv_channels = 2 * key_width + value_width;
   const int64_t value_heads = config.linear_num_value_heads;
   const int64_t intermediate = config.intermediate_size;
+  tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Zeros});
+  if (kind == LayerKind::FullAttention) {
+    const std::string attention = prefix + "self_attn.";
+    tensors.push_back(layer_linear(attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}));
+    tensors.push_back(layer_linear(attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
+    tensors.push_back(layer_linear(attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
+    tensors.push_back(layer_linear(attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}));
+    tensors.push_back({attention + "q_norm.weight", {head_dim}, SynthInit::Zeros});
+    tensors.push_back({attention + "k_norm.weight", {head_dim}, SynthInit::Zeros});
+  } else {
+    const std::string linear = prefix + "linear_attn.";
+    tensors.push_back(layer_linear(linear + "in_proj_qkv.weight", {conv_channels, hidden}));
+    tensors.push_back(layer_linear(linear + "in_proj_z.weight", {value_width, hidden}));
+    tensors.push_back(layer_linear(linear + "in_proj_b.weight", {value_heads, hidden}));
+    tensors.push_back(layer_linear(linear + "in_proj_a.weight", {value_heads, hidden}));
+    tensors.push_back({linear + "conv1d.weight", {conv_channels, 1, config.linear_conv_kernel_dim}});
+    tensors.push_back({linear + "dt_bias", {value_heads}, SynthInit::Ones});
+    tensors.push_back({linear + "A_log", {value_heads}});
+    tensors.push_back({linear + "norm.weight", {config.linear_value_head_dim}, SynthInit::Ones});
+    tensors.push_back(layer_linear(linear + "out_proj.weight", {hidden, value_width}));
+  }
+  tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
+  if (sparse) {
+    for (SynthTensor& tensor : sparse_moe_synth_layout(prefix, config, ExpertLayout::Fused))
+      tensors.push_back(std::move(tensor));
+    return;
+  }
+  tensors.push_back(layer_linear(prefix + "mlp.gate_proj.weight", {intermediate, hidden}));
+  tensors.push_back(layer_linear(prefix + "mlp.up_proj.weight", {intermediate, hidden}));
+  tensors.push_back(layer_linear(prefix + "mlp.down_proj.weight", {hidden, intermediate}));
+}
 
+bool sparse_layer(const ModelConfig& config, int64_t layer) {
+  return config.moe.experts > 0 && config.moe.sparse_layers.at(static_cast<size_t>(layer));
+}
+
+}  // namespace
+
+// Qwen3.5 text decoder as transformers' Qwen3_5ForCausalLM saves it (spec A).
+std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
   std::vector<SynthTensor> tensors;
   tensors.push_back(embedding("model.embed_tokens.weight", {config.vocab_size, hidden}));
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    const std::string prefix = fmt::format("model.layers.{}.", layer);
-    tensors.push_back({prefix + "input_layernorm.weight", {hidden}, SynthInit::Zeros});
-    if (config.layer_types.at(static_cast<size_t>(layer)) == LayerKind::FullAttention) {
-      const std::string attention = prefix + "self_attn.";
-      tensors.push_back(layer_linear(attention + "q_proj.weight", {2 * config.num_attention_heads * head_dim, hidden}));
-      tensors.push_back(layer_linear(attention + "k_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
-      tensors.push_back(layer_linear(attention + "v_proj.weight", {config.num_key_value_heads * head_dim, hidden}));
-      tensors.push_back(layer_linear(attention + "o_proj.weight", {hidden, config.num_attention_heads * head_dim}));
-      tensors.push_back({attention + "q_norm.weight", {head_dim}, SynthInit::Zeros});
-      tensors.push_back({attention + "k_norm.weight", {head_dim}, SynthInit::Zeros});
-    } else {
-      const std::string linear = prefix + "linear_attn.";
-      tensors.push_back(layer_linear(linear + "in_proj_qkv.weight", {conv_channels, hidden}));
-      tensors.push_back(layer_linear(linear + "in_proj_z.weight", {value_width, hidden}));
-      tensors.push_back(layer_linear(linear + "in_proj_b.weight", {value_heads, hidden}));
-      tensors.push_back(layer_linear(linear + "in_proj_a.weight", {value_heads, hidden}));
-      tensors.push_back({linear + "conv1d.weight", {conv_channels, 1, config.linear_conv_kernel_dim}});
-      tensors.push_back({linear + "dt_bias", {value_heads}, SynthInit::Ones});
-      tensors.push_back({linear + "A_log", {value_heads}});
-      tensors.push_back({linear + "norm.weight", {config.linear_value_head_dim}, SynthInit::Ones});
-      tensors.push_back(layer_linear(linear + "out_proj.weight", {hidden, value_width}));
-    }
-    tensors.push_back({prefix + "post_attention_layernorm.weight", {hidden}, SynthInit::Zeros});
-    if (config.moe.experts > 0 && config.moe.sparse_layers.at(static_cast<size_t>(layer))) {
-      for (SynthTensor& tensor : sparse_moe_synth_layout(prefix, config, ExpertLayout::Fused))
-        tensors.push_back(std::move(tensor));
-      continue;
-    }
-    tensors.push_back(layer_linear(prefix + "mlp.gate_proj.weight", {intermediate, hidden}));
-    tensors.push_back(layer_linear(prefix + "mlp.up_proj.weight", {intermediate, hidden}));
-    tensors.push_back(layer_linear(prefix + "mlp.down_proj.weight", {hidden, intermediate}));
-  }
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer)
+    append_synth_layer(tensors, fmt::format("model.layers.{}.", layer),
+                       config.layer_types.at(static_cast<size_t>(layer)), sparse_layer(config, layer), config);
   tensors.push_back({"model.norm.weight", {hidden}, SynthInit::Zeros});
   if (!config.tie_word_embeddings) tensors.push_back(head_linear("lm_head.weight", {config.vocab_size, hidden}));
+  return tensors;
+}
+
+// The multi-token-prediction head as the published Qwen3.5 checkpoints store it (spec A.8): fc,
+// three zero-centred norms and one full-attention layer with the MLP of the model's layer 0. fc is
+// no layer matrix to synth --quantize: NVFP4 exports keep it in BF16 (vLLM's qwen3_5_mtp.py).
+std::vector<SynthTensor> qwen3_5_mtp_synth_layout(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  std::vector<SynthTensor> tensors = {
+      {"mtp.fc.weight", {hidden, 2 * hidden}},
+      {"mtp.pre_fc_norm_embedding.weight", {hidden}, SynthInit::Zeros},
+      {"mtp.pre_fc_norm_hidden.weight", {hidden}, SynthInit::Zeros},
+      {"mtp.norm.weight", {hidden}, SynthInit::Zeros},
+  };
+  append_synth_layer(tensors, "mtp.layers.0.", LayerKind::FullAttention, sparse_layer(config, 0), config);
   return tensors;
 }
 
@@ -658,8 +788,8 @@ FamilySpec qwen3_5_family() {
       .wrappers = {{"qwen3_5", "qwen3_5_text"}},
       .graph_shaping_fields = hybrid_graph_shaping_fields(),
       // Qwen3.5 ships in two checkpoint generations (and Qwen3-Next in a third row layout).
-      .sanitize = [](const Checkpoint& checkpoint,
-                     const ModelConfig& config) { return plan_qwen3_5_checkpoint(checkpoint.tensors(), config); },
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig& config,
+                     bool keep_mtp) { return plan_qwen3_5_checkpoint(checkpoint.tensors(), config, keep_mtp); },
       .tensor_parallel = {check_qwen3_5_tensor_parallel, qwen3_5_tensor_shard},
       // The graph needs the backend's HybridOps: the CPU and CUDA have them.
       .backends = {{Device::CPU, make_qwen3_5_model}, {Device::CUDA, make_qwen3_5_model}},
@@ -679,6 +809,7 @@ FamilySpec qwen3_5_family() {
       .synth_layout = qwen3_5_text_synth_layout,
       // Qwen3-Next stores its GDN projections in another row layout (in_proj_qkvz, in_proj_ba).
       .synth_model_types = {"qwen3_5_text"},
+      .synth_mtp_layout = qwen3_5_mtp_synth_layout,
   };
 }
 

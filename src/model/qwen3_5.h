@@ -44,5 +44,7 @@ std::vector<GraphShapingField> hybrid_graph_shaping_fields();
 // The tensors transformers' Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM saves for `config`, for
 // `kiln synth` (sparse layers' experts in the fused v5 layout).
 std::vector<SynthTensor> qwen3_5_text_synth_layout(const ModelConfig& config);
+// The multi-token-prediction head's tensors beside them (mtp.*), for `kiln synth --mtp`.
+std::vector<SynthTensor> qwen3_5_mtp_synth_layout(const ModelConfig& config);
 
 }  // namespace kiln

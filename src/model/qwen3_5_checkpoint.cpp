@@ -39,7 +39,12 @@ struct DropRule {
 // The multi-token-prediction head's tensors, wherever an export nests them: mtp.* (Hugging Face),
 // language_model.mtp.* or model.mtp.* (wrapped multimodal exports).
 bool is_mtp_tensor(std::string_view name) { return name.starts_with("mtp.") || name.find(".mtp.") != std::string_view::npos; }
-constexpr std::string_view kMtpReason = "multi-token-prediction head (the text graph does not run it)";
+constexpr std::string_view kMtpReason = "multi-token-prediction head (kept only for --speculative mtp)";
+
+// An MTP tensor's canonical name: the name from its `mtp.` on (model.mtp.fc.weight → mtp.fc.weight).
+std::string mtp_canonical_name(const std::string& name) {
+  return name.starts_with("mtp.") ? name : name.substr(name.find(".mtp.") + 1);
+}
 
 constexpr std::array<DropRule, 3> kDropRules = {{
     {"model.visual.", "vision tower (text graph)"},
@@ -132,12 +137,13 @@ std::optional<int64_t> layer_index(const std::string& canonical) {
 
 class CheckpointPlanner {
  public:
-  CheckpointPlanner(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config)
-      : tensors_(tensors), config_(config), geometry_(checked_geometry(config)) {}
+  CheckpointPlanner(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config, bool keep_mtp)
+      : tensors_(tensors), config_(config), geometry_(checked_geometry(config)), keep_mtp_(keep_mtp) {}
 
   LoadPlan plan() {
     rename_and_drop();
     check_layers();
+    if (keep_mtp_) check_mtp();
     const bool shift = decide_gain_convention();
     for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer)
       if (config_.moe.experts > 0 && config_.moe.sparse_layers.at(static_cast<size_t>(layer)))
@@ -161,8 +167,15 @@ class CheckpointPlanner {
   void rename_and_drop() {
     for (const auto& [name, info] : tensors_) {
       if (is_mtp_tensor(name)) {
-        dropped_.push_back({name, std::string(kMtpReason)});
         mtp_tensors_++;
+        if (!keep_mtp_) {
+          dropped_.push_back({name, std::string(kMtpReason)});
+          continue;
+        }
+        const auto [existing, inserted] = canonical_.emplace(mtp_canonical_name(name), Source{name, &info});
+        if (!inserted)
+          fail("{}: tensors {} and {} both name the canonical tensor {}", where(info), existing->second.name, name,
+               existing->first);
         continue;
       }
       const DropRule* drop = nullptr;
@@ -239,6 +252,63 @@ class CheckpointPlanner {
         for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
           require(prefix + norm, {g.head_dim}, "a full_attention layer's q/k norm");
     }
+  }
+
+  // The multi-token-prediction head (spec A.8, vLLM's qwen3_5_mtp.py): its norms and fc, then one
+  // full-attention decoder layer whose MLP is the model's (the sparse one where layer 0 of the
+  // model is sparse, as vLLM builds mtp.layers.0). Every mtp.* tensor must be one of them.
+  void check_mtp() {
+    const Geometry& g = geometry_;
+    if (mtp_tensors_ == 0)
+      fail("{}: has no MTP weights (no tensor named mtp.*) for --speculative mtp", config_.source.parent_path().string());
+    if (config_.mtp_layers != 1)
+      fail("{}: declares {} multi-token-prediction layers (mtp_num_hidden_layers / num_nextn_predict_layers); kiln "
+           "runs exactly one, as the published Qwen3.5 and Qwen3-Next checkpoints have",
+           config_.source.string(), config_.mtp_layers);
+    const std::string why = "the multi-token-prediction head (--speculative mtp)";
+    const int64_t q_width = config_.num_attention_heads * g.head_dim, kv_width = config_.num_key_value_heads * g.head_dim;
+    const std::string layer = "mtp.layers.0.";
+    std::vector<std::pair<std::string, Shape>> expected = {
+        {"mtp.fc.weight", {g.hidden, 2 * g.hidden}},
+        {"mtp.pre_fc_norm_embedding.weight", {g.hidden}},
+        {"mtp.pre_fc_norm_hidden.weight", {g.hidden}},
+        {"mtp.norm.weight", {g.hidden}},
+        {layer + "input_layernorm.weight", {g.hidden}},
+        {layer + "post_attention_layernorm.weight", {g.hidden}},
+        {layer + "self_attn.q_proj.weight", {2 * q_width, g.hidden}},
+        {layer + "self_attn.k_proj.weight", {kv_width, g.hidden}},
+        {layer + "self_attn.v_proj.weight", {kv_width, g.hidden}},
+        {layer + "self_attn.o_proj.weight", {g.hidden, q_width}},
+        {layer + "self_attn.q_norm.weight", {g.head_dim}},
+        {layer + "self_attn.k_norm.weight", {g.head_dim}},
+    };
+    const MoeConfig& moe = config_.moe;
+    if (moe.experts > 0 && moe.sparse_layers.at(0)) {
+      for (PlannedTensor& tensor : plan_experts(canonical_, layer, "MTP layer 0", config_, regrouped_))
+        planned_.emplace(tensor.canonical, std::move(tensor));
+      expected.push_back({layer + "mlp.gate.weight", {moe.experts, g.hidden}});
+      if (const int64_t shared = moe.shared_expert_intermediate_size; shared > 0) {
+        expected.push_back({layer + "mlp.shared_expert.gate_proj.weight", {shared, g.hidden}});
+        expected.push_back({layer + "mlp.shared_expert.up_proj.weight", {shared, g.hidden}});
+        expected.push_back({layer + "mlp.shared_expert.down_proj.weight", {g.hidden, shared}});
+        expected.push_back({layer + "mlp.shared_expert_gate.weight", {1, g.hidden}});
+      }
+    } else {
+      const int64_t width = config_.intermediate_size;
+      expected.push_back({layer + "mlp.gate_proj.weight", {width, g.hidden}});
+      expected.push_back({layer + "mlp.up_proj.weight", {width, g.hidden}});
+      expected.push_back({layer + "mlp.down_proj.weight", {g.hidden, width}});
+    }
+    std::set<std::string> known;
+    for (const auto& [canonical, shape] : expected) {
+      require(canonical, shape, why);
+      known.insert(canonical);
+    }
+    for (const auto& [canonical, source] : canonical_)
+      if (canonical.starts_with("mtp.") && !known.count(canonical) && !regrouped_.count(canonical))
+        fail("{}: tensor {} is not part of the multi-token-prediction head kiln runs (fc, its norms and one "
+             "full-attention layer)", where(*source.info), source.name);
+    notes_.push_back(fmt::format("{} multi-token-prediction tensors kept for --speculative mtp", mtp_tensors_));
   }
 
   void check_linear_layer(const std::string& prefix, int64_t layer) {
@@ -375,14 +445,16 @@ class CheckpointPlanner {
   std::vector<std::string> notes_;
   std::optional<ConvLayout> conv_layout_;
   std::string first_conv_;
+  bool keep_mtp_;
   int64_t mtp_tensors_ = 0;
   bool regroup_noted_ = false;
 };
 
 }  // namespace
 
-LoadPlan plan_qwen3_5_checkpoint(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config) {
-  return CheckpointPlanner(tensors, config).plan();
+LoadPlan plan_qwen3_5_checkpoint(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config,
+                                 bool keep_mtp) {
+  return CheckpointPlanner(tensors, config, keep_mtp).plan();
 }
 
 }  // namespace kiln

@@ -21,9 +21,11 @@
 // tensor or any conv1d in the HF [C, 1, K] layout marks an HF export (γ, used as stored);
 // otherwise a conv1d in the mlx [C, K, 1] layout marks an mlx-lm conversion (1 + γ, shifted back by
 // SubtractOne); otherwise the artifact is canonical. The decision is recorded in the plan's notes.
-// Vision-tower and multi-token-prediction tensors are dropped (the text graph runs neither; the
-// latter are named by `mtp.` anywhere: mtp.*, language_model.mtp.*, model.mtp.*), and lm_head is
-// dropped when the config ties it to the embedding.
+// Vision-tower tensors are dropped (the text graph does not run them), and lm_head is dropped when
+// the config ties it to the embedding. The multi-token-prediction head's tensors (named by `mtp.`
+// anywhere: mtp.*, language_model.mtp.*, model.mtp.*) are dropped too unless the load keeps them
+// for --speculative mtp: then they are renamed to mtp.* and checked (one full-attention layer with
+// the model's MLP, fc [H, 2H] and three zero-centred norms; engine/mtp_proposer.h runs them).
 #pragma once
 
 #include <map>
@@ -39,7 +41,10 @@ namespace kiln {
 // the plan's decisions rest on — the GDN tensors of each linear_attention layer, the zero-centred
 // gains, the conv layouts — and fails with a kiln::Error naming the tensor on anything malformed:
 // an unknown name prefix, two sources for one canonical name, a missing or mis-shaped tensor, a
-// tensor of the wrong layer kind, conv layouts that disagree between layers.
-LoadPlan plan_qwen3_5_checkpoint(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config);
+// tensor of the wrong layer kind, conv layouts that disagree between layers. With `keep_mtp`, also
+// on a checkpoint without MTP weights, a config declaring other than one MTP layer, and a missing,
+// misshapen or unknown mtp.* tensor.
+LoadPlan plan_qwen3_5_checkpoint(const std::map<std::string, TensorInfo>& tensors, const ModelConfig& config,
+                                 bool keep_mtp = false);
 
 }  // namespace kiln

@@ -83,14 +83,15 @@ FamilySpec qwen3_5_moe_family() {
       // The multimodal Qwen3.5-MoE: its text model.
       .wrappers = {{"qwen3_5_moe", "qwen3_5_moe_text"}},
       .graph_shaping_fields = hybrid_graph_shaping_fields(),
-      .sanitize = [](const Checkpoint& checkpoint,
-                     const ModelConfig& config) { return plan_qwen3_5_checkpoint(checkpoint.tensors(), config); },
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig& config,
+                     bool keep_mtp) { return plan_qwen3_5_checkpoint(checkpoint.tensors(), config, keep_mtp); },
       // The graph needs the backend's HybridOps: the CPU and CUDA have them.
       .backends = {{Device::CPU, make_qwen3_5_model}, {Device::CUDA, make_qwen3_5_model}},
       .synth_shapes = {{"qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B (text model; see qwen3_5_35b_a3b_config)",
                         qwen3_5_35b_a3b_config()}},
       .synth_layout = qwen3_5_text_synth_layout,
       .synth_model_types = {"qwen3_5_moe_text"},
+      .synth_mtp_layout = qwen3_5_mtp_synth_layout,
   };
 }
 

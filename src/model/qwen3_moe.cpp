@@ -62,7 +62,7 @@ FamilySpec qwen3_moe_family() {
                            }}},
       .graph_shaping_fields = std::move(fields),
       // Canonical names but for the experts, which come per expert, fused or mlx-lm stacked.
-      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig& config) {
+      .sanitize = [](const Checkpoint& checkpoint, const ModelConfig& config, bool) {
         return plan_moe_checkpoint(checkpoint.tensors(), config);
       },
       // The llama graph runs the sparse layers through model/moe.h; experts are not split over ranks.

@@ -229,6 +229,13 @@ std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config, const Fa
   fail("synth: no tensor layout for model_type '{}' (it knows {})", config.model_type, fmt::join(known, ", "));
 }
 
+std::vector<SynthTensor> synth_mtp_tensor_layout(const ModelConfig& config, const FamilyList& families) {
+  const FamilySpec* family = families.find(config.model_type);
+  if (!family || !family->synth_mtp_layout)
+    fail("synth --mtp: model_type '{}' has no multi-token-prediction head", config.model_type);
+  return family->synth_mtp_layout(config);
+}
+
 SynthResult write_synthetic_checkpoint(const SynthOptions& options) {
   const SynthShape& shape = find_synth_shape(options.shape);
   if (std::filesystem::exists(options.out) &&
@@ -237,6 +244,10 @@ SynthResult write_synthetic_checkpoint(const SynthOptions& options) {
 
   json config_json = shape.config;
   if (options.layers) override_layers(config_json, *options.layers, shape.name);
+  if (options.mtp) {
+    json& text = config_json.contains("text_config") ? config_json["text_config"] : config_json;
+    text["mtp_num_hidden_layers"] = 1;
+  }
   // save_pretrained records the dtype the weights were written in (`dtype` since transformers v5).
   config_json[config_json.contains("dtype") ? "dtype" : "torch_dtype"] = torch_dtype_name(options.dtype);
   const auto config_path = options.out / "config.json";
@@ -245,7 +256,10 @@ SynthResult write_synthetic_checkpoint(const SynthOptions& options) {
   result.config = parse_model_config(config_json, config_path);
   std::vector<SafetensorsEntry> entries;
   std::map<std::string, std::optional<AffineScheme>> unquantized;  // MLX: `false` in the config
-  for (const SynthTensor& tensor : synth_tensor_layout(result.config)) {
+  std::vector<SynthTensor> layout = synth_tensor_layout(result.config);
+  if (options.mtp)
+    for (SynthTensor& tensor : synth_mtp_tensor_layout(result.config)) layout.push_back(std::move(tensor));
+  for (const SynthTensor& tensor : layout) {
     if (options.quantize && quantizes(options.quantize->format, tensor.role)) {
       if (options.quantize->format == QuantizeFormat::MlxAffine &&
           tensor.shape[1] % options.quantize->scheme.group_size != 0) {

@@ -75,6 +75,10 @@ inline SynthTensor embedding(std::string name, Shape shape) {
 // the family that writes its model_type. Fails for a model_type no family writes (qwen3_next).
 std::vector<SynthTensor> synth_tensor_layout(const ModelConfig& config,
                                              const FamilyList& families = builtin_families());
+// The multi-token-prediction head's tensors of such a checkpoint (`kiln synth --mtp`). Fails for a
+// model_type whose family has none.
+std::vector<SynthTensor> synth_mtp_tensor_layout(const ModelConfig& config,
+                                                 const FamilyList& families = builtin_families());
 
 // `kiln synth --quantize`: the checkpoint written already quantized, as quantize_checkpoint
 // (model/quantize.h) would write the `dtype` one of the same seed, without writing that one first.
@@ -90,6 +94,9 @@ struct SynthOptions {
   std::filesystem::path out;
   uint64_t seed = 0;
   std::optional<int64_t> layers;  // overrides num_hidden_layers (quick tests of big shapes)
+  // Also write the multi-token-prediction head (mtp.*, one layer, mtp_num_hidden_layers 1 in the
+  // config, as the published Qwen3.5 checkpoints have it), for --speculative mtp.
+  bool mtp = false;
   // transformers writes shards of at most a few GB; 4 GiB keeps each file well inside that.
   uint64_t max_shard_bytes = 4ull << 30;
 };

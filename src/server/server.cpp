@@ -156,6 +156,13 @@ Server::Server(Scheduler& scheduler, const TextCodec& codec, ServerOptions optio
   serve_model(scheduler, codec);
 }
 
+void Server::offer_speculation(Speculation speculation, std::map<std::string, std::shared_ptr<Proposer>> proposers) {
+  // Requests read these only once the model is served (ready_ publishes them).
+  if (ready_.load()) fail("speculation is offered before the server serves its model");
+  options_.speculation = std::move(speculation);
+  options_.proposers = std::move(proposers);
+}
+
 void Server::serve_model(Scheduler& scheduler, const TextCodec& codec) {
   if (ready_.load()) fail("the server already serves a model");
   scheduler_ = &scheduler;

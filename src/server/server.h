@@ -74,6 +74,10 @@ class Server {
   uint16_t port() const { return http_.port(); }
   size_t connection_limit() const { return http_.connection_limit(); }
   void start() { http_.start(); }
+  // Speculative decoding set up with the loaded model (a draft model, the model's MTP head): what a
+  // request gets unless its `speculative` field says otherwise, and the proposers it may name there
+  // (ServerOptions::speculation and proposers). Before serve_model().
+  void offer_speculation(Speculation speculation, std::map<std::string, std::shared_ptr<Proposer>> proposers);
   // The model is loaded: from here on the server answers with it. Called once, this or
   // serve_embeddings().
   void serve_model(Scheduler& scheduler, const TextCodec& codec);
