@@ -212,7 +212,7 @@ TEST(MemoryPlan, TheMtpHeadIsPlannedWithTheModel) {
 
     const std::unique_ptr<Model> model = build_model(model_plan, backend);
     EXPECT_EQ(plan.weights, backend.live());
-    const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context);
+    const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
     cache->save_slot_state(0);
     EXPECT_EQ(plan.cache, cache->bytes());
     const uint64_t before_head = backend.live();
