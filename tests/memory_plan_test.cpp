@@ -110,7 +110,8 @@ TEST(MemoryPlan, EachPartIsWhatTheCpuBackendHandsOutForTheSameWork) {
 
       const std::unique_ptr<Model> model = build_model(model_plan, backend);
       EXPECT_EQ(plan.weights, backend.live());
-      const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
+      const std::unique_ptr<ModelCache> cache =
+        model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
       EXPECT_EQ(plan.cache, backend.live() - plan.weights);
       EXPECT_EQ(plan.cache, cache->bytes());
       const uint64_t before_step = backend.live();
@@ -134,7 +135,8 @@ TEST(MemoryPlan, AnEmbeddingServersStepIsWhatTheCpuBackendHandsOut) {
     // Every token's hidden-state row instead of each sequence's logit row.
     EXPECT_NE(plan.step_scratch, plan_memory(model_plan, backend, std::nullopt, {3, 200, 64}).step_scratch);
     const std::unique_ptr<Model> model = build_model(model_plan, backend);
-    const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
+    const std::unique_ptr<ModelCache> cache =
+        model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
     const uint64_t before_step = backend.live();
     backend.restart_peak();
     run_largest_step(*model, *cache, request);
@@ -212,7 +214,8 @@ TEST(MemoryPlan, TheMtpHeadIsPlannedWithTheModel) {
 
     const std::unique_ptr<Model> model = build_model(model_plan, backend);
     EXPECT_EQ(plan.weights, backend.live());
-    const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
+    const std::unique_ptr<ModelCache> cache =
+        model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
     cache->save_slot_state(0);
     EXPECT_EQ(plan.cache, cache->bytes());
     const uint64_t before_head = backend.live();
