@@ -279,7 +279,8 @@ void GenerationCore::cache_full_blocks(Sequence& sequence) {
   for (size_t i = sequence.cached_blocks; i < std::min(full, sequence.blocks.size()); ++i) {
     const auto begin = static_cast<int64_t>(i) * kKvBlockTokens;
     const std::optional<int32_t> parent = i == 0 ? std::nullopt : std::optional<int32_t>(sequence.blocks[i - 1]);
-    const int32_t cached = pool_->cache_block(parent, sequence.blocks[i], sequence.tokens(begin, begin + kKvBlockTokens));
+    const int32_t cached =
+        pool_->cache_block(parent, sequence.blocks[i], sequence.tokens(begin, begin + kKvBlockTokens));
     if (cached != sequence.blocks[i]) {
       sequence.blocks[i] = cached;
       cache_->assign_blocks(sequence.slot, static_cast<int64_t>(i), std::span<const int32_t>(&cached, 1));
