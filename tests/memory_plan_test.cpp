@@ -482,6 +482,28 @@ TEST(MemoryPlan, TheVerdictAndTheLongestContextFollowFromTheParts) {
   EXPECT_EQ(tripled.cache - doubled.cache, doubled.cache - small.cache);
 }
 
+// A pool smaller than every sequence's whole context (--kv-cache-tokens): the cache is the pool's
+// blocks and the scratch block, whatever the sequences, and the verdict says they share it.
+TEST(MemoryPlan, ASharedKvPoolIsPlannedAtItsOwnSize) {
+  auto backend = make_cpu_backend();
+  const ModelPlan model = plan_model(fixtures_dir() / "qwen3-tiny/bf16", Device::CPU, true);
+  MemoryRequest pooled{8, 512, 256};
+  pooled.kv_blocks = 16;  // two whole contexts
+  MemoryRequest more = pooled;
+  more.sequences = 16;
+  const MemoryPlan plan = plan_memory(model, *backend, std::nullopt, pooled);
+  const MemoryPlan plan_more = plan_memory(model, *backend, std::nullopt, more);
+  const MemoryPlan whole = plan_memory(model, *backend, std::nullopt, {8, 512, 256});
+  EXPECT_LT(plan.cache, whole.cache);
+  // Only the block table grows with the sequences: 8 more slots of 8 I32 entries.
+  EXPECT_EQ(plan_more.cache - plan.cache, 8u * 8 * 4);
+  const std::string text = describe_memory_plan(plan, "cpu");
+  EXPECT_NE(text.find("16 blocks of 64 tokens: 1024 tokens, 2 sequences of the whole 512-token context"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("fits: 8 sequences of up to 512 tokens, sharing 1024 KV positions"), std::string::npos) << text;
+}
+
 TEST(MemoryPlan, ABadRequestIsAnError) {
   auto backend = make_cpu_backend();
   const ModelPlan model = plan_model(fixtures_dir() / "qwen3-tiny/bf16", Device::CPU, true);

@@ -195,7 +195,10 @@ std::string describe_memory_plan(const MemoryPlan& plan, const std::string& devi
   text += fmt::format("total            {:9.3f} GiB\n", gib(plan.total()));
   text += fmt::format("available        {:9.3f} GiB of {:.3f} GiB on {}\n", gib(plan.memory.available),
                       gib(plan.memory.total), device);
-  text += plan.fits() ? fmt::format("fits: {} sequences of {} tokens", request.sequences, request.context)
+  const bool shared_pool = blocks < request.sequences * kv_table_width(request.context);
+  text += plan.fits() ? shared_pool ? fmt::format("fits: {} sequences of up to {} tokens, sharing {} KV positions",
+                                                  request.sequences, request.context, blocks * kKvBlockTokens)
+                                    : fmt::format("fits: {} sequences of {} tokens", request.sequences, request.context)
                       : fmt::format("does not fit: {}{:.3f} GiB short", plan.steps_planned ? "" : "at least ",
                                     gib(plan.total() - plan.memory.available));
   return text;
