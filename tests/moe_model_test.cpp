@@ -162,7 +162,8 @@ TEST_P(MoeParity, GreedyContinuationMatchesFloat64Reference) {
 
 TEST_P(MoeParity, FusedAndMlxStackedExpertsGiveThePerExpertBits) {
   const auto fixture = fixtures_dir() / GetParam().name;
-  const auto [name, layers, experts] = GetParam();
+  const auto layers = GetParam().layers;  // plain copies: clang's lambdas capture no structured binding
+  const auto experts = GetParam().experts;
   TempDir temp;
   const std::vector<int32_t> prompt = first_tokens(fixture, 40);
   TestModel per_expert = open_cpu_model(fixture / "bf16");

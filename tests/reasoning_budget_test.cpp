@@ -82,10 +82,10 @@ TEST(ReasoningBudget, SaysWhenTheNextTwoTokensAreFree) {
 }
 
 TEST(ReasoningBudget, RefusesWhatCannotBeForced) {
-  EXPECT_THROW(ReasoningBudget({}, {2}, {2}, 1, true).validate(100), Error);
-  EXPECT_THROW(ReasoningBudget({1}, {2, 3}, {9, 2}, 1, true).validate(100), Error);
-  EXPECT_THROW(ReasoningBudget({1}, {2}, {2}, -1, true).validate(100), Error);
-  EXPECT_THROW(ReasoningBudget({1}, {200}, {200}, 1, true).validate(100), Error);
+  EXPECT_THROW((ReasoningBudget{{}, {2}, {2}, 1, true}.validate(100)), Error);
+  EXPECT_THROW((ReasoningBudget{{1}, {2, 3}, {9, 2}, 1, true}.validate(100)), Error);
+  EXPECT_THROW((ReasoningBudget{{1}, {2}, {2}, -1, true}.validate(100)), Error);
+  EXPECT_THROW((ReasoningBudget{{1}, {200}, {200}, 1, true}.validate(100)), Error);
   EXPECT_NO_THROW(budget_of(0, true).validate(100));
   GenerationRequest request;
   request.prompt = {1, 2};
