@@ -129,6 +129,12 @@ TEST(ServingSizes, OneCheckForBatchChunkAndContext) {
   config.source = "m/config.json";
   EXPECT_EQ(error_of({8, 0, 256}), "m/config.json: max_position_embeddings is missing; give --max-context");
   EXPECT_EQ(error_of({8, 512, 256}), "no error");
+  // The shared KV pool: whole blocks, at least one context's.
+  EXPECT_EQ(error_of({8, 512, 256, 1024}), "no error");
+  EXPECT_EQ(error_of({8, 512, 256, 1000}), "the KV cache's tokens must be a multiple of its 64-token blocks, got 1000");
+  EXPECT_EQ(error_of({8, 512, 256, 448}), "a KV cache of 448 tokens cannot hold one sequence of the context's 512 tokens");
+  EXPECT_EQ((ServingSizes{8, 512, 256, 1024}.kv_blocks(512)), 16);
+  EXPECT_EQ((ServingSizes{8, 512, 256}.kv_blocks(500)), 8 * 8);
 }
 
 }  // namespace
