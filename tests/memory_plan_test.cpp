@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -502,6 +503,32 @@ TEST(MemoryPlan, ASharedKvPoolIsPlannedAtItsOwnSize) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("fits: 8 sequences of up to 512 tokens, sharing 1024 KV positions"), std::string::npos) << text;
+}
+
+// --memory-share: the pool takes what the rest of the plan leaves of that share of the device, to
+// the block (a block more would not fit), and a share that cannot hold one context is refused.
+TEST(MemoryPlan, AMemoryShareGivesThePoolWhatTheRestLeaves) {
+  TempDir temp;
+  write_sparse_checkpoint("llama-3.1-8b", temp.path() / "model");
+  CountingCpuBackend backend(/*as_caching_allocator=*/false, DeviceMemory{uint64_t{96} << 30, uint64_t{96} << 30});
+  const ModelPlan model = plan_model(temp.path() / "model", Device::CPU, true);
+  MemoryRequest request{8, 8192, 256};
+  request.kv_blocks = kv_blocks_for_memory_share(model, backend, std::nullopt, request, 0.5);
+  const MemoryPlan plan = plan_memory(model, backend, std::nullopt, request);
+  EXPECT_LE(plan.total(), uint64_t{48} << 30) << describe_memory_plan(plan, "cpu");
+  // 32 layers x K and V x 64 positions x 8 heads x 128 x f32: 8 MiB a block.
+  const uint64_t block_bytes = uint64_t{32} * 2 * 64 * 8 * 128 * 4;
+  EXPECT_GT(plan.total() + block_bytes, uint64_t{48} << 30) << describe_memory_plan(plan, "cpu");
+  // 15 GiB of weights leave room for more blocks than the 8 sequences' whole contexts (1,024).
+  EXPECT_GT(request.kv_blocks, 8 * 128);
+  EXPECT_NE(describe_memory_plan(plan, "cpu")
+                .find(fmt::format("fits: 8 sequences of 8192 tokens, with {} KV positions", request.kv_blocks * 64)),
+            std::string::npos)
+      << describe_memory_plan(plan, "cpu");
+  EXPECT_FAILS_MENTIONING(kv_blocks_for_memory_share(model, backend, std::nullopt, request, 0.1),
+                          "more than the memory share's");
+  EXPECT_FAILS_MENTIONING(kv_blocks_for_memory_share(model, backend, std::nullopt, request, 1.5),
+                          "the memory share must be above 0 and at most 1");
 }
 
 TEST(MemoryPlan, ABadRequestIsAnError) {

@@ -133,6 +133,12 @@ TEST(ServingSizes, OneCheckForBatchChunkAndContext) {
   EXPECT_EQ(error_of({8, 512, 256, 1024}), "no error");
   EXPECT_EQ(error_of({8, 512, 256, 1000}), "the KV cache's tokens must be a multiple of its 64-token blocks, got 1000");
   EXPECT_EQ(error_of({8, 512, 256, 448}), "a KV cache of 448 tokens cannot hold one sequence of the context's 512 tokens");
+  // The memory share: a fraction of the device, and the pool's one sizing.
+  EXPECT_EQ(error_of({8, 512, 256, 0, 0.9}), "no error");
+  EXPECT_EQ(error_of({8, 512, 256, 0, 1.5}), "the memory share must be above 0 and at most 1, got 1.5");
+  EXPECT_EQ(error_of({8, 512, 256, 0, -0.5}), "the memory share must be above 0 and at most 1, got -0.5");
+  EXPECT_EQ(error_of({8, 512, 256, 1024, 0.9}),
+            "give the KV cache's tokens or the memory share, not both: the share sizes the KV cache");
   EXPECT_EQ((ServingSizes{8, 512, 256, 1024}.kv_blocks(512)), 16);
   EXPECT_EQ((ServingSizes{8, 512, 256}.kv_blocks(500)), 8 * 8);
 }

@@ -32,7 +32,8 @@ void fit(const FitCommand& options) {
   if (options.speculative.enabled()) options.speculative.check(prepared);
   const std::optional<PreparedModel> draft =
       options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
-  const MemoryRequest request = options.speculative.memory_request(options.sizes, context, options.embeddings, draft);
+  MemoryRequest request = options.speculative.memory_request(options.sizes, context, options.embeddings, draft);
+  apply_memory_share(options.sizes, prepared, request);
   Backend& backend = *prepared.backend;
   const MemoryPlan plan = plan_memory(prepared.plan, backend, prepared.load_dtype, request);
   std::fputs((describe_memory_plan(plan, backend.name()) + "\n").c_str(), stdout);

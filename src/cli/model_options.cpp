@@ -150,7 +150,16 @@ void add_serving_size_options(CLI::App& command, ServingSizes& sizes) {
   command.add_option("--kv-cache-tokens", sizes.kv_cache_tokens,
                      "Positions of the paged KV cache the sequences share, a multiple of 64 (default: max batch x "
                      "context): smaller lets more sequences run than whole contexts fit");
+  command.add_option("--memory-share", sizes.memory_share,
+                     "Share of the device's memory to take (above 0, at most 1): the KV cache gets what the weights, "
+                     "steps and graphs leave of it, ended requests' prefixes staying cached in the rest");
   add_prefill_chunk_option(command, sizes);
+}
+
+void apply_memory_share(const ServingSizes& sizes, PreparedModel& prepared, MemoryRequest& request) {
+  if (sizes.memory_share > 0.0)
+    request.kv_blocks =
+        kv_blocks_for_memory_share(prepared.plan, *prepared.backend, prepared.load_dtype, request, sizes.memory_share);
 }
 
 void add_prefill_chunk_option(CLI::App& command, ServingSizes& sizes) {

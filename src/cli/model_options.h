@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/backend.h"
+#include "engine/memory_plan.h"
 #include "engine/sampler.h"
 #include "engine/serving_sizes.h"
 #include "model/loader.h"
@@ -69,6 +70,10 @@ OpenedModel build_prepared_model(PreparedModel prepared);
 // --max-batch, --max-context and --prefill-chunk (kiln serve, and kiln fit with serve's defaults).
 void add_serving_size_options(CLI::App& command, ServingSizes& sizes);
 // --prefill-chunk alone (kiln generate and kiln logits run one sequence at the model's context).
+// Under --memory-share, request.kv_blocks ← the pool that the share leaves (engine/memory_plan.h's
+// kv_blocks_for_memory_share); otherwise the request keeps the pool the sizes gave it.
+void apply_memory_share(const ServingSizes& sizes, PreparedModel& prepared, MemoryRequest& request);
+
 void add_prefill_chunk_option(CLI::App& command, ServingSizes& sizes);
 
 // The sizes checked against the model's config.json (check_serving_sizes), then the model

@@ -140,8 +140,9 @@ void serve(const ServeCommand& options) {
   }
   std::optional<PreparedModel> draft =
       options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
-  refuse_what_does_not_fit(prepared, options.speculative.memory_request(options.sizes, context, options.embeddings,
-                                                                        draft));
+  MemoryRequest memory_request = options.speculative.memory_request(options.sizes, context, options.embeddings, draft);
+  apply_memory_share(options.sizes, prepared, memory_request);
+  refuse_what_does_not_fit(prepared, memory_request);
   const TokenizerCodec codec(options.model.model_dir, read_chat_template(options.chat_template));
   const int64_t vocab_size = prepared.plan.config.vocab_size;
   codec.tokenizer().check_fits_model(vocab_size);
@@ -152,7 +153,7 @@ void serve(const ServeCommand& options) {
   scheduler_options.max_queue = options.max_queue;
   scheduler_options.prefill_chunk = options.sizes.prefill_chunk;
   scheduler_options.prefix_cache = !options.no_prefix_cache;
-  scheduler_options.kv_cache_tokens = options.sizes.kv_cache_tokens;
+  scheduler_options.kv_cache_tokens = memory_request.kv_blocks * kKvBlockTokens;
 
   server::ServerOptions server_options;
   server_options.http.host = options.host;

@@ -155,6 +155,33 @@ MemoryPlan plan_memory(const ModelPlan& model, Backend& backend, std::optional<D
   return plan;
 }
 
+int64_t kv_blocks_for_memory_share(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
+                                   MemoryRequest request, double share) {
+  if (!(share > 0.0 && share <= 1.0)) fail("the memory share must be above 0 and at most 1, got {}", share);
+  const DeviceMemory memory = backend.memory();
+  const auto budget = std::min(memory.available, static_cast<uint64_t>(share * static_cast<double>(memory.total)));
+  constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
+  // The pool is the one part that grows with its blocks: two plans a context apart give its bytes
+  // per block, and every other part stays as the smaller plan has it.
+  const int64_t context_blocks = kv_table_width(request.context);
+  request.kv_blocks = context_blocks;
+  const MemoryPlan one_context = plan_parts(model, backend, load_dtype, request, kUnbounded);
+  if (one_context.total() > budget)
+    fail("{} sequences with one {}-token context of KV cache need {:.3f} GiB, more than the memory share's {:.3f} "
+         "GiB ({} of {:.3f} GiB, {:.3f} GiB available)",
+         request.sequences, request.context, gib(one_context.total()), gib(budget), share, gib(memory.total),
+         gib(memory.available));
+  request.kv_blocks = 2 * context_blocks;
+  const uint64_t block_bytes =
+      std::max<uint64_t>(1, (plan_parts(model, backend, load_dtype, request, kUnbounded).cache - one_context.cache) /
+                                static_cast<uint64_t>(context_blocks));
+  request.kv_blocks = context_blocks + static_cast<int64_t>((budget - one_context.total()) / block_bytes);
+  // The allocator rounds what it keeps: step down until the plan itself is within the budget.
+  for (uint64_t total; (total = plan_parts(model, backend, load_dtype, request, kUnbounded).total()) > budget;)
+    request.kv_blocks = std::max(context_blocks, request.kv_blocks - static_cast<int64_t>((total - budget) / block_bytes) - 1);
+  return request.kv_blocks;
+}
+
 int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
                                 const MemoryPlan& plan) {
   // Memory grows with the context, so the longest one that fits is found by bisection, against
@@ -195,12 +222,19 @@ std::string describe_memory_plan(const MemoryPlan& plan, const std::string& devi
   text += fmt::format("total            {:9.3f} GiB\n", gib(plan.total()));
   text += fmt::format("available        {:9.3f} GiB of {:.3f} GiB on {}\n", gib(plan.memory.available),
                       gib(plan.memory.total), device);
-  const bool shared_pool = blocks < request.sequences * kv_table_width(request.context);
-  text += plan.fits() ? shared_pool ? fmt::format("fits: {} sequences of up to {} tokens, sharing {} KV positions",
-                                                  request.sequences, request.context, blocks * kKvBlockTokens)
-                                    : fmt::format("fits: {} sequences of {} tokens", request.sequences, request.context)
-                      : fmt::format("does not fit: {}{:.3f} GiB short", plan.steps_planned ? "" : "at least ",
-                                    gib(plan.total() - plan.memory.available));
+  const int64_t context_blocks = request.sequences * kv_table_width(request.context);
+  if (!plan.fits())
+    text += fmt::format("does not fit: {}{:.3f} GiB short", plan.steps_planned ? "" : "at least ",
+                        gib(plan.total() - plan.memory.available));
+  else if (blocks < context_blocks)
+    text += fmt::format("fits: {} sequences of up to {} tokens, sharing {} KV positions", request.sequences,
+                        request.context, blocks * kKvBlockTokens);
+  else if (blocks > context_blocks)
+    text += fmt::format("fits: {} sequences of {} tokens, with {} KV positions (those past their contexts keep ended "
+                        "requests' prefixes cached)",
+                        request.sequences, request.context, blocks * kKvBlockTokens);
+  else
+    text += fmt::format("fits: {} sequences of {} tokens", request.sequences, request.context);
   return text;
 }
 

@@ -79,6 +79,15 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
                        const MemoryRequest& request);
 
+// The KV pool's blocks that leave the whole plan of `request` (its kv_blocks aside) within `share`
+// of the backend's memory (of its total, and never more than is available): the weights, the
+// steps, the graphs and the reserve are planned first and the pool takes what they leave, as
+// vLLM's --gpu-memory-utilization sizes its KV cache. Blocks past the sequences' contexts are not
+// wasted: the prefix cache keeps ended requests' blocks in them. Fails, saying what is needed,
+// when not even one sequence's context fits in the share.
+int64_t kv_blocks_for_memory_share(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,
+                                   MemoryRequest request, double share);
+
 // The longest context, at most plan.request.context, whose plan fits the plan's sequences in the
 // memory `plan` reported; 0 when not even one token does.
 int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::optional<DType> load_dtype,

@@ -28,6 +28,10 @@ void check_serving_sizes(const ServingSizes& sizes, const ModelConfig& config) {
          sizes.kv_cache_tokens);
   if (sizes.kv_cache_tokens > 0 && sizes.kv_cache_tokens < kv_table_width(context) * kKvBlockTokens)
     fail("a KV cache of {} tokens cannot hold one sequence of the context's {} tokens", sizes.kv_cache_tokens, context);
+  if (sizes.memory_share != 0.0 && !(sizes.memory_share > 0.0 && sizes.memory_share <= 1.0))
+    fail("the memory share must be above 0 and at most 1, got {}", sizes.memory_share);
+  if (sizes.memory_share > 0.0 && sizes.kv_cache_tokens > 0)
+    fail("give the KV cache's tokens or the memory share, not both: the share sizes the KV cache");
 }
 
 int64_t ServingSizes::kv_blocks(int64_t context) const {

@@ -23,6 +23,9 @@ struct ServingSizes {
   // Positions of the paged KV cache, which the sequences share (a multiple of 64, at least one
   // context's blocks); 0: a block for every position of every sequence, max_batch × context.
   int64_t kv_cache_tokens = 0;
+  // The share of the device's memory everything may take, the KV pool sized to what the rest
+  // leaves (kv_blocks_for_memory_share, engine/memory_plan.h); 0: kv_cache_tokens decides.
+  double memory_share = 0.0;
 
   // Tokens per sequence: the model's context, or less when max_context asks; fails when neither
   // says.
