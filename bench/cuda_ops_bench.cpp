@@ -97,7 +97,9 @@ void bench_decode_matmul(DType act, double copy_gbps) {
   const std::vector<MatmulShape> all_shapes = {
       {"q/o 4096x4096", 1, 4096, 4096},      {"kv 1024x4096", 1, 1024, 4096},  {"up 14336x4096", 1, 14336, 4096},
       {"down 4096x14336", 1, 4096, 14336},   {"lm 128256x4096", 1, 128256, 4096},
-      {"up 14336x4096", 8, 14336, 4096},     {"up 14336x4096", 16, 14336, 4096}, {"small 2048x2048", 1, 2048, 2048}};
+      {"up 14336x4096", 4, 14336, 4096},     {"up 14336x4096", 5, 14336, 4096},  {"up 14336x4096", 8, 14336, 4096},
+      {"up 14336x4096", 16, 14336, 4096},    {"q/o 4096x4096", 5, 4096, 4096},   {"down 4096x14336", 5, 4096, 14336},
+      {"lm 128256x4096", 5, 128256, 4096},   {"small 2048x2048", 1, 2048, 2048}};
   // F32 is the exactness path; three shapes show its bandwidth.
   const std::vector<MatmulShape> shapes =
       act == DType::BF16 ? all_shapes : std::vector<MatmulShape>(all_shapes.begin(), all_shapes.begin() + 3);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -48,27 +47,15 @@ std::vector<float> PooledEmbedding::finish(int64_t dimensions, bool normalize) c
 Tensor run_hidden_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences,
                        const std::vector<int32_t>& rows) {
   Backend& backend = model.backend();
-  std::vector<SequenceSpan> spans;
-  std::vector<int32_t> token_ids;
-  for (const SequenceStep& sequence : sequences) {
-    if (sequence.tokens.empty()) fail("a sequence step must carry at least one token");
-    if (sequence.first_position + static_cast<int64_t>(sequence.tokens.size()) > cache.capacity())
-      fail("sequence in slot {} would reach position {}, beyond the cache capacity of {} tokens", sequence.slot,
-           sequence.first_position + sequence.tokens.size() - 1, cache.capacity());
-    spans.push_back({sequence.slot, static_cast<int32_t>(token_ids.size()), static_cast<int32_t>(sequence.tokens.size()),
-                     sequence.first_position});
-    token_ids.insert(token_ids.end(), sequence.tokens.begin(), sequence.tokens.end());
-  }
+  const StepBatch batch = step_batch(sequences, cache, "model's");
   if (rows.empty()) fail("a hidden-state step must read at least one row");
   for (int32_t row : rows)
-    if (row < 0 || row >= static_cast<int64_t>(token_ids.size()))
-      fail("hidden-state row {} is outside the step's {} tokens", row, token_ids.size());
-  const BatchLayout layout = backend.make_layout(spans, token_ids);
-  Tensor host_rows = Tensor::empty({static_cast<int64_t>(rows.size())}, DType::I32);
-  std::memcpy(host_rows.raw(), rows.data(), rows.size() * sizeof(int32_t));
+    if (row < 0 || row >= static_cast<int64_t>(batch.token_ids.size()))
+      fail("hidden-state row {} is outside the step's {} tokens", row, batch.token_ids.size());
+  const BatchLayout layout = backend.make_layout(batch.spans, batch.token_ids);
   const int64_t hidden_size = model.config().hidden_size;
   Tensor hidden = backend.alloc({static_cast<int64_t>(rows.size()), hidden_size}, backend.activation_dtype());
-  model.forward_hidden(layout, backend.upload(host_rows), cache, hidden);
+  model.forward_hidden(layout, upload_row_indices(backend, rows), cache, hidden);
   const Tensor activations = backend.download(hidden);
   if (activations.dtype() == DType::F32) return activations;
   Tensor widened = Tensor::empty(activations.shape(), DType::F32);

@@ -12,42 +12,52 @@
 
 namespace kiln {
 
+StepBatch step_batch(const std::vector<SequenceStep>& sequences, const ModelCache& cache, const char* what) {
+  StepBatch batch;
+  for (const SequenceStep& sequence : sequences) {
+    if (sequence.tokens.empty()) fail("a {} step must carry at least one token", what);
+    if (sequence.first_position + static_cast<int64_t>(sequence.tokens.size()) > cache.capacity())
+      fail("the {} sequence in slot {} would reach position {}, beyond its cache of {} positions", what, sequence.slot,
+           sequence.first_position + sequence.tokens.size() - 1, cache.capacity());
+    batch.spans.push_back({sequence.slot, static_cast<int32_t>(batch.token_ids.size()),
+                           static_cast<int32_t>(sequence.tokens.size()), sequence.first_position});
+    batch.token_ids.insert(batch.token_ids.end(), sequence.tokens.begin(), sequence.tokens.end());
+  }
+  return batch;
+}
+
+Tensor upload_row_indices(Backend& backend, const std::vector<int32_t>& indices) {
+  Tensor host_rows = Tensor::empty({static_cast<int64_t>(indices.size())}, DType::I32);
+  std::memcpy(host_rows.raw(), indices.data(), indices.size() * sizeof(int32_t));
+  return backend.upload(host_rows);
+}
+
 Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences, Tensor* hidden) {
   Backend& backend = model.backend();
-  std::vector<SequenceSpan> spans;
-  std::vector<int32_t> token_ids;
+  const StepBatch batch = step_batch(sequences, cache, "model's");
   std::vector<int32_t> logit_rows;
   std::vector<int32_t> hidden_rows;
-  for (const SequenceStep& sequence : sequences) {
-    if (sequence.tokens.empty()) fail("a sequence step must carry at least one token");
-    if (sequence.first_position + static_cast<int64_t>(sequence.tokens.size()) > cache.capacity())
-      fail("sequence in slot {} would reach position {}, beyond the cache capacity of {} tokens", sequence.slot,
-           sequence.first_position + sequence.tokens.size() - 1, cache.capacity());
-    const auto first_token = static_cast<int32_t>(token_ids.size());
-    spans.push_back({sequence.slot, first_token, static_cast<int32_t>(sequence.tokens.size()), sequence.first_position});
-    token_ids.insert(token_ids.end(), sequence.tokens.begin(), sequence.tokens.end());
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const SequenceStep& sequence = sequences[i];
+    const int32_t first_token = batch.spans[i].first_token;
     const auto count = static_cast<int32_t>(sequence.tokens.size());
     if (sequence.last_logits < 1 || sequence.last_logits > count)
       fail("a sequence step of {} tokens asks for the logits of its last {}", count, sequence.last_logits);
-    for (int32_t i = sequence.all_logits ? 0 : count - sequence.last_logits; i < count; ++i)
-      logit_rows.push_back(first_token + i);
+    for (int32_t row = sequence.all_logits ? 0 : count - sequence.last_logits; row < count; ++row)
+      logit_rows.push_back(first_token + row);
     if (sequence.hidden_states)
-      for (int32_t i = 0; i < count; ++i) hidden_rows.push_back(first_token + i);
+      for (int32_t row = 0; row < count; ++row) hidden_rows.push_back(first_token + row);
   }
-  const BatchLayout layout = backend.make_layout(spans, token_ids);
-  const auto upload_rows = [&](const std::vector<int32_t>& indices) {
-    Tensor host_rows = Tensor::empty({static_cast<int64_t>(indices.size())}, DType::I32);
-    std::memcpy(host_rows.raw(), indices.data(), indices.size() * sizeof(int32_t));
-    return backend.upload(host_rows);
-  };
+  const BatchLayout layout = backend.make_layout(batch.spans, batch.token_ids);
   Tensor logits = backend.alloc({static_cast<int64_t>(logit_rows.size()), model.config().vocab_size}, DType::F32);
   if (hidden_rows.empty()) {
-    model.forward(layout, upload_rows(logit_rows), cache, logits);
+    model.forward(layout, upload_row_indices(backend, logit_rows), cache, logits);
   } else {
     if (!hidden) fail("a sequence step asks for hidden states, but run_step was given nowhere to put them");
     *hidden = backend.alloc({static_cast<int64_t>(hidden_rows.size()), model.config().hidden_size},
                             backend.activation_dtype());
-    model.forward_with_hidden(layout, upload_rows(logit_rows), upload_rows(hidden_rows), cache, logits, *hidden);
+    model.forward_with_hidden(layout, upload_row_indices(backend, logit_rows), upload_row_indices(backend, hidden_rows),
+                              cache, logits, *hidden);
   }
   return backend.download(logits);
 }

@@ -30,6 +30,17 @@ struct SequenceStep {
   bool hidden_states = false;
 };
 
+// The batch of a step's sequences (in order): their spans and token ids, each checked to carry a
+// token and to end within `cache` (`what` names the cache in the messages).
+struct StepBatch {
+  std::vector<SequenceSpan> spans;
+  std::vector<int32_t> token_ids;
+};
+StepBatch step_batch(const std::vector<SequenceStep>& sequences, const ModelCache& cache, const char* what);
+
+// Row indices (a step's logit or hidden-state rows) as an I32 tensor on the backend.
+Tensor upload_row_indices(Backend& backend, const std::vector<int32_t>& indices);
+
 // Runs one forward over the sequences (in order) and returns their logit rows as a host
 // f32 tensor [rows, vocab], sequence by sequence. When some sequence asks for its hidden states,
 // `hidden` receives them from the same forward (Model::forward_with_hidden): [rows, hidden_size]

@@ -1,7 +1,6 @@
 #include "engine/mtp_proposer.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.h"
 #include "engine/sampler.h"
@@ -16,37 +15,22 @@ DraftHead& loaded_head(Model& target) {
   return *head;
 }
 
-Tensor upload_indices(Backend& backend, const std::vector<int32_t>& indices) {
-  Tensor host = Tensor::empty({static_cast<int64_t>(indices.size())}, DType::I32);
-  std::memcpy(host.raw(), indices.data(), indices.size() * sizeof(int32_t));
-  return backend.upload(host);
-}
-
 }  // namespace
 
 DraftHeadStep run_draft_head_step(Model& target, ModelCache& head_cache, const std::vector<SequenceStep>& steps,
                                   const Tensor& hidden) {
   Backend& backend = target.backend();
   DraftHead& head = loaded_head(target);
-  std::vector<SequenceSpan> spans;
-  std::vector<int32_t> token_ids, last_rows;
-  for (const SequenceStep& step : steps) {
-    if (step.tokens.empty()) fail("a draft head step must carry at least one token");
-    if (step.first_position + static_cast<int64_t>(step.tokens.size()) > head_cache.capacity())
-      fail("the draft head's sequence in slot {} would reach position {}, beyond its cache of {} positions", step.slot,
-           step.first_position + step.tokens.size() - 1, head_cache.capacity());
-    const auto first_token = static_cast<int32_t>(token_ids.size());
-    spans.push_back({step.slot, first_token, static_cast<int32_t>(step.tokens.size()), step.first_position});
-    token_ids.insert(token_ids.end(), step.tokens.begin(), step.tokens.end());
-    last_rows.push_back(static_cast<int32_t>(token_ids.size()) - 1);
-  }
-  if (hidden.dim(0) != static_cast<int64_t>(token_ids.size()))
-    fail("a draft head step of {} tokens was given {} hidden states", token_ids.size(), hidden.dim(0));
-  const BatchLayout layout = backend.make_layout(spans, token_ids);
+  const StepBatch batch = step_batch(steps, head_cache, "draft head's");
+  std::vector<int32_t> last_rows;
+  for (const SequenceSpan& span : batch.spans) last_rows.push_back(span.first_token + span.tokens - 1);
+  if (hidden.dim(0) != static_cast<int64_t>(batch.token_ids.size()))
+    fail("a draft head step of {} tokens was given {} hidden states", batch.token_ids.size(), hidden.dim(0));
+  const BatchLayout layout = backend.make_layout(batch.spans, batch.token_ids);
   const auto rows = static_cast<int64_t>(last_rows.size());
   Tensor logits = backend.alloc({rows, target.config().vocab_size}, DType::F32);
   DraftHeadStep step{Tensor(), backend.alloc({rows, target.config().hidden_size}, backend.activation_dtype())};
-  head.forward(layout, hidden, upload_indices(backend, last_rows), head_cache, logits, step.hidden);
+  head.forward(layout, hidden, upload_row_indices(backend, last_rows), head_cache, logits, step.hidden);
   step.logits = backend.download(logits);
   return step;
 }
@@ -171,7 +155,7 @@ void MtpProposer::propose_together(std::span<ProposalAsk> asks) {
     if (chained.empty()) break;
     Tensor inputs = backend.alloc({static_cast<int64_t>(rows.size()), target_.config().hidden_size},
                                   backend.activation_dtype());
-    backend.gather_rows(last.hidden, upload_indices(backend, rows), inputs);
+    backend.gather_rows(last.hidden, upload_row_indices(backend, rows), inputs);
     last = run_draft_head_step(target_, *cache_, chained, inputs);
     for (size_t i = 0; i < who.size(); ++i) {
       who[i]->row = static_cast<int64_t>(i);
