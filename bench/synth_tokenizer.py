@@ -13,24 +13,11 @@ import json
 import pathlib
 import sys
 
-
-def byte_symbols():
-    """GPT-2's byte-to-unicode table: printable bytes stand for themselves, the rest are shifted
-    past U+0100 so that no symbol is whitespace or a control character."""
-    printable = list(range(ord('!'), ord('~') + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    symbols = {}
-    shifted = 0
-    for byte in range(256):
-        if byte in printable:
-            symbols[byte] = chr(byte)
-        else:
-            symbols[byte] = chr(256 + shifted)
-            shifted += 1
-    return [symbols[byte] for byte in range(256)]
+from write_random_gguf import bytes_to_unicode  # GPT-2's byte-level alphabet
 
 
 def build(vocab_size):
-    singles = byte_symbols()
+    singles = bytes_to_unicode()
     if vocab_size < len(singles):
         sys.exit(f'synth_tokenizer: a byte-level vocabulary needs at least 256 tokens, got {vocab_size}')
     vocab = {symbol: i for i, symbol in enumerate(singles)}
