@@ -25,7 +25,47 @@ struct StepWords {
   int64_t total() const { return feed() + tokens; }
 };
 
+// A row's kSamplingSettingsWords words (backend.h) for `params` with the draw `uniform`.
+void write_sampling_settings(int32_t* settings, const SamplingParams& params, double uniform) {
+  settings[0] = std::bit_cast<int32_t>(params.temperature);
+  settings[1] = params.top_k;
+  settings[2] = std::bit_cast<int32_t>(params.top_p);
+  settings[3] = std::bit_cast<int32_t>(params.min_p);
+  const auto uniform_bits = std::bit_cast<uint64_t>(uniform);
+  settings[4] = static_cast<int32_t>(static_cast<uint32_t>(uniform_bits));
+  settings[5] = static_cast<int32_t>(static_cast<uint32_t>(uniform_bits >> 32));
+}
+
 }  // namespace
+
+std::vector<SampledToken> sample_rows_on_device(Backend& backend, const Tensor& logits,
+                                                std::span<Sampler* const> samplers) {
+  GraphOps* ops = backend.graph_ops();
+  if (!ops) fail("device sampling: the {} backend chooses no tokens on its device", backend.name());
+  const int64_t rows = logits.dim(0);
+  if (rows != static_cast<int64_t>(samplers.size()))
+    fail("device sampling: {} logit rows but {} samplers", rows, samplers.size());
+  Tensor settings = Tensor::empty({rows, kSamplingSettingsWords}, DType::I32);
+  bool sorting = false;
+  for (int64_t row = 0; row < rows; ++row) {
+    Sampler* sampler = samplers[row];
+    SamplingParams params;
+    if (sampler) params = sampler->params();
+    else params.temperature = 0.0f;
+    sorting = sorting || params.temperature != 0.0f;
+    write_sampling_settings(settings.data<int32_t>() + row * kSamplingSettingsWords, params,
+                            params.temperature != 0.0f ? sampler->next_uniform() : 0.0);
+  }
+  Tensor tokens = backend.alloc({rows}, DType::I32);
+  Tensor logprobs = backend.alloc({rows}, DType::F32);
+  ops->sample_tokens(logits, backend.upload(settings), sorting, tokens, logprobs);
+  const Tensor host_tokens = backend.download(tokens);
+  const Tensor host_logprobs = backend.download(logprobs);
+  std::vector<SampledToken> sampled(static_cast<size_t>(rows));
+  for (int64_t row = 0; row < rows; ++row)
+    sampled[row] = {host_tokens.data<int32_t>()[row], host_logprobs.data<float>()[row]};
+  return sampled;
+}
 
 int64_t decode_bucket(int64_t rows) {
   if (rows < 1) fail("a decode step needs at least one row, got {}", rows);
@@ -193,19 +233,12 @@ void DecodeGraphs::launch(const std::vector<DecodeRow>& rows) {
       words[layout.positions() + token_row] = position + static_cast<int32_t>(j);
       words[layout.slots() + token_row] = slot;
       words[layout.feed() + token_row] = fed ? rows[index].fed_from : -1;
-      int32_t* settings = words + layout.settings() + kSamplingSettingsWords * token_row;
-      settings[0] = std::bit_cast<int32_t>(params.temperature);
-      settings[1] = params.top_k;
-      settings[2] = std::bit_cast<int32_t>(params.top_p);
-      settings[3] = std::bit_cast<int32_t>(params.min_p);
       // A one-token step takes its row's draw; a verify step reads the row's next draws ahead (the
       // engine takes one per token it emits).
       double uniform = 0.0;
       if (params.temperature != 0.0f)
         uniform = row_tokens == 1 ? rows[index].sampler->next_uniform() : rows[index].sampler->uniform_ahead(j);
-      const auto uniform_bits = std::bit_cast<uint64_t>(uniform);
-      settings[4] = static_cast<int32_t>(static_cast<uint32_t>(uniform_bits));
-      settings[5] = static_cast<int32_t>(static_cast<uint32_t>(uniform_bits >> 32));
+      write_sampling_settings(words + layout.settings() + kSamplingSettingsWords * token_row, params, uniform);
     }
   }
 

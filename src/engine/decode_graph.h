@@ -72,6 +72,14 @@ struct DecodeRow {
 // The most tokens one row of a step appends: its token and the most proposals.
 inline constexpr int64_t kMaxDecodeRowTokens = 1 + kMaxSpeculativeTokens;
 
+// Chooses a token for each row of a direct step's logits [rows, vocab] (f32, on the device) with
+// GraphOps::sample_tokens, and returns only the tokens and their log-probabilities: a step with
+// prefill chunks runs outside the decode graphs, and this keeps its choice on the device too
+// instead of downloading every row's logits to sample them one by one on the host. samplers[i]
+// is row i's request sampler, which gives one draw (null: greedy, no draw), as DecodeRow::sampler.
+std::vector<SampledToken> sample_rows_on_device(Backend& backend, const Tensor& logits,
+                                                std::span<Sampler* const> samplers);
+
 class DecodeGraphs {
  public:
   // Needs a backend with GraphOps; every step runs on `cache`, which must outlive this object.

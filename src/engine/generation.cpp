@@ -33,6 +33,10 @@ Tensor upload_row_indices(Backend& backend, const std::vector<int32_t>& indices)
 }
 
 Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences, Tensor* hidden) {
+  return model.backend().download(forward_step(model, cache, sequences, hidden));
+}
+
+Tensor forward_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences, Tensor* hidden) {
   Backend& backend = model.backend();
   const StepBatch batch = step_batch(sequences, cache, "model's");
   std::vector<int32_t> logit_rows;
@@ -59,7 +63,7 @@ Tensor run_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>
     model.forward_with_hidden(layout, upload_row_indices(backend, logit_rows), upload_row_indices(backend, hidden_rows),
                               cache, logits, *hidden);
   }
-  return backend.download(logits);
+  return logits;
 }
 
 Tensor prompt_logits(Model& model, const std::vector<int32_t>& prompt, int64_t chunk) {

@@ -41,6 +41,11 @@ StepBatch step_batch(const std::vector<SequenceStep>& sequences, const ModelCach
 // Row indices (a step's logit or hidden-state rows) as an I32 tensor on the backend.
 Tensor upload_row_indices(Backend& backend, const std::vector<int32_t>& indices);
 
+// Runs one forward over the sequences (in order) and returns their logit rows, f32 [rows, vocab]
+// sequence by sequence, on the backend's device (run_step downloads them).
+Tensor forward_step(Model& model, ModelCache& cache, const std::vector<SequenceStep>& sequences,
+                    Tensor* hidden = nullptr);
+
 // Runs one forward over the sequences (in order) and returns their logit rows as a host
 // f32 tensor [rows, vocab], sequence by sequence. When some sequence asks for its hidden states,
 // `hidden` receives them from the same forward (Model::forward_with_hidden): [rows, hidden_size]

@@ -701,6 +701,14 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
     result.device_tokens = decode_graphs_->step(verify_rows());
     return result;
   }
+  // A step with prefill chunks (or a preempted request's tokens run again) runs directly. Where no
+  // request needs its logits on the host and none verifies proposals (a row per work), its tokens
+  // are still chosen on the device: only they come back, not [rows, vocab] logits sampled a row at
+  // a time on the host.
+  const bool verifies = std::any_of(plan.work.begin(), plan.work.end(), [&](const PlannedWork& work) {
+    return work.decodes && !running_[work.sequence]->proposal.empty();
+  });
+  const bool chooses_on_device = decode_graphs_ && !wants_logits && !reads_hidden_states && !verifies;
   std::vector<SequenceStep> steps;
   for (const PlannedWork& work : plan.work) {
     const Sequence& sequence = *running_[work.sequence];
@@ -714,6 +722,16 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
       steps.push_back({sequence.slot, static_cast<int32_t>(work.begin), sequence.tokens(work.begin, work.end), false,
                        1, sequence.reads_hidden_states()});
   }
+  if (chooses_on_device) {
+    const Tensor logits = forward_step(model_, *cache_, steps);
+    std::vector<Sampler*> samplers;
+    for (const PlannedWork& work : plan.work) {
+      Sequence& sequence = *running_[work.sequence];
+      samplers.push_back(sampler_chooses(work, sequence) ? &sequence.sampler : nullptr);
+    }
+    result.device_tokens = sample_rows_on_device(model_.backend(), logits, samplers);
+    return result;
+  }
   Tensor hidden;
   result.logits = run_step(model_, *cache_, steps, &hidden);
   // Each proposer that reads hidden states gets its request's rows, in the order run_step wrote them.
@@ -725,6 +743,16 @@ GenerationCore::StepResult GenerationCore::execute(const StepPlan& plan) {
     hidden_row += rows;
   }
   return result;
+}
+
+// Whether `work` ends with a token that its request's sampler chooses from the step's last logit row:
+// commit's last case, the one that takes a draw from the request's stream (a prefill chunk before the
+// prompt's end, a preempted request's tokens run again, max_tokens 0, a verify step, a grammar, a
+// forced token or a request sampled on the host choose otherwise or not at all).
+bool GenerationCore::sampler_chooses(const PlannedWork& work, const Sequence& sequence) const {
+  if (!work.samples || sequence.resuming || sequence.request.max_tokens == 0) return false;
+  if (work.decodes && (work.decode_tokens < sequence.replay + 1 || !sequence.proposal.empty())) return false;
+  return !sequence.matcher && !sequence.forced_next() && !sequence.samples_on_host();
 }
 
 // Feeds a step's results back: the prompt tokens now in the cache, and each sampled token to its
@@ -789,6 +817,7 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
         } else if (const std::optional<int32_t> forced = sequence.forced_next()) {
           if (!accept(sequence, {*forced, 0.0f}, logits, true)) continue;
         } else {
+          // sampler_chooses(work, sequence) holds here.
           const SampledToken token = sampled_on_device && !sequence.samples_on_host() ? result.device_tokens[work_row]
                                                                                        : sequence.sampler.sample(logits);
           if (!accept(sequence, token, logits)) continue;

@@ -190,6 +190,7 @@ class GenerationCore {
   bool verifies_as_graph(const StepPlan& plan) const;
   std::vector<DecodeRow> verify_rows() const;
   bool sample_on_host(Sequence& sequence, std::span<const float> logits);
+  bool sampler_chooses(const PlannedWork& work, const Sequence& sequence) const;
   std::vector<DecodeRow> decode_rows(bool fed) const;
   std::vector<uint64_t> running_ids() const;
   bool queue_next_decode(const std::function<bool()>& requests_waiting) const;

@@ -124,6 +124,16 @@ void run_largest_step(Model& model, ModelCache& cache, const MemoryRequest& requ
     run_draft_head_step(model, *mtp_cache, steps, hidden);
     return;
   }
+  if (!request.embeddings && DecodeGraphs::supported(model)) {
+    // The engine chooses such a step's tokens on the device (engine/decode_graph.h's
+    // sample_rows_on_device): every row samples here, so the sort's scratch is planned too.
+    SamplingParams sampling;
+    sampling.temperature = 1.0f;
+    Sampler sampler(sampling);
+    const std::vector<Sampler*> samplers(static_cast<size_t>(request.sequences), &sampler);
+    sample_rows_on_device(model.backend(), forward_step(model, cache, steps), samplers);
+    return;
+  }
   if (!request.embeddings) {
     run_step(model, cache, steps);
     return;

@@ -99,7 +99,9 @@ int64_t longest_fitting_context(const ModelPlan& model, Backend& backend, std::o
 // The largest step the scheduler runs (engine/scheduler.cpp): every sequence of `request`
 // prefills a chunk of min(prefill_chunk, context) tokens (slot i for sequence i), at the end of
 // its context (positions are 32-bit: a longer context, which no step reaches, is planned as if it
-// ended there), with one logit row each, or, for embeddings, the hidden-state row of every token.
+// ended there), with one logit row each — sampled on the device, every row with a sort, where the
+// backend runs decode graphs, as the engine chooses a direct step's tokens there — or, for
+// embeddings, the hidden-state row of every token.
 // With request.mtp the step returns every token's hidden state too, and the MTP head then takes
 // them all in, in `mtp_cache` (its make_cache of `request.sequences` slots of `context`). The
 // cache needs `request.sequences` slots of `context`.
