@@ -294,7 +294,8 @@ TEST(DecodeGraphGenerate, MatchesADirectLoopWithTheHostSampler) {
 
 // The server's scheduler on CUDA: steps in which every sequence decodes run as captured graphs
 // (3 slots: bucket 4 with a padded row) sampling on the device, steps with prefill chunks run
-// directly with the host sampler; every request must still equal its solo generate() run.
+// directly and choose their tokens on the device too (sample_rows_on_device); every request must
+// still equal its solo generate() run.
 TEST(DecodeGraphScheduler, ConcurrentRequestsEqualTheirSoloRuns) {
   KILN_REQUIRE_CUDA();
   const auto fixture = fixtures_dir() / "qwen3-tiny";
