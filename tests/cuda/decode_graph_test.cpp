@@ -114,11 +114,11 @@ Tensor random_logits(int64_t rows, int64_t vocab, std::mt19937& random) {
   return logits;
 }
 
+// Through sample_rows_on_device, which packs each row's settings and draw as the decode graphs do.
 TEST_P(DeviceSampler, PicksTheHostSamplersTokens) {
   KILN_REQUIRE_CUDA();
   const SamplingParams& params = GetParam().params;
   auto backend = make_cuda_backend(0, DType::F32);
-  GraphOps& ops = *backend->graph_ops();
   constexpr int64_t kRows = 6, kDraws = 12;
   std::mt19937 random(7);
   std::vector<Sampler> host, device;
@@ -132,29 +132,16 @@ TEST_P(DeviceSampler, PicksTheHostSamplersTokens) {
   for (int64_t vocab : {int64_t{1000}, int64_t{32000}, int64_t{128256}}) {
     for (int64_t draw = 0; draw < kDraws; ++draw) {
       const Tensor logits = random_logits(kRows, vocab, random);
-      Tensor settings = Tensor::empty({kRows, kSamplingSettingsWords}, DType::I32);
-      for (int64_t row = 0; row < kRows; ++row) {
-        int32_t* words = settings.data<int32_t>() + row * kSamplingSettingsWords;
-        words[0] = std::bit_cast<int32_t>(params.temperature);
-        words[1] = params.top_k;
-        words[2] = std::bit_cast<int32_t>(params.top_p);
-        words[3] = std::bit_cast<int32_t>(params.min_p);
-        const uint64_t uniform = std::bit_cast<uint64_t>(params.temperature != 0.0f ? device[row].next_uniform() : 0.0);
-        words[4] = static_cast<int32_t>(static_cast<uint32_t>(uniform));
-        words[5] = static_cast<int32_t>(static_cast<uint32_t>(uniform >> 32));
-      }
-      Tensor tokens = backend->alloc({kRows}, DType::I32);
-      Tensor logprobs = backend->alloc({kRows}, DType::F32);
-      ops.sample_tokens(backend->upload(logits), backend->upload(settings), params.temperature != 0.0f, tokens,
-                        logprobs);
-      const Tensor device_tokens = backend->download(tokens);
-      const Tensor device_logprobs = backend->download(logprobs);
+      // The rows of a direct step, chosen on the device (each device sampler gives its row's draw).
+      std::vector<Sampler*> samplers;
+      for (Sampler& sampler : device) samplers.push_back(&sampler);
+      const std::vector<SampledToken> chosen = sample_rows_on_device(*backend, backend->upload(logits), samplers);
       for (int64_t row = 0; row < kRows; ++row) {
         const SampledToken expected =
             host[row].sample({logits.data<float>() + row * vocab, static_cast<size_t>(vocab)});
-        ASSERT_EQ(device_tokens.data<int32_t>()[row], expected.token)
+        ASSERT_EQ(chosen[row].token, expected.token)
             << GetParam().name << ": vocab " << vocab << " draw " << draw << " row " << row;
-        ASSERT_NEAR(device_logprobs.data<float>()[row], expected.logprob, 1e-5 * std::max(1.0f, std::abs(expected.logprob)));
+        ASSERT_NEAR(chosen[row].logprob, expected.logprob, 1e-5 * std::max(1.0f, std::abs(expected.logprob)));
       }
     }
   }
@@ -168,6 +155,32 @@ INSTANTIATE_TEST_SUITE_P(Modes, DeviceSampler,
                                            SamplerCase{"min_p", {1.2f, 0, 1.0f, 0.05f, {}}},
                                            SamplerCase{"all", {0.9f, 50, 0.95f, 0.02f, {}}}),
                          [](const auto& info) { return info.param.name; });
+
+// A direct step's rows without a sampler (a prefill chunk before the prompt's end, a forced or
+// host-sampled token) are greedy and take no draw: the sampling rows' streams stay those of their
+// host samplers, which choose the same tokens.
+TEST(DeviceSampler, RowsWithoutASamplerAreGreedyAndTakeNoDraw) {
+  KILN_REQUIRE_CUDA();
+  auto backend = make_cuda_backend(0, DType::F32);
+  std::mt19937 random(11);
+  SamplingParams params{0.9f, 50, 0.95f, 0.0f, 77};
+  Sampler host(params), device(params);
+  for (int step = 0; step < 8; ++step) {
+    const Tensor logits = random_logits(3, 32000, random);
+    const std::vector<Sampler*> samplers = {nullptr, &device, nullptr};
+    const std::vector<SampledToken> chosen = sample_rows_on_device(*backend, backend->upload(logits), samplers);
+    const auto row = [&](int64_t r) { return std::span<const float>(logits.data<float>() + r * 32000, 32000); };
+    EXPECT_EQ(chosen[0].token, argmax(row(0))) << "step " << step;
+    EXPECT_EQ(chosen[2].token, argmax(row(2))) << "step " << step;
+    EXPECT_EQ(chosen[1].token, host.sample(row(1)).token) << "step " << step;
+  }
+  try {
+    sample_rows_on_device(*backend, backend->upload(random_logits(2, 100, random)), std::vector<Sampler*>{nullptr});
+    ADD_FAILURE() << "two logit rows with one sampler were taken";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("2 logit rows but 1 samplers"), std::string::npos) << error.what();
+  }
+}
 
 // Equal largest logits in several of the device's chunks (kChunkLogits = 2048 in sampling.cu),
 // the lowest at a chunk's first index: the lowest id wins, as on the host. The second row has a
