@@ -156,6 +156,11 @@ TEST(ServingSizes, OneCheckForBatchChunkAndContext) {
             "give the KV cache's tokens or the memory share, not both: the share sizes the KV cache");
   EXPECT_EQ((ServingSizes{8, 512, 256, 1024}.kv_blocks(512)), 16);
   EXPECT_EQ((ServingSizes{8, 512, 256}.kv_blocks(500)), 8 * 8);
+  // A hybrid model's prefix snapshots: by default two per sequence, or as many as asked (0: none).
+  EXPECT_EQ((ServingSizes{8, 512, 256}.snapshots()), 16);
+  EXPECT_EQ((ServingSizes{8, 512, 256, 0, 0.0, 3}.snapshots()), 3);
+  EXPECT_EQ((ServingSizes{8, 512, 256, 0, 0.0, 0}.snapshots()), 0);
+  EXPECT_EQ(error_of({8, 512, 256, 0, 0.0, -2}), "the prefix cache keeps 0 to 2147483647 snapshots, not -2");
 }
 
 }  // namespace
