@@ -316,6 +316,48 @@ TEST(KvBlockPool, SnapshotHandlesAreMatchedAndFreedWithTheirBlock) {
   EXPECT_EQ(freed, (std::vector<int32_t>{12, 11, 13})) << "evicted tail first: block 3, then 2, then 1";
 }
 
+// The engine's snapshot entries are fewer than the blocks: it takes back the handle least recently
+// given or matched, whose block stays cached (and matchable by a run that needs no snapshot).
+TEST(KvBlockPool, TheLeastRecentlyUsedSnapshotIsDroppedFirst) {
+  std::vector<int32_t> freed;
+  KvBlockPoolOptions options = options_with(6);
+  options.on_snapshot_freed = [&freed](int32_t snapshot) { freed.push_back(snapshot); };
+  KvBlockPool pool(options);
+  const std::vector<int32_t> x = prefill(pool, {1, 2}, {21, 22});
+  const std::vector<int32_t> y = prefill(pool, {3}, {23});
+  EXPECT_EQ(pool.stats().snapshots, 3);
+  EXPECT_EQ(pool.snapshot(x[1]), 22);
+  PrefixMatch used = pool.match_prefix(prompt_of({1}, 1), 65, PrefixResume::kSnapshotBlock);
+  EXPECT_EQ(used.snapshot, 21);
+  pool.release(used.blocks);
+
+  ASSERT_TRUE(pool.drop_least_recently_used_snapshot());
+  EXPECT_EQ(freed, std::vector<int32_t>{22}) << "21 was matched since";
+  EXPECT_EQ(pool.snapshot(x[1]), std::nullopt);
+  EXPECT_EQ(peek(pool, prompt_of({1, 2}, 1)), x) << "the block stays cached";
+  EXPECT_EQ(peek(pool, prompt_of({1, 2}, 1), PrefixResume::kSnapshotBlock), std::vector<int32_t>{x[0]});
+  ASSERT_TRUE(pool.drop_least_recently_used_snapshot());
+  ASSERT_TRUE(pool.drop_least_recently_used_snapshot());
+  EXPECT_EQ(freed, (std::vector<int32_t>{22, 23, 21}));
+  EXPECT_FALSE(pool.drop_least_recently_used_snapshot());
+  EXPECT_EQ(pool.stats().snapshots, 0);
+
+  // A cached block without one takes a new handle, one that has one frees the new one at once, a
+  // block that is not cached takes none; an eviction frees the block's.
+  pool.add_snapshot(y[0], 24);
+  EXPECT_EQ(pool.snapshot(y[0]), 24);
+  pool.add_snapshot(y[0], 25);
+  EXPECT_EQ(pool.snapshot(y[0]), 24);
+  const std::vector<int32_t> uncached = pool.allocate(1).value();
+  EXPECT_THROW(pool.add_snapshot(uncached[0], 26), Error);
+  pool.release(uncached);
+  pool.release(x);
+  pool.release(y);
+  pool.allocate(6).value();
+  EXPECT_EQ(freed, (std::vector<int32_t>{22, 23, 21, 25, 24}));
+  EXPECT_EQ(pool.stats().snapshots, 0);
+}
+
 TEST(KvBlockPool, StatsCountEveryStateAndTheQueries) {
   KvBlockPool pool(options_with(6));
   const std::vector<int32_t> chain = prefill(pool, {1, 2, 3});

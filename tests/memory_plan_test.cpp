@@ -166,6 +166,43 @@ TEST(MemoryPlan, SpeculationCountsTheSavedStatesOfAHybridCache) {
   }
 }
 
+// A hybrid model's prefix cache keeps snapshots of the recurrent state beside the slots: the plan
+// counts what the CPU backend hands out for them (a slot's state each) and says so; a KV cache
+// keeps none.
+TEST(MemoryPlan, ThePrefixSnapshotsOfAHybridCacheArePlanned) {
+  for (const char* family : {"llama3-tiny", "qwen3_5-text-tiny"}) {
+    SCOPED_TRACE(family);
+    const ModelPlan model_plan = plan_model(fixtures_dir() / family / "f32", Device::CPU, true);
+    CountingCpuBackend backend;
+    MemoryRequest request{3, 200, 64};
+    const MemoryPlan without = plan_memory(model_plan, backend, std::nullopt, request);
+    request.prefix_snapshots = 5;
+    const MemoryPlan plan = plan_memory(model_plan, backend, std::nullopt, request);
+    EXPECT_EQ(without.snapshots, 0u);
+    EXPECT_EQ(plan.total() - without.total(), plan.snapshots);
+
+    const std::unique_ptr<Model> model = build_model(model_plan, backend);
+    const std::unique_ptr<ModelCache> cache =
+        model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
+    const uint64_t before_snapshots = backend.live();
+    cache->allocate_snapshots(request.prefix_snapshots);
+    EXPECT_EQ(plan.snapshots, backend.live() - before_snapshots);
+    EXPECT_EQ(plan.cache + plan.snapshots, cache->bytes());
+    const bool described = describe_memory_plan(plan, "cpu").find("prefix snapshots") != std::string::npos;
+    if (std::string(family) == "llama3-tiny") {
+      EXPECT_EQ(plan.snapshots, 0u);
+      EXPECT_FALSE(described);
+    } else {
+      // Each snapshot is what a slot's state takes: the speculative save's copy of every slot.
+      const uint64_t before_save = backend.live();
+      cache->save_slot_state(0);
+      EXPECT_EQ(plan.snapshots * plan.cache_slots, (backend.live() - before_save) * request.prefix_snapshots);
+      EXPECT_GT(plan.snapshots, 0u);
+      EXPECT_TRUE(described);
+    }
+  }
+}
+
 // A draft model served beside the target (kiln serve --speculative draft:DIR) is planned too: its
 // weights, its cache of the request's slots and context and its largest step are what the CPU
 // backend hands out for them, held beside the target's parts, and the total counts them.

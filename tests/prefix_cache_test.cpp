@@ -1,17 +1,19 @@
 // The paged KV cache and its prefix cache (GenerationCore): a request whose prompt begins with
 // cached blocks prefills only the rest, and its tokens, log-probabilities and top alternatives are
 // bit-identical to the same request on a cold scheduler: after a prompt, after a multi-turn history
-// whose rows were written by decode steps, in a batch with others, for a hit that leaves one prompt
-// token; cached blocks are evicted least recently used first when the pool is short; requests
-// preempted for blocks get their solo answers; a hybrid model never reuses.
+// (whose rows, on an attention model, were written by decode steps), in a batch with others, for a
+// hit that leaves one prompt token; cached blocks are evicted least recently used first when the
+// pool is short; requests preempted for blocks get their solo answers. A hybrid model resumes from
+// snapshots of its recurrent state at block boundaries: the same answers, with snapshots and blocks
+// evicted, and a snapshot put back into another slot gives the logits of a one-shot prefill.
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "engine/scheduler.h"
 #include "model_test_support.h"
+#include "prefix_cache_support.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -20,126 +22,33 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Answer {
-  std::vector<TokenEvent> events;
-  int64_t cached = 0;
-  std::vector<int32_t> tokens() const {
-    std::vector<int32_t> ids;
-    for (const TokenEvent& event : events)
-      if (event.token >= 0) ids.push_back(event.token);
-    return ids;
-  }
-};
-
-Answer collect(RequestStream& stream) {
-  Answer answer;
-  for (;;) {
-    auto event = stream.next(30s);
-    if (!event) {
-      ADD_FAILURE() << "no event within 30 s";
-      return answer;
-    }
-    answer.events.push_back(*event);
-    if (event->finished) break;
-  }
-  answer.cached = stream.cached_tokens();
-  return answer;
-}
-
-Answer run(Scheduler& scheduler, const GenerationRequest& request) { return collect(*scheduler.submit(request)); }
-
-GenerationRequest request_for(std::vector<int32_t> prompt, int64_t max_tokens, float temperature = 0.0f) {
-  GenerationRequest request;
-  request.prompt = std::move(prompt);
-  request.max_tokens = max_tokens;
-  request.sampling.temperature = temperature;
-  request.sampling.seed = 7;
-  request.top_logprobs = 5;  // the alternatives come from the whole logit row: a changed bit shows
-  return request;
-}
-
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-
-void expect_identical(const Answer& warm, const Answer& cold, const std::string& what) {
-  ASSERT_EQ(warm.events.size(), cold.events.size()) << what;
-  for (size_t i = 0; i < cold.events.size(); ++i) {
-    const TokenEvent &a = warm.events[i], &b = cold.events[i];
-    EXPECT_EQ(a.token, b.token) << what << ", event " << i;
-    EXPECT_TRUE(same_bits(a.logprob, b.logprob)) << what << ", event " << i;
-    ASSERT_EQ(a.top_logprobs.size(), b.top_logprobs.size()) << what;
-    for (size_t k = 0; k < b.top_logprobs.size(); ++k) {
-      EXPECT_EQ(a.top_logprobs[k].first, b.top_logprobs[k].first) << what << ", event " << i;
-      EXPECT_TRUE(same_bits(a.top_logprobs[k].second, b.top_logprobs[k].second)) << what << ", event " << i;
-    }
-  }
-}
-
-SchedulerOptions options(int32_t slots, bool prefix_cache = true) {
-  SchedulerOptions options;
-  options.max_batch = slots;
-  options.context_tokens = 512;
-  options.prefill_chunk = 64;
-  options.prefix_cache = prefix_cache;
-  return options;
-}
-
-std::vector<int32_t> slice(const std::vector<int32_t>& ids, size_t begin, size_t end) {
-  return {ids.begin() + static_cast<std::ptrdiff_t>(begin), ids.begin() + static_cast<std::ptrdiff_t>(end)};
-}
-
-std::vector<int32_t> joined(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+SchedulerOptions options(int32_t slots, bool prefix_cache = true) { return prefix_options(slots, prefix_cache); }
 
 class PrefixCache : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PrefixCache, HitsGiveTheColdAnswerBitForBit) {
   const auto fixture = fixtures_dir() / GetParam();
   TestModel loaded = open_cpu_model(fixture / "f32");
-  const std::vector<int32_t> prompt = fixture_prompt(fixture);
-  Scheduler cold(*loaded.model, options(2, false));
-  Scheduler warm(*loaded.model, options(2));
-
-  // A prompt sharing its first 130 tokens with one served before: 128 of them are reused.
-  const GenerationRequest first = request_for(joined(slice(prompt, 0, 130), slice(prompt, 250, 290)), 6);
-  const GenerationRequest second = request_for(slice(prompt, 0, 200), 12, 0.8f);
-  EXPECT_EQ(run(warm, first).cached, 0);
-  const Answer hit = run(warm, second);
-  EXPECT_EQ(hit.cached, 128);
-  expect_identical(hit, run(cold, second), "a prompt's prefix");
-
-  // A hit that leaves a single prompt token (129 tokens, 128 of them held).
-  const GenerationRequest short_prompt = request_for(slice(prompt, 0, 129), 8);
-  const Answer one_left = run(warm, short_prompt);
-  EXPECT_EQ(one_left.cached, 128);
-  expect_identical(one_left, run(cold, short_prompt), "one prompt token left");
-
-  // A second turn: the first turn's prompt, its answer and more; rows 100..127 were written by
-  // decode steps.
-  const GenerationRequest turn1 = request_for(slice(prompt, 0, 100), 40);
-  const Answer answer1 = run(warm, turn1);
-  std::vector<int32_t> history = joined(slice(prompt, 0, 100), answer1.tokens());
-  history = joined(history, slice(prompt, 140, 170));
-  const GenerationRequest turn2 = request_for(history, 10);
-  const Answer answer2 = run(warm, turn2);
-  EXPECT_EQ(answer2.cached, 128);
-  expect_identical(answer2, run(cold, turn2), "a second turn");
-
-  // A hit on the second turn's slot while another request runs in the other slot.
-  auto busy = warm.submit(request_for(slice(prompt, 150, 300), 30));
-  const GenerationRequest again = request_for(joined(slice(history, 0, 150), slice(prompt, 10, 20)), 10);
-  const Answer batched = run(warm, again);
-  EXPECT_EQ(batched.cached, 128);
-  collect(*busy);  // the two schedulers share the model: one runs at a time
-  expect_identical(batched, run(cold, again), "a hit in a batch");
-  const SchedulerStats stats = warm.stats();
-  EXPECT_GE(stats.prefix_hit_tokens, 128 * 4);
-  EXPECT_GT(stats.prefix_query_tokens, stats.prefix_hit_tokens);
-  EXPECT_EQ(cold.stats().prefix_hit_tokens, 0);
+  expect_attention_hits_give_the_cold_answers(*loaded.model, fixture_prompt(fixture));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PrefixCache, ::testing::Values("llama3-tiny", "qwen3-tiny", "qwen3-moe-tiny"));
+
+class HybridPrefixCache : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HybridPrefixCache, HitsResumeFromSnapshotsWithTheColdAnswerBitForBit) {
+  const auto fixture = fixtures_dir() / GetParam();
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  expect_hybrid_hits_give_the_cold_answers(*loaded.model, fixture_prompt(fixture));
+}
+
+TEST_P(HybridPrefixCache, EvictedSnapshotsAndBlocksLeaveTheColdAnswers) {
+  const auto fixture = fixtures_dir() / GetParam();
+  TestModel loaded = open_cpu_model(fixture / "f32");
+  expect_hybrid_evictions_keep_the_cold_answers(*loaded.model, fixture_prompt(fixture));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HybridPrefixCache, ::testing::Values("qwen3_5-text-tiny", "qwen3_5-moe-tiny"));
 
 // A pool of 8 blocks (one context of 512 tokens): what a new prompt needs is taken from the cached
 // blocks nobody holds, the least recently used first; the answers stay exact.
@@ -201,17 +110,33 @@ TEST(PrefixCachePool, RequestsPreemptedForBlocksGetTheirSoloAnswers) {
   }
 }
 
-TEST(PrefixCacheSlots, AHybridModelNeverReusesAndStaysExact) {
+// Without snapshot entries a hybrid model reuses nothing (its state cannot resume mid-history),
+// and stays exact.
+TEST(PrefixCacheSlots, AHybridModelWithoutSnapshotsNeverReuses) {
   const auto fixture = fixtures_dir() / "qwen3_5-text-tiny";
   TestModel loaded = open_cpu_model(fixture / "f32");
   const std::vector<int32_t> prompt = fixture_prompt(fixture);
   Scheduler cold(*loaded.model, options(1, false));
-  Scheduler warm(*loaded.model, options(1));
+  SchedulerOptions no_snapshots = options(1);
+  no_snapshots.prefix_snapshots = 0;
+  Scheduler warm(*loaded.model, no_snapshots);
   const GenerationRequest request = request_for(slice(prompt, 0, 150), 6);
   run(warm, request);
   const Answer again = run(warm, request);
-  EXPECT_EQ(again.cached, 0) << "a Gated DeltaNet state cannot resume mid-history";
+  EXPECT_EQ(again.cached, 0);
   expect_identical(again, run(cold, request), "a hybrid model's repeat");
+  EXPECT_EQ(warm.stats().prefix_snapshots, 0);
+}
+
+// The cache's snapshot itself (ModelCache::save_snapshot): put back into another slot, it gives
+// the one-shot logits bit for bit.
+TEST(PrefixCacheSlots, ASnapshotPutBackInAnotherSlotGivesTheOneShotLogits) {
+  for (const char* name : {"qwen3_5-text-tiny", "qwen3_5-moe-tiny"}) {
+    SCOPED_TRACE(name);
+    const auto fixture = fixtures_dir() / name;
+    TestModel loaded = open_cpu_model(fixture / "f32");
+    expect_a_snapshot_resumes_with_the_one_shot_logits(*loaded.model, fixture_prompt(fixture));
+  }
 }
 
 }  // namespace

@@ -97,6 +97,21 @@ TEST(StepPlan, ALowBudgetServesDecodesFirstThenPrefillsInOrder) {
   expect_work(plan_step(std::vector<SequenceProgress>{{70, 64}}, 64, 6), {{0, false, 64, 70, true}});
 }
 
+// A hybrid model's prefix cache keeps the state where a chunk ends at a sequence's chunk boundary:
+// the chunk that would run past it ends there, the next runs on to the prompt's end.
+TEST(StepPlan, AChunkEndsAtTheSequencesChunkBoundary) {
+  expect_work(plan_step(std::vector<SequenceProgress>{{300, 0, 1, 256}}, 512, 1000), {{0, false, 0, 256, false}});
+  expect_work(plan_step(std::vector<SequenceProgress>{{300, 256, 1, 256}}, 512, 1000), {{0, false, 256, 300, true}});
+  // Chunks that end at the boundary anyway, a boundary before the chunk and one at the prompt's end
+  // change nothing.
+  expect_work(plan_step(std::vector<SequenceProgress>{{300, 0, 1, 128}}, 128, 1000), {{0, false, 0, 128, false}});
+  expect_work(plan_step(std::vector<SequenceProgress>{{300, 128, 1, 64}}, 512, 1000), {{0, false, 128, 300, true}});
+  expect_work(plan_step(std::vector<SequenceProgress>{{256, 0, 1, 256}}, 512, 1000), {{0, false, 0, 256, true}});
+  // A budget that runs low still cuts at a multiple of 64 before the boundary.
+  expect_work(plan_step(std::vector<SequenceProgress>{{300, 0, 1, 256}}, 512, 200), {{0, false, 0, 192, false}});
+  EXPECT_THROW(plan_step(std::vector<SequenceProgress>{{300, 0, 1, 100}}, 512, 1000), Error);
+}
+
 TEST(StepPlan, RefusesChunksOffTheAlignmentAndAnEmptyBudget) {
   const std::vector<SequenceProgress> sequences{{100, 0}};
   for (int64_t chunk : {0, -64, 100, 32})
@@ -141,6 +156,11 @@ TEST(ServingSizes, OneCheckForBatchChunkAndContext) {
             "give the KV cache's tokens or the memory share, not both: the share sizes the KV cache");
   EXPECT_EQ((ServingSizes{8, 512, 256, 1024}.kv_blocks(512)), 16);
   EXPECT_EQ((ServingSizes{8, 512, 256}.kv_blocks(500)), 8 * 8);
+  // A hybrid model's prefix snapshots: by default two per sequence, or as many as asked (0: none).
+  EXPECT_EQ((ServingSizes{8, 512, 256}.snapshots()), 16);
+  EXPECT_EQ((ServingSizes{8, 512, 256, 0, 0.0, 3}.snapshots()), 3);
+  EXPECT_EQ((ServingSizes{8, 512, 256, 0, 0.0, 0}.snapshots()), 0);
+  EXPECT_EQ(error_of({8, 512, 256, 0, 0.0, -2}), "the prefix cache keeps 0 to 2147483647 snapshots, not -2");
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "model/loader.h"
 #include "model/tensor_parallel.h"
 #include "model_test_support.h"
+#include "prefix_cache_support.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -156,6 +157,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallel,
                                            SplitCase{"qwen3-tiny", 2}, SplitCase{"qwen3-tiny", 4},
                                            SplitCase{"qwen3_5-text-tiny", 2}, SplitCase{"qwen3_5-vl-tiny", 2}),
                          case_name);
+
+// A hybrid split model's prefix snapshots: each rank keeps its heads' part under the same entry,
+// and a snapshot put back into another slot gives the split model's one-shot logits bit for bit.
+TEST(TensorParallelSnapshots, EachRankKeepsItsPartOfASnapshot) {
+  const auto fixture = fixtures_dir() / "qwen3_5-text-tiny";
+  SplitModel split = open_split_model(fixture / "f32", 2);
+  expect_a_snapshot_resumes_with_the_one_shot_logits(*split.model, fixture_prompt(fixture));
+}
 
 TEST(TensorParallelShards, EachRankHoldsOnlyItsRowsAndColumns) {
   const ModelPlan plan = plan_model(fixtures_dir() / "llama3-tiny/f32", Device::CPU, true);

@@ -153,6 +153,10 @@ void add_serving_size_options(CLI::App& command, ServingSizes& sizes) {
   command.add_option("--memory-share", sizes.memory_share,
                      "Share of the device's memory to take (above 0, at most 1): the KV cache gets what the weights, "
                      "steps and graphs leave of it, ended requests' prefixes staying cached in the rest");
+  command.add_option("--prefix-snapshots", sizes.prefix_snapshots,
+                     "Snapshots of a hybrid model's recurrent state (Qwen3.5, Qwen3-Next) its prefix cache keeps, "
+                     "each the size of one sequence's state (default: 2 per sequence; 0: such a model reuses no "
+                     "prefix)");
   add_prefill_chunk_option(command, sizes);
 }
 

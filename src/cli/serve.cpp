@@ -141,6 +141,7 @@ void serve(const ServeCommand& options) {
   std::optional<PreparedModel> draft =
       options.speculative.prepare_draft(options.model, {options.sizes.max_batch, context, options.sizes.prefill_chunk});
   MemoryRequest memory_request = options.speculative.memory_request(options.sizes, context, options.embeddings, draft);
+  if (options.no_prefix_cache) memory_request.prefix_snapshots = 0;  // the scheduler allocates none
   apply_memory_share(options.sizes, prepared, memory_request);
   refuse_what_does_not_fit(prepared, memory_request);
   const TokenizerCodec codec(options.model.model_dir, read_chat_template(options.chat_template));
@@ -154,6 +155,7 @@ void serve(const ServeCommand& options) {
   scheduler_options.prefill_chunk = options.sizes.prefill_chunk;
   scheduler_options.prefix_cache = !options.no_prefix_cache;
   scheduler_options.kv_cache_tokens = memory_request.kv_blocks * kKvBlockTokens;
+  scheduler_options.prefix_snapshots = memory_request.prefix_snapshots;
 
   server::ServerOptions server_options;
   server_options.http.host = options.host;

@@ -82,6 +82,8 @@ MemoryRequest SpeculativeOptions::memory_request(const ServingSizes& sizes, int6
                                                  const std::optional<PreparedModel>& draft) const {
   MemoryRequest request{sizes.max_batch, context, sizes.prefill_chunk, embeddings, enabled()};
   request.kv_blocks = sizes.kv_blocks(context);
+  // The embedding scheduler keeps no prefix cache.
+  request.prefix_snapshots = embeddings ? 0 : sizes.snapshots();
   if (draft) {
     request.draft = &draft->plan;
     request.draft_load_dtype = draft->load_dtype;

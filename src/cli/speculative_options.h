@@ -35,8 +35,8 @@ struct SpeculativeOptions {
   // methods.
   std::optional<PreparedModel> prepare_draft(const ModelOptions& target_options, const ServingSizes& sizes) const;
   // What serving `sizes` at `context` tokens per sequence asks of memory with these options (kiln
-  // serve's check, kiln fit): a hybrid cache's saved states when speculating, and `draft`
-  // (prepare_draft's, which must outlive the request) beside the target.
+  // serve's check, kiln fit): the prefix cache's snapshots, a hybrid cache's saved states when
+  // speculating, and `draft` (prepare_draft's, which must outlive the request) beside the target.
   MemoryRequest memory_request(const ServingSizes& sizes, int64_t context, bool embeddings,
                                const std::optional<PreparedModel>& draft) const;
 };

@@ -86,6 +86,15 @@ struct GenerationCore::Sequence {
   int64_t prefill_target = 0;
   bool resuming = false;
 
+  // Where a hybrid model keeps its state for later prompts (GenerationCore's snapshots): the last
+  // block boundary before the end of what it prefills, from which a request with the same prompt
+  // resumes, and that end itself where it is a boundary, from which a longer prompt that begins
+  // with this one (the next turn of a chat) resumes.
+  int64_t last_snapshot_boundary() const { return (prefill_target - 1) / kKvBlockTokens * kKvBlockTokens; }
+  bool snapshots_at(int64_t position) const {
+    return position > 0 && position % kKvBlockTokens == 0 && position >= last_snapshot_boundary();
+  }
+
   int64_t prompt_length() const { return static_cast<int64_t>(request.prompt.size()); }
   // Token i of the sequence: the prompt, then what it generated.
   int32_t token_at(int64_t i) const {
@@ -162,7 +171,8 @@ TokenEvent final_event(FinishReason reason, std::string error) {
 }  // namespace
 
 GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
-                               int64_t step_token_budget, bool prefix_cache, int64_t kv_blocks)
+                               int64_t step_token_budget, bool prefix_cache, int64_t kv_blocks,
+                               int64_t prefix_snapshots)
     : model_(model), prefill_chunk_(prefill_chunk), step_token_budget_(step_token_budget) {
   if (!model_.computes_logits())
     fail("the model has no lm_head to generate with (a bare decoder that does not tie it to the embedding): it "
@@ -172,6 +182,8 @@ GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_toke
   if (pool_blocks_ < table_width)
     fail("a KV pool of {} blocks ({} tokens) cannot hold one sequence of the context's {} tokens", pool_blocks_,
          pool_blocks_ * kKvBlockTokens, context_tokens);
+  if (prefix_snapshots < 0 || prefix_snapshots > std::numeric_limits<int32_t>::max())
+    fail("the prefix cache keeps 0 to {} snapshots, not {}", std::numeric_limits<int32_t>::max(), prefix_snapshots);
   // Decode steps run as captured graphs where the backend can; their padded rows need the spare
   // slots of decode_bucket(slots) (engine/decode_graph.h), which requests never hold.
   const bool graphs = DecodeGraphs::supported(model_);
@@ -181,10 +193,18 @@ GenerationCore::GenerationCore(Model& model, int32_t slots, int64_t context_toke
   const std::vector<int32_t> scratch_table(static_cast<size_t>(table_width), scratch_block_);
   for (int32_t slot = 0; slot < cache_slots; ++slot) cache_->assign_blocks(slot, 0, scratch_table);
   // One pool per cache, and a cache serves one model: the identity need not tell models apart.
-  pool_ = std::make_unique<KvBlockPool>(KvBlockPoolOptions{pool_blocks_, kKvBlockTokens, 0, {}});
+  // The handles of the snapshots it lets go of are free entries again.
+  pool_ = std::make_unique<KvBlockPool>(KvBlockPoolOptions{
+      pool_blocks_, kKvBlockTokens, 0, [this](int32_t snapshot) { free_snapshots_.push_back(snapshot); }});
   if (graphs) decode_graphs_ = std::make_unique<DecodeGraphs>(model_, *cache_);
   for (int32_t slot = slots - 1; slot >= 0; --slot) free_slots_.push_back(slot);
-  prefix_cache_ = prefix_cache && cache_->resumes_at_any_position();
+  const bool resumes_anywhere = cache_->resumes_at_any_position();
+  prefix_cache_ = prefix_cache && (resumes_anywhere || prefix_snapshots > 0);
+  snapshots_ = prefix_cache_ && !resumes_anywhere;
+  if (snapshots_) {
+    cache_->allocate_snapshots(prefix_snapshots);
+    for (auto entry = static_cast<int32_t>(prefix_snapshots) - 1; entry >= 0; --entry) free_snapshots_.push_back(entry);
+  }
 }
 
 GenerationCore::~GenerationCore() = default;
@@ -201,23 +221,32 @@ bool GenerationCore::can_admit(const GenerationRequest& request) const {
 }
 
 // Puts a sequence (new, or preempted) into a free slot on the longest cached run of blocks that
-// begins what it prefills, leaving at least one token of it to run.
+// begins what it prefills, leaving at least one token of it to run; with snapshots, the run is cut
+// back to its last block that has one, and the slot's recurrent state resumes from it.
 void GenerationCore::start_in_slot(Sequence& sequence, int32_t slot) {
   sequence.slot = slot;
   sequence.prefilled = 0;
   sequence.blocks.clear();
   sequence.cached_blocks = 0;
+  std::optional<int32_t> snapshot;
   // A proposer that reads the target's hidden states must see those of every position it runs
   // over, so its request reuses no prefix.
   if (prefix_cache_ && !sequence.reads_hidden_states()) {
     const std::vector<int32_t> target = sequence.tokens(0, sequence.prefill_target);
-    PrefixMatch match = pool_->match_prefix(target, sequence.prefill_target - 1);
+    PrefixMatch match = pool_->match_prefix(target, sequence.prefill_target - 1,
+                                            snapshots_ ? PrefixResume::kSnapshotBlock : PrefixResume::kAnyBlock);
     sequence.blocks = std::move(match.blocks);
     sequence.cached_blocks = sequence.blocks.size();
     sequence.prefilled = static_cast<int64_t>(sequence.blocks.size()) * kKvBlockTokens;
+    snapshot = match.snapshot;
   }
-  if (sequence.blocks.empty()) cache_->reset_slot(slot);
-  else cache_->assign_blocks(slot, 0, sequence.blocks);
+  if (sequence.blocks.empty()) {
+    cache_->reset_slot(slot);
+    return;
+  }
+  cache_->assign_blocks(slot, 0, sequence.blocks);
+  // Queued before any later save can reuse the entry (ModelCache::restore_snapshot).
+  if (snapshots_) cache_->restore_snapshot(*snapshot, slot);
 }
 
 void GenerationCore::admit(GenerationRequest request, std::shared_ptr<RequestStream> stream) {
@@ -273,9 +302,16 @@ bool GenerationCore::reserve_step_blocks(const StepPlan& plan) {
 // Puts a sequence's full blocks that it holds for sure into the prefix index, in order. Where the
 // index has the same block already (another sequence prefilled the same tokens), the sequence takes
 // that one instead: the rows are the same bits (one model, the same tokens at the same positions).
+//
+// A hybrid model's attention rows depend on how its Gated DeltaNet layers ran the positions before
+// them (whole 64-token chunks, or token by token: backend.h), so of its blocks only those its
+// prompt's prefill wrote in whole chunks are cached — the blocks below the last boundary it
+// prefilled, the rows a cold prefill of a longer prompt writes — never those its decode steps
+// (or the token-by-token tail of its prompt) wrote.
 void GenerationCore::cache_full_blocks(Sequence& sequence) {
   if (!prefix_cache_) return;
-  const auto full = static_cast<size_t>(sequence.known_positions() / kKvBlockTokens);
+  const int64_t positions = snapshots_ ? sequence.prefilled : sequence.known_positions();
+  const auto full = static_cast<size_t>(positions / kKvBlockTokens);
   for (size_t i = sequence.cached_blocks; i < std::min(full, sequence.blocks.size()); ++i) {
     const auto begin = static_cast<int64_t>(i) * kKvBlockTokens;
     const std::optional<int32_t> parent = i == 0 ? std::nullopt : std::optional<int32_t>(sequence.blocks[i - 1]);
@@ -287,6 +323,22 @@ void GenerationCore::cache_full_blocks(Sequence& sequence) {
     }
     sequence.cached_blocks = i + 1;
   }
+}
+
+// Keeps the recurrent state of a hybrid sequence whose prefill chunk has just ended at one of its
+// snapshot boundaries as the snapshot of the block that ends there, cached first (the blocks it
+// prefilled) — unless that block has one already (the same state: one model, the same tokens, the
+// same chunks). The entry is a free one, or else the one least recently given or used.
+void GenerationCore::keep_snapshot(Sequence& sequence) {
+  cache_full_blocks(sequence);
+  const int32_t block = sequence.blocks[static_cast<size_t>(sequence.prefilled / kKvBlockTokens) - 1];
+  if (pool_->snapshot(block)) return;
+  if (free_snapshots_.empty()) pool_->drop_least_recently_used_snapshot();
+  if (free_snapshots_.empty()) fail("the prefix cache's snapshot entries are neither free nor held by blocks");
+  const int32_t entry = free_snapshots_.back();
+  free_snapshots_.pop_back();
+  cache_->save_snapshot(sequence.slot, entry);
+  pool_->add_snapshot(block, entry);
 }
 
 // Gives a sequence's blocks back (the cached ones stay in the index) and frees its slot, whose first
@@ -334,7 +386,8 @@ void GenerationCore::resume_preempted() {
 
 KvCacheStats GenerationCore::kv_cache_stats() const {
   const KvBlockPoolStats pool = pool_->stats();
-  return {pool.total_blocks, pool.free_blocks, pool.cached_unreferenced_blocks, pool.in_use_blocks, preemptions_};
+  return {pool.total_blocks, pool.free_blocks, pool.cached_unreferenced_blocks, pool.in_use_blocks, preemptions_,
+          pool.snapshots};
 }
 
 int64_t GenerationCore::cache_tokens_used() const {
@@ -669,8 +722,8 @@ bool GenerationCore::advance_in_flight(const std::function<bool()>& requests_wai
 StepPlan GenerationCore::plan() const {
   std::vector<SequenceProgress> progress;
   for (const auto& sequence : running_)
-    progress.push_back({sequence->prefill_target, sequence->prefilled,
-                        sequence->decode_tokens()});
+    progress.push_back({sequence->prefill_target, sequence->prefilled, sequence->decode_tokens(),
+                        snapshots_ ? sequence->last_snapshot_boundary() : 0});
   return plan_step(progress, prefill_chunk_, step_token_budget_);
 }
 
@@ -772,7 +825,11 @@ void GenerationCore::commit(const StepPlan& plan, const StepResult& result) {
       const size_t first_logit_row = logit_row;
       const size_t logit_rows = 1 + sequence.proposal.size();
       logit_row += work.decodes ? logit_rows : 1;
-      if (!work.decodes) sequence.prefilled = work.end;
+      if (!work.decodes) {
+        sequence.prefilled = work.end;
+        // The state after the chunk, before the next step runs on from it.
+        if (snapshots_ && sequence.snapshots_at(work.end)) keep_snapshot(sequence);
+      }
       if (work.samples && sequence.resuming) {
         // A preempted request has prefilled again what it had (a KV cache: its prompt and every
         // token it generated but the last), or its prompt (a recurrent state: its generated tokens

@@ -102,6 +102,7 @@ struct KvCacheStats {
   int64_t cached_blocks = 0;  // holding a cached prefix no running request holds (reused, or evicted on demand)
   int64_t used_blocks = 0;    // held by running requests
   int64_t preemptions = 0;    // requests whose blocks were taken back to let others run, so far
+  int64_t snapshots = 0;      // a hybrid model's recurrent-state snapshots held by cached blocks
 };
 
 class GenerationCore {
@@ -123,10 +124,25 @@ class GenerationCore {
   // starts on the longest run of cached blocks that begins its prompt: it prefills only the rest.
   // Blocks are 64-token runs (the split points at which chunked prefill is bit-identical to a
   // one-shot one) and at least one prompt token is left to prefill (the first sampled token needs
-  // its logits), so a cached answer is bit-identical to an uncached one. Only caches that resume at
-  // any position (ModelCache::resumes_at_any_position) reuse.
+  // its logits), so a cached answer is bit-identical to an uncached one.
+  //
+  // A cache whose state sums up the whole history (a hybrid model's Gated DeltaNet layers,
+  // ModelCache::resumes_at_any_position false) resumes only from a snapshot of that state, and
+  // reuses a prefix only with `prefix_snapshots` > 0: that many snapshot entries beside the slots
+  // (ModelCache::allocate_snapshots). The delta rule runs whole 64-token chunks of a prefill in its
+  // chunked form and every other token recurrently, which gives other bits (backend.h), so a
+  // snapshot is taken only where a prefill chunk ends at a block boundary: each prompt's prefill
+  // ends a chunk at its last boundary before the prompt's end (one step more where the prompt's
+  // chunks would run past it) and keeps the state there, and at the prompt's end too when that is a
+  // boundary — what a repeat of the prompt, and the next turn of a chat, resume from. A snapshot
+  // belongs to the cached block that ends at it and goes with it; when no entry is free, the one
+  // least recently taken or used is given up. A hit is cut back to its last block with a snapshot;
+  // the rest is prefilled in chunks that end at the cold run's boundaries, and only blocks that a
+  // prefill wrote in whole chunks are cached (never rows decode steps wrote), so the answer is the
+  // cold one bit for bit here too.
   GenerationCore(Model& model, int32_t slots, int64_t context_tokens, int64_t prefill_chunk,
-                 int64_t step_token_budget, bool prefix_cache = true, int64_t kv_blocks = 0);
+                 int64_t step_token_budget, bool prefix_cache = true, int64_t kv_blocks = 0,
+                 int64_t prefix_snapshots = 0);
   ~GenerationCore();
   GenerationCore(const GenerationCore&) = delete;
   GenerationCore& operator=(const GenerationCore&) = delete;
@@ -174,6 +190,7 @@ class GenerationCore {
   bool reserve_blocks(Sequence& sequence, int64_t positions);
   bool reserve_step_blocks(const StepPlan& plan);
   void cache_full_blocks(Sequence& sequence);
+  void keep_snapshot(Sequence& sequence);
   void release_blocks(Sequence& sequence);
   void preempt_latest();
   void resume_preempted();
@@ -208,6 +225,10 @@ class GenerationCore {
   std::deque<std::unique_ptr<Sequence>> preempted_;  // oldest preemption first
   std::vector<int32_t> free_slots_;
   bool prefix_cache_;
+  // The prefix cache resumes from snapshots of the recurrent state (ModelCache::save_snapshot): the
+  // cache's snapshot entries that no pool block holds are free_snapshots_.
+  bool snapshots_ = false;
+  std::vector<int32_t> free_snapshots_;
   int64_t pool_blocks_ = 0;
   // The cache block past the pool's: a free slot's first table entry points at it, so that the
   // padded rows of a decode graph (engine/decode_graph.h), which write a free slot's first

@@ -94,7 +94,7 @@ int32_t KvBlockPool::cache_block(std::optional<int32_t> parent, int32_t block, s
   entry.cached = true;
   entry.key = key;
   entry.parent = parent;
-  entry.snapshot = snapshot;
+  keep_snapshot(block, snapshot);
   std::ranges::copy(tokens, cached_tokens_.begin() + block * block_tokens_);
   index_.emplace(key, block);
   if (parent) {
@@ -122,6 +122,7 @@ PrefixMatch KvBlockPool::match_prefix(std::span<const int32_t> tokens, int64_t m
   // Head first: each block's parent is already held when it is (drop_reference's rule).
   for (int32_t block : match.blocks) reference(block);
   if (!match.blocks.empty()) match.snapshot = blocks_[match.blocks.back()].snapshot;
+  if (match.snapshot) touch_snapshot(match.blocks.back());
   prefix_hit_tokens_ += static_cast<int64_t>(match.blocks.size()) * block_tokens_;
   return match;
 }
@@ -130,6 +131,28 @@ std::optional<uint64_t> KvBlockPool::block_key(int32_t block) const {
   check_block(block, "block_key");
   if (!blocks_[block].cached) return std::nullopt;
   return blocks_[block].key;
+}
+
+void KvBlockPool::add_snapshot(int32_t block, int32_t snapshot) {
+  check_block(block, "add_snapshot");
+  if (!blocks_[block].cached || blocks_[block].references == 0)
+    fail("add_snapshot: block {} is not a cached block the caller holds", block);
+  if (!on_snapshot_freed_) fail("add_snapshot: a snapshot handle needs on_snapshot_freed to be freed");
+  keep_snapshot(block, snapshot);
+}
+
+std::optional<int32_t> KvBlockPool::snapshot(int32_t block) const {
+  check_block(block, "snapshot");
+  return blocks_[block].snapshot;
+}
+
+bool KvBlockPool::drop_least_recently_used_snapshot() {
+  if (snapshots_by_use_.empty()) return false;
+  const int32_t block = snapshots_by_use_.begin()->second;
+  const int32_t snapshot = *blocks_[block].snapshot;
+  drop_snapshot(block);
+  on_snapshot_freed_(snapshot);
+  return true;
 }
 
 int32_t KvBlockPool::references(int32_t block) const {
@@ -146,6 +169,7 @@ KvBlockPoolStats KvBlockPool::stats() const {
   stats.prefix_query_tokens = prefix_query_tokens_;
   stats.prefix_hit_tokens = prefix_hit_tokens_;
   stats.evicted_blocks = evicted_;
+  stats.snapshots = static_cast<int64_t>(snapshots_by_use_.size());
   return stats;
 }
 
@@ -204,7 +228,10 @@ void KvBlockPool::evict_least_recently_used() {
     Block& parent = blocks_[*entry.parent];
     if (--parent.cached_children == 0 && parent.references == 0) evictable_.emplace(parent.last_used, *entry.parent);
   }
-  if (entry.snapshot) on_snapshot_freed_(*entry.snapshot);
+  if (const std::optional<int32_t> snapshot = entry.snapshot) {
+    drop_snapshot(block);
+    on_snapshot_freed_(*snapshot);
+  }
   entry = Block{};
   free_.push_back(block);
   --cached_unreferenced_;
@@ -214,10 +241,27 @@ void KvBlockPool::evict_least_recently_used() {
 void KvBlockPool::keep_snapshot(int32_t block, std::optional<int32_t> snapshot) {
   if (!snapshot) return;
   std::optional<int32_t>& kept = blocks_[block].snapshot;
-  if (!kept)
+  if (!kept) {
     kept = snapshot;
-  else if (*kept != *snapshot)
+    blocks_[block].snapshot_last_used = ++clock_;
+    snapshots_by_use_.emplace(blocks_[block].snapshot_last_used, block);
+  } else if (*kept != *snapshot) {
     on_snapshot_freed_(*snapshot);
+  }
+}
+
+void KvBlockPool::touch_snapshot(int32_t block) {
+  Block& entry = blocks_[block];
+  snapshots_by_use_.erase({entry.snapshot_last_used, block});
+  entry.snapshot_last_used = ++clock_;
+  snapshots_by_use_.emplace(entry.snapshot_last_used, block);
+}
+
+void KvBlockPool::drop_snapshot(int32_t block) {
+  Block& entry = blocks_[block];
+  snapshots_by_use_.erase({entry.snapshot_last_used, block});
+  entry.snapshot.reset();
+  entry.snapshot_last_used = 0;
 }
 
 }  // namespace kiln

@@ -18,6 +18,10 @@
 // entries, as vLLM's hash map keeps them.) A sequence's blocks are released in one call, the last
 // first, so a chain's tail is never more recent than its head and the leaves' order is the LRU order.
 //
+// Snapshot handles (a hybrid model's recurrent state after a block, kept by the engine) go with
+// their block and are let go of when it is evicted; the engine, whose snapshot entries are fewer
+// than the blocks, takes back the least recently used handle when it needs an entry.
+//
 // Threads: used from one thread (the scheduler's); nothing is locked.
 #pragma once
 
@@ -65,6 +69,7 @@ struct KvBlockPoolStats {
   int64_t prefix_query_tokens = 0;         // tokens passed to match_prefix
   int64_t prefix_hit_tokens = 0;           // of them, matched by cached blocks
   int64_t evicted_blocks = 0;
+  int64_t snapshots = 0;                   // cached blocks with a snapshot handle
 };
 
 // What a matched run must end with for the caller to resume after it: any cached block (attention
@@ -103,9 +108,20 @@ class KvBlockPool {
 
   // The longest run of cached blocks that begins `tokens`, at most `max_tokens` tokens long, and
   // for kSnapshotBlock cut back to its last block with a snapshot; each block is referenced for
-  // the caller. The snapshot handle stays valid while the caller holds the block.
+  // the caller. A snapshot matched counts as used (drop_least_recently_used_snapshot); its handle
+  // stays valid until the block is evicted or that drops it: the caller resumes from it at once.
   PrefixMatch match_prefix(std::span<const int32_t> tokens, int64_t max_tokens,
                            PrefixResume resume = PrefixResume::kAnyBlock);
+
+  // Gives a cached block that the caller holds `snapshot`, the handle of the recurrent state after
+  // it, now the pool's to free (cache_block's `snapshot`, for a block cached before its state was
+  // taken). A block that has a handle already keeps it; the new one is freed at once.
+  void add_snapshot(int32_t block, int32_t snapshot);
+  // The snapshot handle of a cached block, if it has one.
+  std::optional<int32_t> snapshot(int32_t block) const;
+  // Lets go of the snapshot handle least recently given (cache_block) or matched (match_prefix),
+  // telling on_snapshot_freed; its block stays cached without one. False when no block has one.
+  bool drop_least_recently_used_snapshot();
 
   // The key a cached block is indexed under; nothing for a block that is not cached.
   std::optional<uint64_t> block_key(int32_t block) const;
@@ -122,7 +138,8 @@ class KvBlockPool {
     int32_t cached_children = 0;
     int32_t referenced_children = 0;  // cached children someone holds: the block may not be let go
     std::optional<int32_t> snapshot;
-    uint64_t last_used = 0;  // when its last reference was dropped
+    uint64_t last_used = 0;           // when its last reference was dropped
+    uint64_t snapshot_last_used = 0;  // when its snapshot was given or last matched
   };
 
   void check_block(int32_t block, const char* what) const;
@@ -133,6 +150,8 @@ class KvBlockPool {
   void drop_reference(int32_t block);
   void evict_least_recently_used();
   void keep_snapshot(int32_t block, std::optional<int32_t> snapshot);
+  void touch_snapshot(int32_t block);
+  void drop_snapshot(int32_t block);
 
   int64_t block_tokens_;
   uint64_t identity_;
@@ -143,6 +162,7 @@ class KvBlockPool {
   std::vector<int32_t> free_;
   std::unordered_multimap<uint64_t, int32_t> index_;  // key → cached block (several on a collision)
   std::set<std::pair<uint64_t, int32_t>> evictable_;  // (last_used, block) of unreferenced cached leaves
+  std::set<std::pair<uint64_t, int32_t>> snapshots_by_use_;  // (snapshot_last_used, block) of blocks with one
   uint64_t clock_ = 0;
   int64_t cached_unreferenced_ = 0;
   int64_t prefix_query_tokens_ = 0;

@@ -64,6 +64,8 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
       dry->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
   if (request.speculative) cache->save_slot_state(0);  // allocates the saved states of every slot
   plan.cache = held() - plan.weights;
+  cache->allocate_snapshots(request.prefix_snapshots);
+  plan.snapshots = held() - plan.weights - plan.cache;
   std::unique_ptr<ModelCache> mtp_cache;
   if (request.mtp) {
     DraftHead* head = dry->draft_head();
@@ -88,7 +90,7 @@ MemoryPlan plan_parts(const ModelPlan& model, Backend& backend, std::optional<DT
     run_largest_step(*draft, *draft_cache, draft_step);
     plan.draft = peak_since(start);
   }
-  if (plan.weights + plan.cache + plan.draft + plan.mtp + plan.reserve > available) return plan;
+  if (plan.weights + plan.cache + plan.snapshots + plan.draft + plan.mtp + plan.reserve > available) return plan;
 
   plan.steps_planned = true;
   uint64_t start = held();
@@ -216,6 +218,11 @@ std::string describe_memory_plan(const MemoryPlan& plan, const std::string& devi
                       "{}-token context at once; {} slots)\n",
                       gib(plan.cache), blocks, kKvBlockTokens, blocks * kKvBlockTokens,
                       blocks / kv_table_width(request.context), request.context, plan.cache_slots);
+  if (plan.snapshots)
+    text += fmt::format("prefix snapshots {:9.3f} GiB  ({} of the recurrent state, {:.1f} MiB each)\n",
+                        gib(plan.snapshots), request.prefix_snapshots,
+                        static_cast<double>(plan.snapshots) / static_cast<double>(request.prefix_snapshots) /
+                            static_cast<double>(1 << 20));
   if (plan.steps_planned)
     text += fmt::format("step scratch     {:9.3f} GiB  ({} tokens a step: {} x {}-token prefill chunks)\n",
                         gib(plan.step_scratch), plan.step_tokens, request.sequences, chunk_tokens(request));

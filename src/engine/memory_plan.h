@@ -47,6 +47,9 @@ struct MemoryRequest {
   // its weights, LoadOptions::mtp): its cache of `sequences` slots of `context` positions, and the
   // largest step's hidden states with the head's step over them, are planned too.
   bool mtp = false;
+  // Snapshot entries of a hybrid model's prefix cache (ServingSizes::snapshots,
+  // ModelCache::allocate_snapshots); a cache that resumes anywhere allocates none.
+  int64_t prefix_snapshots = 0;
 };
 
 // The blocks of the cache the engine makes for `request`: its KV pool and the scratch block that
@@ -59,6 +62,7 @@ struct MemoryPlan {
   int64_t step_tokens = 0;  // the most tokens one step runs
   uint64_t weights = 0;        // the model's construction: its weights and what it uploads
   uint64_t cache = 0;          // make_cache(cache_slots, context)
+  uint64_t snapshots = 0;      // the cache's prefix snapshots (request.prefix_snapshots)
   uint64_t step_scratch = 0;   // the largest step at its peak: its layout, logits, activations and ops' scratch
   uint64_t graph_scratch = 0;  // the decode graphs: their buffers, their captured scratch, and the step
                                // scratch they took from the allocator's cache (run_largest_step again)
@@ -71,7 +75,9 @@ struct MemoryPlan {
   bool steps_planned = false;
   DeviceMemory memory;         // what the backend reported when the plan was made
 
-  uint64_t total() const { return weights + cache + step_scratch + graph_scratch + reserve + draft + mtp; }
+  uint64_t total() const {
+    return weights + cache + snapshots + step_scratch + graph_scratch + reserve + draft + mtp;
+  }
   bool fits() const { return total() <= memory.available; }
 };
 

@@ -18,13 +18,14 @@ TokenEvent shutdown_event() {
 
 Scheduler::Scheduler(Model& model, SchedulerOptions options)
     : SchedulerQueue(options.max_queue), model_(model), options_(options) {
-  const ServingSizes sizes{options_.max_batch, options_.context_tokens, options_.prefill_chunk};
+  const ServingSizes sizes{options_.max_batch, options_.context_tokens, options_.prefill_chunk, 0, 0.0,
+                           options_.prefix_snapshots};
   check_serving_sizes(sizes, model_.config());
   if (options_.kv_cache_tokens < 0 || options_.kv_cache_tokens % kKvBlockTokens != 0)
     fail("the KV cache's {} tokens are not a multiple of its {}-token blocks", options_.kv_cache_tokens, kKvBlockTokens);
   core_ = std::make_unique<GenerationCore>(model_, options_.max_batch, options_.context_tokens,
                                            options_.prefill_chunk, sizes.step_token_budget(), options_.prefix_cache,
-                                           options_.kv_cache_tokens / kKvBlockTokens);
+                                           options_.kv_cache_tokens / kKvBlockTokens, sizes.snapshots());
   stats_.cache_tokens_total = core_->cache_tokens_total();
   publish_cache_stats();
   thread_ = std::thread([this] { run(); });
@@ -90,6 +91,7 @@ void Scheduler::publish_cache_stats() {
   stats_.kv_blocks_cached = cache.cached_blocks;
   stats_.kv_blocks_used = cache.used_blocks;
   stats_.preemptions = cache.preemptions;
+  stats_.prefix_snapshots = cache.snapshots;
 }
 
 }  // namespace kiln

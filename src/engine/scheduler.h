@@ -28,6 +28,8 @@ struct SchedulerOptions {
   // Positions of the paged KV cache's pool (a multiple of 64; 0: max_batch × context_tokens): requests
   // share it, so more may run at once than whole contexts fit (GenerationCore).
   int64_t kv_cache_tokens = 0;
+  // Snapshots a hybrid model's prefix cache keeps (ServingSizes::prefix_snapshots; -1: its default).
+  int64_t prefix_snapshots = -1;
 };
 
 class Scheduler : public SchedulerQueue<std::pair<GenerationRequest, std::shared_ptr<RequestStream>>> {

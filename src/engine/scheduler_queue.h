@@ -33,6 +33,7 @@ struct SchedulerStats {
   int64_t kv_blocks_cached = 0;
   int64_t kv_blocks_used = 0;
   int64_t preemptions = 0;
+  int64_t prefix_snapshots = 0;     // a hybrid model's recurrent-state snapshots held for the prefix cache
   SpeculationCounts speculation;    // verify steps, proposed and accepted tokens (engine/speculative.h)
 };
 

@@ -1,6 +1,7 @@
 #include "engine/serving_sizes.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 
@@ -32,6 +33,9 @@ void check_serving_sizes(const ServingSizes& sizes, const ModelConfig& config) {
     fail("the memory share must be above 0 and at most 1, got {}", sizes.memory_share);
   if (sizes.memory_share > 0.0 && sizes.kv_cache_tokens > 0)
     fail("give the KV cache's tokens or the memory share, not both: the share sizes the KV cache");
+  if (sizes.prefix_snapshots < -1 || sizes.snapshots() > std::numeric_limits<int32_t>::max())
+    fail("the prefix cache keeps 0 to {} snapshots, not {}", std::numeric_limits<int32_t>::max(),
+         sizes.prefix_snapshots);
 }
 
 int64_t ServingSizes::kv_blocks(int64_t context) const {

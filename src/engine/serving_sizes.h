@@ -15,6 +15,10 @@ namespace kiln {
 // there, a chunked prefill gives the logits of a one-shot prefill bit for bit (DEVELOPERS.md).
 inline constexpr int64_t kPrefillAlignment = 64;
 inline constexpr int64_t kDefaultPrefillChunk = 256;
+// A hybrid model's prefix cache keeps by default two snapshots of its recurrent state per sequence
+// (engine/generation_core.h): room for each running conversation's last prompt and as many more,
+// in twice the memory of the sequences' own recurrent states.
+inline constexpr int64_t kPrefixSnapshotsPerSequence = 2;
 
 struct ServingSizes {
   int32_t max_batch = 8;                         // sequences decoded together (cache slots)
@@ -26,6 +30,10 @@ struct ServingSizes {
   // The share of the device's memory everything may take, the KV pool sized to what the rest
   // leaves (kv_blocks_for_memory_share, engine/memory_plan.h); 0: kv_cache_tokens decides.
   double memory_share = 0.0;
+  // Snapshots of a hybrid model's recurrent state that its prefix cache keeps (0: it reuses no
+  // prefix; a model whose cache resumes anywhere takes none); -1: kPrefixSnapshotsPerSequence per
+  // sequence.
+  int64_t prefix_snapshots = -1;
 
   // Tokens per sequence: the model's context, or less when max_context asks; fails when neither
   // says.
@@ -35,6 +43,10 @@ struct ServingSizes {
   int64_t step_token_budget() const { return max_batch * prefill_chunk; }
   // The KV pool's blocks (kKvBlockTokens positions each) for sequences of `context` tokens.
   int64_t kv_blocks(int64_t context) const;
+  // The snapshot entries: prefix_snapshots, or its default.
+  int64_t snapshots() const {
+    return prefix_snapshots >= 0 ? prefix_snapshots : kPrefixSnapshotsPerSequence * max_batch;
+  }
 };
 
 // Fails, naming the size at fault, unless the batch is at least 1, the prefill chunk a positive

@@ -31,8 +31,14 @@ StepPlan plan_step(std::span<const SequenceProgress> sequences, int64_t prefill_
   for (size_t index = 0; index < sequences.size() && left > 0; ++index) {
     const SequenceProgress& sequence = sequences[index];
     if (sequence.prefilled >= sequence.prompt_length) continue;
-    const int64_t end =
-        prefill_chunk_end(sequence.prompt_length, sequence.prefilled, std::min(prefill_chunk, left));
+    if (sequence.chunk_boundary % kPrefillAlignment != 0)
+      fail("sequence {}: a chunk boundary at {} is not a multiple of {}", index, sequence.chunk_boundary,
+           kPrefillAlignment);
+    // The prompt up to the boundary first: the chunk's end stays a multiple of 64 or the prompt's end.
+    const int64_t boundary = sequence.chunk_boundary;
+    const int64_t until =
+        sequence.prefilled < boundary && boundary < sequence.prompt_length ? boundary : sequence.prompt_length;
+    const int64_t end = prefill_chunk_end(until, sequence.prefilled, std::min(prefill_chunk, left));
     if (end == sequence.prefilled) continue;
     planned[index] = {index, false, sequence.prefilled, end, end == sequence.prompt_length, 0};
     has_work[index] = true;

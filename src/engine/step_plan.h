@@ -17,6 +17,9 @@ struct SequenceProgress {
   // Tokens its decode appends: 1, or the tokens it runs again after a rollback, the last sampled one
   // and its proposals (engine/speculative.h).
   int64_t decode_tokens = 1;
+  // A position (a multiple of kPrefillAlignment) at which one of its prefill chunks must end, for
+  // the engine to keep the state there (a hybrid model's prefix snapshot, GenerationCore); 0: none.
+  int64_t chunk_boundary = 0;
 };
 
 struct PlannedWork {
@@ -46,7 +49,8 @@ int64_t prefill_chunk_end(int64_t prompt_length, int64_t prefilled, int64_t chun
 // decode tokens, in order (prefills never starve a decode; a decode that does not fit what is left
 // waits for the next step); the rest of the budget goes to prefilling sequences in
 // order, each up to `prefill_chunk` tokens (a positive multiple of kPrefillAlignment), its chunk
-// cut short at an aligned split when the budget runs low and left out when no aligned split fits.
+// cut short at an aligned split when the budget runs low and left out when no aligned split fits,
+// and ended at its chunk_boundary when it would run past it.
 StepPlan plan_step(std::span<const SequenceProgress> sequences, int64_t prefill_chunk, int64_t token_budget);
 
 }  // namespace kiln

@@ -58,6 +58,23 @@ class ModelCache {
   // the accepted tokens again. One saved state per slot; saving again replaces it.
   virtual void save_slot_state(int32_t /*slot*/) {}
   virtual void restore_slot_state(int32_t /*slot*/) {}
+
+  // The prefix cache (engine/generation_core.h) reuses a KV cache's rows from any block boundary. A
+  // state that sums up the whole history resumes only where a copy of it was kept: `count` snapshot
+  // entries beside the slots, allocated once before any step, each holding one slot's state (what
+  // save_slot_state copies) as it stood at a block boundary, for a later sequence to resume from
+  // in its own slot. A cache that resumes at any position needs none and allocates nothing.
+  virtual void allocate_snapshots(int64_t /*count*/) {}
+  virtual int64_t snapshots() const { return 0; }
+  // Snapshot entry `snapshot` ← the state of `slot`; and back, into any slot. On a device both are
+  // copies queued in stream order: a restore reads the entry as the steps and saves queued before
+  // it left it.
+  virtual void save_snapshot(int32_t /*slot*/, int64_t snapshot) {
+    fail("snapshot {}: this cache keeps no snapshots (it resumes at any position)", snapshot);
+  }
+  virtual void restore_snapshot(int64_t snapshot, int32_t /*slot*/) {
+    fail("snapshot {}: this cache keeps no snapshots (it resumes at any position)", snapshot);
+  }
 };
 
 // A model's own proposer of draft tokens (engine/mtp_proposer.h, docs/speculative.md): Qwen3.5's

@@ -83,6 +83,42 @@ HybridHeads hybrid_heads(const ModelConfig& config, const TensorParallelRank& ra
   return heads;
 }
 
+// The states of the GDN layers, a row per sequence: the conv tail [rows, K−1, C] and the
+// delta-rule state [rows, Hv, dk, dv] of each layer.
+struct RecurrentStates {
+  std::vector<Tensor> conv, delta;
+
+  // Empty states of the same layers with `rows` rows (none when `like` has no layers).
+  static RecurrentStates allocate_like(Backend& backend, const RecurrentStates& like, int64_t rows) {
+    RecurrentStates states;
+    for (size_t i = 0; i < like.conv.size(); ++i) {
+      Shape conv_shape = like.conv[i].shape(), delta_shape = like.delta[i].shape();
+      conv_shape[0] = delta_shape[0] = rows;
+      states.conv.push_back(backend.alloc(conv_shape, like.conv[i].dtype()));
+      states.delta.push_back(backend.alloc(delta_shape, like.delta[i].dtype()));
+    }
+    return states;
+  }
+  int64_t rows() const { return conv.empty() ? 0 : conv.front().dim(0); }
+  size_t bytes() const {
+    size_t total = 0;
+    for (const auto* group : {&conv, &delta})
+      for (const Tensor& tensor : *group) total += tensor.nbytes();
+    return total;
+  }
+};
+
+// Row `from_row` of every layer's states ← into row `to_row` of `to`'s: what saving a slot's state
+// for a speculative rollback, keeping a prefix snapshot and resuming from either copy each do.
+void copy_state_row(Backend& backend, const RecurrentStates& from, int64_t from_row, RecurrentStates& to,
+                    int64_t to_row) {
+  for (size_t i = 0; i < from.conv.size(); ++i) {
+    Tensor conv = to.conv[i].slice_rows(to_row, 1), delta = to.delta[i].slice_rows(to_row, 1);
+    backend.copy(from.conv[i].slice_rows(from_row, 1), conv);
+    backend.copy(from.delta[i].slice_rows(from_row, 1), delta);
+  }
+}
+
 // The paged KV cache of the attention layers; the conv tail and the delta-rule state of the GDN
 // layers, per slot.
 class HybridCache final : public ModelCache {
@@ -96,8 +132,8 @@ class HybridCache final : public ModelCache {
     const int64_t conv_channels =
         2 * heads.key_heads * config.linear_key_head_dim + heads.value_heads * config.linear_value_head_dim;
     for (int64_t i = 0; i < delta_layers; ++i) {
-      conv_states.push_back(backend.alloc({slots, config.linear_conv_kernel_dim - 1, conv_channels}, DType::F32));
-      delta_states.push_back(backend.alloc(
+      states.conv.push_back(backend.alloc({slots, config.linear_conv_kernel_dim - 1, conv_channels}, DType::F32));
+      states.delta.push_back(backend.alloc(
           {slots, heads.value_heads, config.linear_key_head_dim, config.linear_value_head_dim}, DType::F32));
     }
   }
@@ -112,48 +148,54 @@ class HybridCache final : public ModelCache {
   // attention reads only rows its own sequence wrote: a slot needs no clearing to be reused.
   void reset_slot(int32_t slot) override { check_slot(slot); }
   bool resumes_at_any_position() const override { return false; }
-  size_t bytes() const override {
-    size_t total = kv.bytes();
-    for (const auto* group : {&conv_states, &delta_states, &saved_conv_states, &saved_delta_states})
-      for (const Tensor& tensor : *group) total += tensor.nbytes();
-    return total;
-  }
+  size_t bytes() const override { return kv.bytes() + states.bytes() + saved_.bytes() + snapshots_.bytes(); }
   // The conv and delta states of the slot, copied beside them. The copies are allocated at the
   // first save: a cache that never serves a speculative request does not hold them.
   void save_slot_state(int32_t slot) override {
     check_slot(slot);
-    if (saved_conv_states.empty())
-      for (size_t i = 0; i < conv_states.size(); ++i) {
-        saved_conv_states.push_back(backend_.alloc(conv_states[i].shape(), conv_states[i].dtype()));
-        saved_delta_states.push_back(backend_.alloc(delta_states[i].shape(), delta_states[i].dtype()));
-      }
-    copy_slot(conv_states, saved_conv_states, slot);
-    copy_slot(delta_states, saved_delta_states, slot);
+    if (saved_.rows() == 0) saved_ = RecurrentStates::allocate_like(backend_, states, slots_);
+    copy_state_row(backend_, states, slot, saved_, slot);
   }
   void restore_slot_state(int32_t slot) override {
     check_slot(slot);
-    if (saved_conv_states.empty()) fail("cache slot {} has no saved state to restore", slot);
-    copy_slot(saved_conv_states, conv_states, slot);
-    copy_slot(saved_delta_states, delta_states, slot);
+    if (saved_.rows() == 0) fail("cache slot {} has no saved state to restore", slot);
+    copy_state_row(backend_, saved_, slot, states, slot);
+  }
+  void allocate_snapshots(int64_t count) override {
+    if (count < 0) fail("a cache cannot keep {} snapshots", count);
+    if (snapshots_count_ > 0) fail("the cache's {} snapshots are allocated already", snapshots_count_);
+    snapshots_ = RecurrentStates::allocate_like(backend_, states, count);
+    snapshots_count_ = count;
+  }
+  int64_t snapshots() const override { return snapshots_count_; }
+  void save_snapshot(int32_t slot, int64_t snapshot) override {
+    check_slot(slot);
+    check_snapshot(snapshot);
+    copy_state_row(backend_, states, slot, snapshots_, snapshot);
+  }
+  void restore_snapshot(int64_t snapshot, int32_t slot) override {
+    check_slot(slot);
+    check_snapshot(snapshot);
+    copy_state_row(backend_, snapshots_, snapshot, states, slot);
   }
 
   PagedKvCache kv;
-  std::vector<Tensor> conv_states, delta_states;
+  RecurrentStates states;
 
  private:
   void check_slot(int32_t slot) const {
     if (slot < 0 || slot >= slots_) fail("cache slot {} out of range (cache has {} slots)", slot, slots_);
   }
-  void copy_slot(const std::vector<Tensor>& from, std::vector<Tensor>& to, int32_t slot) {
-    for (size_t i = 0; i < from.size(); ++i) {
-      Tensor target = to[i].slice_rows(slot, 1);
-      backend_.copy(from[i].slice_rows(slot, 1), target);
-    }
+  void check_snapshot(int64_t snapshot) const {
+    if (snapshot < 0 || snapshot >= snapshots_count_)
+      fail("snapshot {} out of range (cache keeps {} snapshots)", snapshot, snapshots_count_);
   }
 
   Backend& backend_;
   int64_t slots_, capacity_;
-  std::vector<Tensor> saved_conv_states, saved_delta_states;
+  RecurrentStates saved_;      // save_slot_state's copies, a row per slot
+  RecurrentStates snapshots_;  // a row per snapshot entry
+  int64_t snapshots_count_ = 0;  // kept apart from snapshots_.rows(): a head's cache has no GDN layers
 };
 
 class Qwen35Model final : public Model {
@@ -415,7 +457,7 @@ class Qwen35Model final : public Model {
     ops.matmul_group(x, projections);
 
     Tensor convolved = ops.alloc(qkv.shape(), act);
-    hybrid_->causal_conv1d_silu(qkv, d.conv1d, layout, cache.conv_states[layer.state_index], convolved);
+    hybrid_->causal_conv1d_silu(qkv, d.conv1d, layout, cache.states.conv[layer.state_index], convolved);
     // q, k and v stay f32 whatever the activations: HF-Q35 L2-normalises q and k in f32 and runs
     // the recurrence on f32 inputs (architectures.md D.1).
     Tensor q = ops.alloc({tokens, key_heads, key_dim}, DType::F32);
@@ -427,7 +469,7 @@ class Qwen35Model final : public Model {
     hybrid_->gated_delta_gates(b, a, d.a_log, d.dt_bias, beta, g);
 
     Tensor core = ops.alloc({tokens, value_heads, value_dim}, act);
-    hybrid_->gated_delta_rule(q, k, v, g, beta, layout, cache.delta_states[layer.state_index], core);
+    hybrid_->gated_delta_rule(q, k, v, g, beta, layout, cache.states.delta[layer.state_index], core);
     hybrid_->rms_norm_gated(core, z, d.norm, static_cast<float>(config_.rms_norm_eps), core);
     ops.matmul(core.reshape({tokens, value_heads * value_dim}), d.out_proj, nullptr, out);
     if (collective_) collective_->all_reduce_sum(out);

@@ -111,6 +111,17 @@ class TensorParallelCache final : public ModelCache {
   void restore_slot_state(int32_t slot) override {
     for (auto& rank : ranks_) rank->restore_slot_state(slot);
   }
+  // Each rank keeps its heads' part of every snapshot, under the same entry.
+  void allocate_snapshots(int64_t count) override {
+    for (auto& rank : ranks_) rank->allocate_snapshots(count);
+  }
+  int64_t snapshots() const override { return ranks_.front()->snapshots(); }
+  void save_snapshot(int32_t slot, int64_t snapshot) override {
+    for (auto& rank : ranks_) rank->save_snapshot(slot, snapshot);
+  }
+  void restore_snapshot(int64_t snapshot, int32_t slot) override {
+    for (auto& rank : ranks_) rank->restore_snapshot(snapshot, slot);
+  }
   size_t bytes() const override {
     size_t total = 0;
     for (const auto& rank : ranks_) total += rank->bytes();

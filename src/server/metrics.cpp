@@ -167,6 +167,9 @@ std::string ServerMetrics::render(const SchedulerStats& scheduler) const {
   append_metric(text, "kiln_preemptions_total", "counter",
                 "Requests whose KV blocks were taken back for others to run (each runs again, recomputed).",
                 static_cast<double>(scheduler.preemptions));
+  append_metric(text, "kiln_prefix_cache_snapshots", "gauge",
+                "Snapshots of a hybrid model's recurrent state that cached blocks hold, for prompts to resume from.",
+                static_cast<double>(scheduler.prefix_snapshots));
   const SpeculationCounts& speculation = scheduler.speculation;
   append_metric(text, "kiln_speculative_verify_steps_total", "counter",
                 "Verify steps of speculative decoding (one per sequence and step).",

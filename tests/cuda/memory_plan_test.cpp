@@ -56,6 +56,12 @@ void expect_the_allocator_holds_the_plan(const std::filesystem::path& dir, DType
   start = held();
   const std::unique_ptr<ModelCache> cache = model->make_cache(plan.cache_slots, request.context, engine_cache_blocks(request));
   expect_planned("cache", plan.cache, held() - start);
+  start = held();
+  cache->allocate_snapshots(request.prefix_snapshots);
+  expect_planned("snapshots", plan.snapshots, held() - start);
+  if (!cache->resumes_at_any_position() && request.prefix_snapshots > 0) {
+    EXPECT_GT(plan.snapshots, 0u);
+  }
   // The allocator gives nothing back (no request here comes near the device's memory), so what
   // it holds after a phase is that phase's peak.
   start = held();
@@ -89,9 +95,12 @@ TEST(CudaMemoryPlan, TheAllocatorHoldsWhatTheDryRunPlansForEachFamily) {
   for (const char* family : {"llama3-tiny", "qwen3-tiny", "qwen3_5-text-tiny"}) {
     SCOPED_TRACE(family);
     const auto dir = fixtures_dir() / family;
-    // Three sequences take a cache of four slots (decode_bucket) and graphs of 1, 2 and 4 rows.
-    expect_the_allocator_holds_the_plan(dir / "bf16", DType::BF16, {3, 1000, 64});
-    expect_the_allocator_holds_the_plan(dir / "f32", DType::F32, {3, 1000, 64});
+    // Three sequences take a cache of four slots (decode_bucket) and graphs of 1, 2 and 4 rows; the
+    // hybrid cache keeps prefix snapshots beside them (the others allocate none).
+    MemoryRequest request{3, 1000, 64};
+    request.prefix_snapshots = 6;
+    expect_the_allocator_holds_the_plan(dir / "bf16", DType::BF16, request);
+    expect_the_allocator_holds_the_plan(dir / "f32", DType::F32, request);
   }
 }
 
