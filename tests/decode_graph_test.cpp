@@ -214,6 +214,22 @@ TEST_F(DecodeGraphsWithReplayingBackend, SchedulerRequestsEqualTheirSoloRuns) {
   EXPECT_GT(backend.replays, solo_replays) << "the scheduler's decode steps replayed captured work";
 }
 
+// A mixture of experts routes on the backend, so its decode steps run through the graph path too;
+// batched (and padded), each request equals its solo run.
+TEST_F(DecodeGraphsWithReplayingBackend, MixtureOfExpertsSchedulerRequestsEqualTheirSoloRuns) {
+  for (const char* name : {"qwen3-moe-tiny", "qwen3_5-moe-tiny"}) {
+    SCOPED_TRACE(name);
+    auto model = load_replaying_f32(name);
+    ASSERT_TRUE(DecodeGraphs::supported(*model));
+    const std::vector<int32_t> prompt = fixture_prompt(fixture(name));
+    const std::vector<GenerationRequest> requests = mixed_scheduler_requests(prompt, 8);
+    const std::vector<std::vector<int32_t>> solo = solo_tokens(*model, requests);
+    const int solo_replays = backend.replays;
+    expect_solo_results(scheduled_events(*model, requests, 512), requests, solo);
+    EXPECT_GT(backend.replays, solo_replays) << "the scheduler's decode steps replayed captured work";
+  }
+}
+
 // Requests with reasoning budgets: a forced token replaces the device's (its row greedy, with no
 // draw), and no step is queued ahead of a token that may be forced; batched with the others, each
 // equals its solo run, and steps still take their tokens on the device where nothing is forced.

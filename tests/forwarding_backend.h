@@ -45,8 +45,16 @@ class ForwardingCpuBackend : public Backend, public HybridOps {
   }
   void add(Tensor& a, const Tensor& b) override { cpu_->add(a, b); }
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override { cpu_->gather_rows(x, rows, out); }
-  void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override {
-    cpu_->moe_combine(expert_rows, rows, weights, out);
+  void moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts,
+                 Tensor& weights) override {
+    cpu_->moe_route(logits, shared_logits, normalize, experts, weights);
+  }
+  void expert_matmul(const Tensor& x, const Tensor& experts, std::span<const MatmulTarget> targets,
+                     Tensor* experts_read) override {
+    cpu_->expert_matmul(x, experts, targets, experts_read);
+  }
+  void moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out) override {
+    cpu_->moe_combine(routed, shared, weights, out);
   }
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override {
     cpu_->rope(x, positions, inv_freq, rotary_dim);

@@ -1,17 +1,18 @@
 // Mixture-of-experts families end to end on the CPU: Qwen3-MoE and Qwen3.5-MoE against
 // transformers' float64 logits (tests/data/fixtures), the three expert layouts and quantized
-// experts giving the same bits, the routing rule, and the load-time refusals of malformed MoE
-// checkpoints and configs.
+// experts giving the same bits, the routing rule, the weight bytes a step reads, and the load-time
+// refusals of malformed MoE checkpoints and configs.
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/weight.h"
-#include "engine/decode_graph.h"
 #include "engine/generation.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
@@ -19,6 +20,7 @@
 #include "model/loader.h"
 #include "model/moe.h"
 #include "model/quantize.h"
+#include "forwarding_backend.h"
 #include "model_test_support.h"
 #include "test_support.h"
 
@@ -191,10 +193,48 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MoeParity,
                            return name;
                          });
 
-TEST(MoeModel, IsNotCapturedAsADecodeGraph) {
-  TestModel loaded = open_cpu_model(fixtures_dir() / "qwen3-moe-tiny" / "bf16");
-  EXPECT_FALSE(loaded.model->capturable());
-  EXPECT_FALSE(DecodeGraphs::supported(*loaded.model));
+// The CPU backend, keeping the experts of every routing it computes.
+class RecordingRoutesBackend final : public ForwardingCpuBackend {
+ public:
+  void moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts,
+                 Tensor& weights) override {
+    ForwardingCpuBackend::moe_route(logits, shared_logits, normalize, experts, weights);
+    routes.push_back(download(experts));
+  }
+  std::vector<Tensor> routes;
+};
+
+// A step's weight bytes count, in each sparse layer, the union of the experts its tokens chose
+// (counted by the backend as the step runs): one token reads its top k, what decode_weight_bytes()
+// counts; a batch reads the union, which the test takes from the routes the backend computed.
+TEST(MoeModel, WeightBytesReadCountTheUnionOfEachLayersExperts) {
+  for (const char* fixture : {"qwen3-moe-tiny", "qwen3_5-moe-tiny"}) {
+    SCOPED_TRACE(fixture);
+    RecordingRoutesBackend backend;
+    const std::unique_ptr<Model> model = load_model(fixtures_dir() / fixture / "f32", backend, LoadOptions{});
+    const ModelConfig& config = model->config();
+    const double expert_bytes = 3.0 * static_cast<double>(config.moe.expert_intermediate_size * config.hidden_size) *
+                                static_cast<double>(sizeof(float));
+    const std::vector<int32_t> prompt = first_tokens(fixtures_dir() / fixture, 24);
+    auto cache = model->make_cache(3, 64);
+    run_step(*model, *cache, {SequenceStep{0, 0, {prompt.begin(), prompt.begin() + 8}, false}});
+    model->weight_bytes_read(0);
+    backend.routes.clear();
+    run_step(*model, *cache, {SequenceStep{0, 8, {prompt[8]}, false}});
+    EXPECT_EQ(model->weight_bytes_read(1), static_cast<double>(model->decode_weight_bytes()));
+    backend.routes.clear();
+    std::vector<SequenceStep> batch;
+    for (int32_t slot = 1; slot < 3; ++slot)
+      batch.push_back({slot, 0, {prompt.begin() + 8 * slot, prompt.begin() + 8 * slot + 8}, false});
+    run_step(*model, *cache, batch);
+    double expected = static_cast<double>(model->decode_weight_bytes());
+    ASSERT_FALSE(backend.routes.empty());
+    for (const Tensor& route : backend.routes) {
+      const std::set<int32_t> used(route.data<int32_t>(), route.data<int32_t>() + route.numel());
+      expected += expert_bytes * static_cast<double>(static_cast<int64_t>(used.size()) - config.moe.experts_per_token);
+    }
+    EXPECT_EQ(model->weight_bytes_read(1), expected);
+  }
 }
 
 TEST(MoeModel, QuantizedExpertsPerExpertAndStackedGiveTheSameBits) {
@@ -282,6 +322,35 @@ TEST(MoeRouting, SoftmaxTopKRenormalisedAscendingByExpert) {
 TEST(MoeRouting, TiesGoToTheLowerExpertId) {
   const float logits[] = {1.0f, 1.0f, 1.0f, 1.0f};
   EXPECT_EQ(route_token(logits, 4, 2, true).experts, (std::vector<int32_t>{0, 1}));
+  // A tie across the k-th place: experts 1 and 3 share the second probability.
+  const float boundary[] = {3.0f, 2.0f, -1.0f, 2.0f, 0.5f};
+  EXPECT_EQ(route_token(boundary, 5, 2, true).experts, (std::vector<int32_t>{0, 1}));
+  // Probabilities that underflow to zero tie too.
+  const float far[] = {0.0f, -200.0f, -300.0f, -250.0f};
+  const TokenRoute route = route_token(far, 4, 3, false);
+  EXPECT_EQ(route.experts, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(route.weights, (std::vector<float>{1.0f, 0.0f, 0.0f}));
+}
+
+// The exponential every backend's routing uses (backend/moe_routing.h) is within about an ulp of
+// e^x, and exact where e^x is: e^0 = 1, the underflow to zero and the overflow to infinity.
+TEST(MoeRouting, ItsExponentialIsWithinAnUlpOfExp) {
+  EXPECT_EQ(routing::exponential(0.0f), 1.0f);
+  EXPECT_EQ(routing::exponential(-0.0f), 1.0f);
+  EXPECT_EQ(routing::exponential(-104.5f), 0.0f);
+  EXPECT_GT(routing::exponential(-103.0f), 0.0f);  // a subnormal
+  EXPECT_TRUE(std::isinf(routing::exponential(89.0f)));
+  EXPECT_TRUE(std::isnan(routing::exponential(std::nanf(""))));
+  EXPECT_EQ(routing::sigmoid(-200.0f), 0.0f);
+  EXPECT_EQ(routing::sigmoid(200.0f), 1.0f);
+  double worst = 0;
+  for (float x = -87.0f; x < 88.5f; x += 0.01171875f) {
+    const double truth = std::exp(static_cast<double>(x));
+    const float rounded = static_cast<float>(truth);
+    const double ulp = std::nextafter(rounded, INFINITY) - rounded;
+    worst = std::max(worst, std::fabs(routing::exponential(x) - truth) / ulp);
+  }
+  EXPECT_LT(worst, 1.5);
 }
 
 // Planning alone (no weight byte read) must refuse it.

@@ -199,5 +199,56 @@ TEST(OpContract, SamplingRowsMustAgree) {
       {"CUDA feed_tokens: feed [3] and token_ids [2] must have one entry per row"});
 }
 
+// A mixture's ops: the routing's k within the experts and a weights column per term; the expert
+// products' stacked weights a whole number of experts of out's width, with a row of x per token or
+// per pair; the combine's routed rows a multiple of the tokens.
+TEST(OpContract, MixtureOpsAgreeOnTokensExpertsAndTerms) {
+  const RouteDims route = check_moe_route(kBf16Backend, of({3, 8}, DType::F32), nullptr, of({3, 2}, DType::I32),
+                                          of({3, 2}, DType::F32));
+  EXPECT_EQ(route.experts, 8);
+  EXPECT_EQ(route.terms, 2);
+  const Tensor shared_logits = of({3, 1}, DType::F32);
+  EXPECT_EQ(check_moe_route(kBf16Backend, of({3, 8}, DType::F32), &shared_logits, of({3, 2}, DType::I32),
+                            of({3, 3}, DType::F32)).terms, 3);
+  expect_error_mentions(
+      [&] {
+        check_moe_route(kBf16Backend, of({3, 8}, DType::F32), nullptr, of({3, 9}, DType::I32), of({3, 9}, DType::F32));
+      },
+      {"CUDA moe_route: experts has shape [3, 9], expected [3, k] with 0 < k <= 8 experts"});
+  expect_error_mentions(
+      [&] {
+        check_moe_route(kBf16Backend, of({3, 8}, DType::F32), &shared_logits, of({3, 2}, DType::I32),
+                        of({3, 2}, DType::F32));
+      },
+      {"CUDA moe_route: weights has shape [3, 2], expected [3, 3]"});
+
+  const Tensor x = of({3, 64}, DType::BF16), pair_rows = of({6, 48}, DType::BF16), experts = of({3, 2}, DType::I32);
+  const Weight gate = of({4 * 48, 64}, DType::BF16), down = of({4 * 64, 48}, DType::BF16);
+  Tensor gate_out = of({6, 48}, DType::BF16), down_out = of({6, 64}, DType::F32);
+  const MatmulTarget gate_target{&gate, nullptr, &gate_out}, down_target{&down, nullptr, &down_out};
+  const ExpertMatmulDims dims = check_expert_matmul(kBf16Backend, x, experts, {&gate_target, 1}, nullptr);
+  EXPECT_EQ(dims.experts[0], 4);
+  EXPECT_EQ(dims.n[0], 48);
+  EXPECT_EQ(check_expert_matmul(kBf16Backend, pair_rows, experts, {&down_target, 1}, nullptr).x_rows, 6);
+  const Weight ragged = of({4 * 48 + 8, 64}, DType::BF16);
+  const MatmulTarget ragged_target{&ragged, nullptr, &gate_out};
+  expect_error_mentions([&] { check_expert_matmul(kBf16Backend, x, experts, {&ragged_target, 1}, nullptr); },
+                        {"CUDA expert_matmul: weight has shape [200, 64], expected experts' [N, K] = [48, 64] "
+                         "matrices stacked into [E·48, 64]"});
+  expect_error_mentions(
+      [&] { check_expert_matmul(kBf16Backend, of({4, 64}, DType::BF16), experts, {&gate_target, 1}, nullptr); },
+      {"CUDA expert_matmul: x has shape [4, 64], expected [3 or 6, K]"});
+  const Tensor counter = of({1}, DType::I32);
+  expect_error_mentions([&] { check_expert_matmul(kBf16Backend, x, experts, {&gate_target, 1}, &counter); },
+                        {"CUDA expert_matmul: experts_read has dtype I32, expected U32"});
+
+  const Tensor shared = of({3, 64}, DType::F32);
+  EXPECT_EQ(check_moe_combine(kBf16Backend, down_out, &shared, of({3, 3}, DType::F32), of({3, 64}, DType::F32)).top_k,
+            2);
+  expect_error_mentions(
+      [&] { check_moe_combine(kBf16Backend, down_out, nullptr, of({3, 3}, DType::F32), of({3, 64}, DType::F32)); },
+      {"CUDA moe_combine: routed has shape [6, 64], expected [9, H]"});
+}
+
 }  // namespace
 }  // namespace kiln::testing

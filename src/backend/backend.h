@@ -169,12 +169,40 @@ class Backend {
                             NormStyle style, Tensor& out) = 0;
   // a += b, elementwise.
   virtual void add(Tensor& a, const Tensor& b) = 0;
-  // out[r, :] = x[rows[r], :] (rows is I32 on the device).
+  // out[r, :] = x[rows[r], :] (rows is I32 on the device; x F32 or activations).
   virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
-  // The weighted sum of a mixture's expert outputs: out[t, :] = Σ_s weights[t, s] · expert_rows[rows[t, s], :]
-  // over s = 0, 1, …, S − 1 in order, as acc = fma(weights[t, s], row, acc) from acc = 0, all in f32.
-  // expert_rows F32 [R, H], rows I32 and weights F32 [T, S] (on the device), out F32 [T, H].
-  virtual void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) = 0;
+
+  // --- mixtures of experts (model/moe.h) ---
+  // Routes each token from its f32 router logits [T, E] by backend/moe_routing.h's rule (softmax
+  // in f32, the top k, equal probabilities the lower expert id first, renormalised when
+  // `normalize`): experts I32 [T, k] ascending by id, weights F32 [T, S] their weights in that
+  // order, S = k; with shared_logits (F32 [T, 1], a shared expert's gate logits) S = k + 1 and
+  // weights[t, k] = σ(shared_logits[t]). The same bits on every backend (route_token is the CPU's).
+  virtual void moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts,
+                         Tensor& weights) = 0;
+  // The products of each token with the experts it chose, for up to kMaxMatmulGroup targets (gate
+  // and up) sharing x and the routing. experts is I32 [T, k] (moe_route's); each target's w stacks
+  // E experts' [N, K] matrices (w [E·N, K], dense or quantized, N = its out's width; expert e is
+  // w.rows(e·N, N)), with no bias, and out[t·k + j, :] = x[r, :] · W_eᵀ for e = experts[t, j],
+  // where r = t when x has T rows and r = t·k + j when it has T·k (the down projection of each
+  // pair's own row). out is [T·k, N], F32 or activations. Every element is bit-identical to
+  // matmul(x[r], W_e): matmul's per-element order never depends on its rows, so a token's products
+  // are the same whatever the other tokens chose. With experts_read (U32 [1]), the number of
+  // distinct experts in `experts` (the matrices the call reads of each weight) is added to it,
+  // wrapping, on the device: how a step's weight bytes are counted without reading routes back.
+  virtual void expert_matmul(const Tensor& x, const Tensor& experts, std::span<const MatmulTarget> targets,
+                             Tensor* experts_read) = 0;
+  // The scratch (bytes of one block, 0: none) that one expert_matmul call allocates for itself
+  // while it runs (at most: CUDA's depends on how many tokens each expert gets).
+  virtual uint64_t expert_matmul_scratch_bytes(const Tensor& /*x*/, const Tensor& /*experts*/,
+                                               std::span<const MatmulTarget> /*targets*/) const {
+    return 0;
+  }
+  // The weighted sum of a token's expert outputs: out[t, :] = Σ_s weights[t, s] · term_s over
+  // s = 0, 1, …, S − 1 in order, as acc = fma(weights[t, s], term_s, acc) from acc = 0, all in f32,
+  // where term_s = routed[t·k + s, :] for s < k (routed F32 [T·k, H], expert_matmul's rows) and,
+  // with shared (F32 [T, H], S = k + 1), term_k = shared[t, :]. weights F32 [T, S], out F32 [T, H].
+  virtual void moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out) = 0;
   // Rotate-half RoPE in place on x [T, heads, head_dim], over the first rotary_dim dims of each
   // head, angle = positions[t] · inv_freq[j] (inv_freq is [rotary_dim / 2] f32 on the device).
   virtual void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) = 0;
@@ -201,6 +229,14 @@ class Backend {
   // Capture/replay of decode steps and token choice on the device, or null when this backend
   // runs every step directly and the engine samples on the host (the CPU).
   virtual class GraphOps* graph_ops() { return nullptr; }
+
+ protected:
+  // expert_matmul from the plain ops, with the routes read on the host: the (token, expert) pairs
+  // sorted by expert, each expert's rows gathered and multiplied by one matmul_group, the results
+  // gathered back into pair order. The CPU's expert_matmul, and CUDA's for many pairs outside
+  // captured work (its per-expert products then take the prefill GEMM). Checked by the caller.
+  void expert_matmul_on_host(const Tensor& x, const Tensor& experts, std::span<const MatmulTarget> targets,
+                             Tensor* experts_read);
 };
 
 // Device work recorded once (a CUDA graph) and re-issued as a whole, with no host work per op.

@@ -170,8 +170,19 @@ void MeasuringBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const
 
 void MeasuringBackend::add(Tensor& a, const Tensor& b) { check_add(contract(), a, b); }
 
-void MeasuringBackend::moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) {
-  check_moe_combine(contract(), expert_rows, rows, weights, out);
+void MeasuringBackend::moe_route(const Tensor& logits, const Tensor* shared_logits, bool, Tensor& experts,
+                                 Tensor& weights) {
+  check_moe_route(contract(), logits, shared_logits, experts, weights);
+}
+
+void MeasuringBackend::expert_matmul(const Tensor& x, const Tensor& experts, std::span<const MatmulTarget> targets,
+                                     Tensor* experts_read) {
+  check_expert_matmul(contract(), x, experts, targets, experts_read);
+  const auto held = scratch(target_.expert_matmul_scratch_bytes(x, experts, targets));
+}
+
+void MeasuringBackend::moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out) {
+  check_moe_combine(contract(), routed, shared, weights, out);
 }
 
 void MeasuringBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {

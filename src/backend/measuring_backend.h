@@ -95,7 +95,16 @@ class MeasuringBackend final : public Backend, public HybridOps, public GraphOps
                     Tensor& out) override;
   void add(Tensor& a, const Tensor& b) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
-  void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override;
+  void moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts,
+                 Tensor& weights) override;
+  // The target's own scratch for the call (expert_matmul_scratch_bytes), in one block.
+  void expert_matmul(const Tensor& x, const Tensor& experts, std::span<const MatmulTarget> targets,
+                     Tensor* experts_read) override;
+  uint64_t expert_matmul_scratch_bytes(const Tensor& x, const Tensor& experts,
+                                       std::span<const MatmulTarget> targets) const override {
+    return target_.expert_matmul_scratch_bytes(x, experts, targets);
+  }
+  void moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out) override;
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) override;

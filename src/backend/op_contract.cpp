@@ -208,8 +208,9 @@ int64_t check_copy(const OpContext& context, const Tensor& from, const Tensor& t
 
 GatherDims check_gather_rows(const OpContext& context, const Tensor& x, const Tensor& rows, const Tensor& out) {
   constexpr std::string_view op = "gather_rows";
-  // The CPU took F32 only (its activation dtype); CUDA copied rows of any dtype.
-  require_activation(context, op, x, "x");
+  // The CPU took F32 only (its activation dtype); CUDA copied rows of any dtype. The f32 stream
+  // too: expert_matmul_on_host gathers f32 expert outputs back into pair order.
+  require_stream(context, op, x, "x");
   if (x.ndim() < 1) fail("{} {}: x is a scalar, expected rows along axis 0", context.backend, op);
   const int64_t available = x.dim(0);
   const int64_t row_elements = available ? x.numel() / available : 0;
@@ -223,20 +224,95 @@ GatherDims check_gather_rows(const OpContext& context, const Tensor& x, const Te
   return {rows.dim(0), available, row_elements};
 }
 
-CombineDims check_moe_combine(const OpContext& context, const Tensor& expert_rows, const Tensor& rows,
+RouteDims check_moe_route(const OpContext& context, const Tensor& logits, const Tensor* shared_logits,
+                          const Tensor& experts, const Tensor& weights) {
+  constexpr std::string_view op = "moe_route";
+  require_dtype(context, op, logits, DType::F32, "logits");
+  if (logits.ndim() != 2 || logits.dim(1) == 0)
+    fail("{} {}: logits has shape {}, expected [T, E] with E > 0", context.backend, op, shape_string(logits.shape()));
+  const int64_t tokens = logits.dim(0), count = logits.dim(1);
+  require_dtype(context, op, experts, DType::I32, "experts");
+  if (experts.ndim() != 2 || experts.dim(0) != tokens || experts.dim(1) < 1 || experts.dim(1) > count)
+    fail("{} {}: experts has shape {}, expected [{}, k] with 0 < k <= {} experts", context.backend, op,
+         shape_string(experts.shape()), tokens, count);
+  const int64_t top_k = experts.dim(1);
+  if (shared_logits) {
+    require_dtype(context, op, *shared_logits, DType::F32, "shared_logits");
+    require_shape(context, op, *shared_logits, {tokens, 1}, "shared_logits");
+  }
+  const int64_t terms = top_k + (shared_logits ? 1 : 0);
+  require_dtype(context, op, weights, DType::F32, "weights");
+  require_shape(context, op, weights, {tokens, terms}, "weights");
+  return {tokens, count, top_k, terms};
+}
+
+ExpertMatmulDims check_expert_matmul(const OpContext& context, const Tensor& x, const Tensor& experts,
+                                     std::span<const MatmulTarget> targets, const Tensor* experts_read) {
+  constexpr std::string_view op = "expert_matmul";
+  if (targets.empty() || targets.size() > kMaxMatmulGroup)
+    fail("{} {}: {} products, it takes 1 to {}", context.backend, op, targets.size(), kMaxMatmulGroup);
+  require_dtype(context, op, experts, DType::I32, "experts");
+  if (experts.ndim() != 2 || experts.dim(1) < 1)
+    fail("{} {}: experts has shape {}, expected [T, k] with k > 0", context.backend, op,
+         shape_string(experts.shape()));
+  ExpertMatmulDims dims{};
+  dims.tokens = experts.dim(0);
+  dims.top_k = experts.dim(1);
+  const int64_t pairs = dims.tokens * dims.top_k;
+  require_activation(context, op, x, "x");
+  if (x.ndim() != 2 || (x.dim(0) != dims.tokens && x.dim(0) != pairs))
+    fail("{} {}: x has shape {}, expected [{} or {}, K] (a row per token or per token and expert)", context.backend,
+         op, shape_string(x.shape()), dims.tokens, pairs);
+  dims.x_rows = x.dim(0);
+  dims.k = x.dim(1);
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const MatmulTarget& target = targets[t];
+    if (!target.w || !target.out) fail("{} {}: a product has no weight or no output", context.backend, op);
+    if (target.bias) fail("{} {}: a product has a bias (experts take none)", context.backend, op);
+    const Weight& w = *target.w;
+    require_matrix(context, op, w, "weight");
+    require_stream(context, op, *target.out, "out");
+    const Tensor& out = *target.out;
+    if (out.ndim() != 2 || out.dim(0) != pairs || out.dim(1) == 0)
+      fail("{} {}: out has shape {}, expected [{}, N] with N > 0 (a row per token and expert)", context.backend, op,
+           shape_string(out.shape()), pairs);
+    const int64_t n = out.dim(1);
+    if (w.shape().size() != 2 || w.dim(1) != dims.k || w.dim(0) % n != 0 || w.dim(0) == 0)
+      fail("{} {}: weight has shape {}, expected experts' [N, K] = [{}, {}] matrices stacked into [E·{}, {}]",
+           context.backend, op, shape_string(w.shape()), n, dims.k, n, dims.k);
+    dims.experts[t] = w.dim(0) / n;
+    dims.n[t] = n;
+  }
+  if (experts_read) {
+    require_dtype(context, op, *experts_read, DType::U32, "experts_read");
+    require_shape(context, op, *experts_read, {1}, "experts_read");
+  }
+  return dims;
+}
+
+CombineDims check_moe_combine(const OpContext& context, const Tensor& routed, const Tensor* shared,
                               const Tensor& weights, const Tensor& out) {
   constexpr std::string_view op = "moe_combine";
-  require_dtype(context, op, expert_rows, DType::F32, "expert_rows");
-  require_dtype(context, op, rows, DType::I32, "rows");
   require_dtype(context, op, weights, DType::F32, "weights");
+  if (weights.ndim() != 2)
+    fail("{} {}: weights has shape {}, expected [T, S]", context.backend, op, shape_string(weights.shape()));
+  const int64_t tokens = weights.dim(0), terms = weights.dim(1);
+  const int64_t top_k = shared ? terms - 1 : terms;
+  if (top_k < 1)
+    fail("{} {}: weights has shape {}, expected a column per routed expert{} (at least one)", context.backend, op,
+         shape_string(weights.shape()), shared ? " and one for the shared expert" : "");
+  require_dtype(context, op, routed, DType::F32, "routed");
+  if (routed.ndim() != 2 || routed.dim(0) != tokens * top_k)
+    fail("{} {}: routed has shape {}, expected [{}, H] (a row per token and routed expert)", context.backend, op,
+         shape_string(routed.shape()), tokens * top_k);
+  const int64_t width = routed.dim(1);
+  if (shared) {
+    require_dtype(context, op, *shared, DType::F32, "shared");
+    require_shape(context, op, *shared, {tokens, width}, "shared");
+  }
   require_dtype(context, op, out, DType::F32, "out");
-  if (expert_rows.ndim() != 2)
-    fail("{} {}: expert_rows has shape {}, expected [R, H]", context.backend, op, shape_string(expert_rows.shape()));
-  if (rows.ndim() != 2)
-    fail("{} {}: rows has shape {}, expected [T, S]", context.backend, op, shape_string(rows.shape()));
-  require_shape(context, op, weights, rows.shape(), "weights");
-  require_shape(context, op, out, {rows.dim(0), expert_rows.dim(1)}, "out");
-  return {rows.dim(0), rows.dim(1), expert_rows.dim(0), expert_rows.dim(1)};
+  require_shape(context, op, out, {tokens, width}, "out");
+  return {tokens, top_k, terms, width};
 }
 
 RopeDims check_rope(const OpContext& context, std::string_view op, std::string_view name, const Tensor& x,

@@ -72,14 +72,36 @@ int64_t check_copy(const OpContext& context, const Tensor& from, const Tensor& t
 struct GatherDims {
   int64_t rows, available, row_elements;
 };
-// x [X, ...] activations; rows I32 [R]; out [R, ...] of R · (x's row) elements in x's dtype.
+// x [X, ...] in the stream dtype (F32 or activations); rows I32 [R]; out [R, ...] of R · (x's row)
+// elements in x's dtype.
 GatherDims check_gather_rows(const OpContext& context, const Tensor& x, const Tensor& rows, const Tensor& out);
 
-struct CombineDims {
-  int64_t tokens, terms, available, width;
+// --- mixtures of experts ---
+
+struct RouteDims {
+  int64_t tokens, experts, top_k, terms;  // terms: weights' columns, top_k (+ 1 with a shared expert)
 };
-// expert_rows F32 [R, H]; rows I32 and weights F32 [T, S]; out F32 [T, H].
-CombineDims check_moe_combine(const OpContext& context, const Tensor& expert_rows, const Tensor& rows,
+// logits F32 [T, E > 0]; experts I32 [T, k] with 0 < k ≤ E; weights F32 [T, k], or [T, k + 1]
+// with shared_logits F32 [T, 1].
+RouteDims check_moe_route(const OpContext& context, const Tensor& logits, const Tensor* shared_logits,
+                          const Tensor& experts, const Tensor& weights);
+
+struct ExpertMatmulDims {
+  int64_t tokens, top_k, x_rows, k;                      // T, experts per token, x's rows (T or T·k), K
+  int64_t experts[kMaxMatmulGroup], n[kMaxMatmulGroup];  // each target's E and N
+};
+// x [T or T·k, K] activations; experts I32 [T, k > 0]; 1 to kMaxMatmulGroup targets, each with no
+// bias, w [E·N, K > 0] a weight (dense or quantized) and out [T·k, N > 0] F32 or activations, N
+// dividing w's rows; experts_read U32 [1] or null.
+ExpertMatmulDims check_expert_matmul(const OpContext& context, const Tensor& x, const Tensor& experts,
+                                     std::span<const MatmulTarget> targets, const Tensor* experts_read);
+
+struct CombineDims {
+  int64_t tokens, top_k, terms, width;
+};
+// weights F32 [T, S]; routed F32 [T·k, H] with k = S, or k = S − 1 with shared F32 [T, H]; k ≥ 1;
+// out F32 [T, H].
+CombineDims check_moe_combine(const OpContext& context, const Tensor& routed, const Tensor* shared,
                               const Tensor& weights, const Tensor& out);
 
 struct RopeDims {

@@ -252,8 +252,6 @@ RegisterCommand register_bench([](CLI::App& app) {
       for (int32_t slot = 0; slot < batch; ++slot)
         prefill.push_back({slot, 0, random_tokens(context, config.vocab_size, random), false});
       run_step(model, *cache, prefill);
-      // The weight bytes the timed direct steps read (a mixture's experts: those its tokens chose).
-      double weight_bytes_read = 0;
       // Graph steps run as generate() runs them: each queued before the previous step's tokens
       // are read, taking those tokens on the device (engine/decode_graph.h).
       auto decode_step = [&](int64_t position, bool fed) {
@@ -270,10 +268,11 @@ RegisterCommand register_bench([](CLI::App& app) {
         for (int32_t slot = 0; slot < batch; ++slot)
           step.push_back({slot, static_cast<int32_t>(position), random_tokens(1, config.vocab_size, random), false});
         run_step(model, *cache, step);
-        weight_bytes_read += static_cast<double>(model.last_step_weight_bytes());
       };
       decode_step(context, false);  // warm-up
-      weight_bytes_read = 0;
+      // The weight bytes of the timed steps (a mixture's experts: the union its tokens chose in each
+      // step, counted on the device) are read once they have run; this starts the count.
+      model.weight_bytes_read(0);
       backend.synchronize();
       const auto start = std::chrono::steady_clock::now();
       for (int64_t i = 1; i <= options->decode_tokens; ++i) decode_step(context + i, true);
@@ -282,8 +281,7 @@ RegisterCommand register_bench([](CLI::App& app) {
       const double seconds = seconds_since(start);
       const double steps_per_second = options->decode_tokens / seconds;
       const double mean_context = context + 1 + options->decode_tokens / 2.0;
-      const double weights_per_step =
-          decode_graphs ? static_cast<double>(model.decode_weight_bytes()) : weight_bytes_read / options->decode_tokens;
+      const double weights_per_step = model.weight_bytes_read(options->decode_tokens) / options->decode_tokens;
       const double bytes_per_step = weights_per_step + batch * mean_context * kv_bytes_per_token +
                                     static_cast<double>(batch * state_bytes_per_sequence);
       const double gbps = bytes_per_step * steps_per_second / 1e9;

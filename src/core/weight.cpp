@@ -96,6 +96,12 @@ int64_t Weight::dim(int axis) const {
   return shape_[axis];
 }
 
+size_t Weight::nbytes() const {
+  // A part the format does not have is a default tensor, whose empty shape would count one element.
+  auto bytes = [](const Tensor& part) { return part.defined() ? part.nbytes() : size_t{0}; };
+  return bytes(values_) + bytes(scales_) + bytes(biases_);
+}
+
 size_t Weight::row_nbytes() const {
   if (shape_.empty() || shape_[0] == 0) return 0;
   const auto rows = static_cast<size_t>(shape_[0]);

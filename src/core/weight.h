@@ -72,8 +72,8 @@ class Weight {
   // The floating-point dtype the matrix is kept in: a dense one's own; a quantized one's scales'
   // (MLX keeps them in the model's dtype).
   DType float_dtype() const { return quantized() ? scales_.dtype() : values_.dtype(); }
-  // Bytes of every part (what a pass over the whole matrix reads).
-  size_t nbytes() const { return values_.nbytes() + scales_.nbytes() + biases_.nbytes(); }
+  // Bytes of every part (what a pass over the whole matrix reads); 0 for an undefined weight.
+  size_t nbytes() const;
   // Bytes one row (for an embedding: one token's row) reads.
   size_t row_nbytes() const;
   // "dense BF16", "affine 4-bit group 64 (scales BF16)", "fp8 e4m3 blocks 128x128 (scales F32)".

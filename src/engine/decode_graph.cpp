@@ -115,7 +115,7 @@ DecodeGraphs::DecodeGraphs(Model& model, ModelCache& cache) : model_(model), cac
 DecodeGraphs::~DecodeGraphs() = default;
 
 bool DecodeGraphs::supported(const Model& model) {
-  return model.backend().graph_ops() != nullptr && model.capturable();
+  return model.backend().graph_ops() != nullptr;
 }
 
 const Tensor& DecodeGraphs::last_logits() const {

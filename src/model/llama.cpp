@@ -122,6 +122,9 @@ class LlamaModel final : public Model {
       }
       layers_.push_back(std::move(layer));
     }
+    const auto sparse_layers =
+        std::count_if(layers_.begin(), layers_.end(), [](const LlamaLayer& layer) { return layer.moe.has_value(); });
+    expert_reads_ = ExpertReadCounter(backend, sparse_layers);
     final_norm_ = take("model.norm.weight", {hidden});
     // A checkpoint that stores lm_head uses it; a tied one without it reads the embedding; an
     // untied one without it (a bare decoder, e.g. Qwen3-Embedding-8B's Qwen3Model) has none and
@@ -158,10 +161,17 @@ class LlamaModel final : public Model {
     return bytes;
   }
 
-  size_t last_step_weight_bytes() const override { return last_step_bytes_; }
-
-  bool capturable() const override {
-    return std::none_of(layers_.begin(), layers_.end(), [](const LlamaLayer& layer) { return layer.moe.has_value(); });
+  double weight_bytes_read(int64_t forwards) override {
+    const std::vector<uint64_t> experts_read = expert_reads_.take();
+    double bytes = Model::weight_bytes_read(forwards);
+    size_t sparse = 0;
+    // decode_weight_bytes() counts experts_per_token experts of each sparse layer per forward.
+    for (const LlamaLayer& layer : layers_)
+      if (layer.moe)
+        bytes += static_cast<double>(sparse_moe_expert_bytes(*layer.moe, config_.moe)) *
+                 (static_cast<double>(experts_read[sparse++]) -
+                  static_cast<double>(forwards * config_.moe.experts_per_token));
+    return bytes;
   }
 
   std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity, int64_t blocks) const override {
@@ -216,7 +226,7 @@ class LlamaModel final : public Model {
     auto flat = [](const Tensor& t) { return t.reshape({t.dim(0), t.numel() / t.dim(0)}); };
     auto optional = [](const Tensor& t) { return t.defined() && t.numel() ? &t : nullptr; };
 
-    size_t step_bytes = decode_weight_bytes();
+    int64_t sparse = 0;
     ops.embedding(embed_tokens_, layout.token_ids, residual);
     ops.rms_norm(residual, layers_.front().input_norm, eps, NormStyle::Plain, normed);
     for (size_t index = 0; index < layers_.size(); ++index) {
@@ -235,9 +245,7 @@ class LlamaModel final : public Model {
       ops.add_rms_norm(residual, projected, layer.post_attention_norm, eps, NormStyle::Plain, normed);
 
       if (layer.moe) {
-        const int64_t experts_read = sparse_moe(ops, *layer.moe, config_.moe, normed, projected);
-        step_bytes += sparse_moe_bytes(*layer.moe, config_.moe, experts_read) -
-                      sparse_moe_bytes(*layer.moe, config_.moe, config_.moe.experts_per_token);
+        sparse_moe(ops, *layer.moe, config_.moe, normed, projected, expert_reads_.layer(sparse++));
       } else {
         const MatmulTarget gate_up[] = {{&layer.gate_proj, optional(layer.gate_bias), &gate},
                                         {&layer.up_proj, optional(layer.up_bias), &up}};
@@ -250,7 +258,6 @@ class LlamaModel final : public Model {
       ops.add_rms_norm(residual, projected, next_norm, eps, NormStyle::Plain, normed);
     }
     head(normed);
-    last_step_bytes_ = step_bytes;
   }
 
   ModelConfig config_;
@@ -261,7 +268,7 @@ class LlamaModel final : public Model {
   Tensor final_norm_, inv_freq_;
   std::vector<LlamaLayer> layers_;
   int rotary_dim_ = 0;
-  size_t last_step_bytes_ = 0;  // weight bytes the last forward read
+  ExpertReadCounter expert_reads_;  // the experts each sparse layer read
 };
 
 }  // namespace

@@ -105,15 +105,16 @@ class Model {
   // Weight bytes one decode step reads (every matrix once; the embedding table contributes only
   // a row). Divided into measured time, it gives the bandwidth a benchmark reports.
   virtual size_t decode_weight_bytes() const = 0;
-  // Weight bytes the last forward read, where that depends on its tokens (a mixture of experts
-  // reads the experts its tokens chose: their union for a batch); by default decode_weight_bytes().
-  // `kiln bench` divides what each decode step read by its time.
-  virtual size_t last_step_weight_bytes() const { return decode_weight_bytes(); }
-
-  // Whether a decode step can be recorded once and replayed (engine/decode_graph.h). False where
-  // the forward reads device values on the host — a mixture of experts routes on the host
-  // (model/moe.h) — so each of its steps runs directly.
-  virtual bool capturable() const { return true; }
+  // The weight bytes the forwards run since the previous call (or since construction) read
+  // altogether, given that there were `forwards` of them: by default forwards ×
+  // decode_weight_bytes(). A mixture of experts reads the experts its tokens chose (their union,
+  // per layer and step), which it counts on the device as its forwards run — captured steps
+  // replayed included, which is why the caller says how many there were — and reads back here: a
+  // synchronisation, so `kiln bench` asks once before its timed decode steps (to start the count)
+  // and once after them.
+  virtual double weight_bytes_read(int64_t forwards) {
+    return static_cast<double>(forwards) * static_cast<double>(decode_weight_bytes());
+  }
 
   // A cache of `slots` sequences of up to `capacity` tokens whose attention layers each hold a pool
   // of `blocks` KV blocks (ModelCache). Slot s starts with blocks [s·W, s·W + W) (W =

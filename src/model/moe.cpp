@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <limits>
-#include <numeric>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -93,34 +91,6 @@ std::vector<GraphShapingField> moe_graph_shaping_fields() {
   };
 }
 
-TokenRoute route_token(const float* logits, int64_t experts, int64_t top_k, bool normalize) {
-  // softmax in f32, its sum in ascending expert order.
-  const float largest = *std::max_element(logits, logits + experts);
-  std::vector<float> probabilities(static_cast<size_t>(experts));
-  float total = 0.0f;
-  for (int64_t e = 0; e < experts; ++e) {
-    probabilities[e] = std::exp(logits[e] - largest);
-    total += probabilities[e];
-  }
-  for (float& p : probabilities) p /= total;
-  // The top k, largest first, the lower expert id first among equals.
-  std::vector<int32_t> order(static_cast<size_t>(experts));
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t a, int32_t b) {
-    return probabilities[a] != probabilities[b] ? probabilities[a] > probabilities[b] : a < b;
-  });
-  order.resize(static_cast<size_t>(top_k));
-  float selected = 0.0f;
-  for (int32_t e : order) selected += probabilities[e];  // in rank order, as torch sums the top-k values
-  std::sort(order.begin(), order.end());
-  TokenRoute route;
-  for (int32_t e : order) {
-    route.experts.push_back(e);
-    route.weights.push_back(normalize ? probabilities[e] / selected : probabilities[e]);
-  }
-  return route;
-}
-
 SparseMoeWeights take_sparse_moe(WeightMap& weights, Backend& backend, const std::string& prefix,
                                  const ModelConfig& config) {
   const MoeConfig& moe = config.moe;
@@ -146,97 +116,84 @@ SparseMoeWeights take_sparse_moe(WeightMap& weights, Backend& backend, const std
   return layer;
 }
 
-int64_t sparse_moe(Backend& ops, const SparseMoeWeights& weights, const MoeConfig& moe, const Tensor& x, Tensor& out) {
+void sparse_moe(Backend& ops, const SparseMoeWeights& weights, const MoeConfig& moe, const Tensor& x, Tensor& out,
+                Tensor* experts_read) {
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
-  const int64_t experts = moe.experts, top_k = moe.experts_per_token, width = moe.expert_intermediate_size;
+  const int64_t top_k = moe.experts_per_token, width = moe.expert_intermediate_size;
+  const int64_t pairs = tokens * top_k;
   const bool shared = weights.shared_gate.defined();
   const DType act = ops.activation_dtype();
 
-  Tensor logits = ops.alloc({tokens, experts}, DType::F32);
+  Tensor logits = ops.alloc({tokens, moe.experts}, DType::F32);
   ops.matmul(x, weights.router, nullptr, logits);
-  // A dry run (engine/memory_plan.h) has no values: its logits are taken as zeros, whose ties send
-  // every token to experts 0 … k − 1, each expert call at its largest row count.
-  const bool values = ops.computes_values();
-  const Tensor host_logits = values ? ops.download(logits) : Tensor::zeros({tokens, experts}, DType::F32);
-  Tensor host_shared_logit;
+  Tensor shared_logits;
   if (shared) {
-    Tensor shared_logit = ops.alloc({tokens, 1}, DType::F32);
-    ops.matmul(x, weights.shared_expert_gate, nullptr, shared_logit);
-    host_shared_logit = values ? ops.download(shared_logit) : Tensor::zeros({tokens, 1}, DType::F32);
+    shared_logits = ops.alloc({tokens, 1}, DType::F32);
+    ops.matmul(x, weights.shared_expert_gate, nullptr, shared_logits);
   }
+  // Each token's experts ascending by id with their weights, then the shared expert's σ(x·w_sharedᵀ).
+  Tensor experts = ops.alloc({tokens, top_k}, DType::I32);
+  Tensor route_weights = ops.alloc({tokens, top_k + (shared ? 1 : 0)}, DType::F32);
+  ops.moe_route(logits, shared ? &shared_logits : nullptr, moe.normalize_top_k, experts, route_weights);
 
-  std::vector<TokenRoute> routes(static_cast<size_t>(tokens));
-  for (int64_t t = 0; t < tokens; ++t)
-    routes[t] = route_token(host_logits.data<float>() + t * experts, experts, top_k, moe.normalize_top_k);
-
-  // The (token, expert) pairs sorted by expert, then token: expert e's rows are contiguous.
-  const int64_t pairs = tokens * top_k;
-  std::vector<int64_t> first_row(static_cast<size_t>(experts) + 1, 0);
-  for (const TokenRoute& route : routes)
-    for (int32_t e : route.experts) first_row[e + 1]++;
-  std::partial_sum(first_row.begin(), first_row.end(), first_row.begin());
-  const int64_t terms = top_k + (shared ? 1 : 0);
-  Tensor pair_tokens = Tensor::empty({pairs}, DType::I32);
-  Tensor combine_rows = Tensor::empty({tokens, terms}, DType::I32);
-  Tensor combine_weights = Tensor::empty({tokens, terms}, DType::F32);
-  std::vector<int64_t> next_row(first_row.begin(), first_row.end() - 1);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t j = 0; j < top_k; ++j) {
-      const int64_t row = next_row[routes[t].experts[j]]++;
-      pair_tokens.data<int32_t>()[row] = static_cast<int32_t>(t);
-      combine_rows.data<int32_t>()[t * terms + j] = static_cast<int32_t>(row);
-      combine_weights.data<float>()[t * terms + j] = routes[t].weights[j];
-    }
-    if (shared) {
-      // The shared expert's row follows the routed ones, weighted by σ(x·w_sharedᵀ) in f32.
-      combine_rows.data<int32_t>()[t * terms + top_k] = static_cast<int32_t>(pairs + t);
-      const float logit = host_shared_logit.data<float>()[t];
-      combine_weights.data<float>()[t * terms + top_k] = 1.0f / (1.0f + std::exp(-logit));
-    }
-  }
-
-  Tensor sorted = ops.alloc({pairs, hidden}, act);
-  ops.gather_rows(x, ops.upload(pair_tokens), sorted);
+  // Row t·k + j of the expert products is token t's j-th expert.
   Tensor gate = ops.alloc({pairs, width}, act);
   Tensor up = ops.alloc({pairs, width}, act);
-  Tensor expert_rows = ops.alloc({pairs + (shared ? tokens : 0), hidden}, DType::F32);
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t first = first_row[e], count = first_row[e + 1] - first;
-    if (count == 0) continue;
-    const Weight gate_proj = weights.gate.rows(e * width, width);
-    const Weight up_proj = weights.up.rows(e * width, width);
-    const Weight down_proj = weights.down.rows(e * hidden, hidden);
-    Tensor expert_gate = gate.slice_rows(first, count), expert_up = up.slice_rows(first, count);
-    Tensor expert_out = expert_rows.slice_rows(first, count);
-    const MatmulTarget gate_up[] = {{&gate_proj, nullptr, &expert_gate}, {&up_proj, nullptr, &expert_up}};
-    ops.matmul_group(sorted.slice_rows(first, count), gate_up);
-    ops.swiglu(expert_gate, expert_up, expert_gate);
-    ops.matmul(expert_gate, down_proj, nullptr, expert_out);
-  }
+  const MatmulTarget gate_up[] = {{&weights.gate, nullptr, &gate}, {&weights.up, nullptr, &up}};
+  ops.expert_matmul(x, experts, gate_up, experts_read);
+  ops.swiglu(gate, up, gate);
+  Tensor routed = ops.alloc({pairs, hidden}, DType::F32);
+  const MatmulTarget down[] = {{&weights.down, nullptr, &routed}};
+  ops.expert_matmul(gate, experts, down, nullptr);
+
+  Tensor shared_out;
   if (shared) {
     const int64_t shared_width = weights.shared_gate.dim(0);
     Tensor shared_gate = ops.alloc({tokens, shared_width}, act);
     Tensor shared_up = ops.alloc({tokens, shared_width}, act);
-    Tensor shared_out = expert_rows.slice_rows(pairs, tokens);
-    const MatmulTarget gate_up[] = {{&weights.shared_gate, nullptr, &shared_gate},
-                                    {&weights.shared_up, nullptr, &shared_up}};
-    ops.matmul_group(x, gate_up);
+    shared_out = ops.alloc({tokens, hidden}, DType::F32);
+    const MatmulTarget shared_gate_up[] = {{&weights.shared_gate, nullptr, &shared_gate},
+                                           {&weights.shared_up, nullptr, &shared_up}};
+    ops.matmul_group(x, shared_gate_up);
     ops.swiglu(shared_gate, shared_up, shared_gate);
     ops.matmul(shared_gate, weights.shared_down, nullptr, shared_out);
   }
-  ops.moe_combine(expert_rows, ops.upload(combine_rows), ops.upload(combine_weights), out);
-  int64_t experts_read = 0;
-  for (int64_t e = 0; e < experts; ++e) experts_read += first_row[e + 1] > first_row[e];
-  return experts_read;
+  ops.moe_combine(routed, shared ? &shared_out : nullptr, route_weights, out);
+}
+
+size_t sparse_moe_expert_bytes(const SparseMoeWeights& weights, const MoeConfig& moe) {
+  return (weights.gate.nbytes() + weights.up.nbytes() + weights.down.nbytes()) / static_cast<size_t>(moe.experts);
 }
 
 size_t sparse_moe_bytes(const SparseMoeWeights& weights, const MoeConfig& moe, int64_t experts_read) {
-  const size_t expert_bytes =
-      (weights.gate.nbytes() + weights.up.nbytes() + weights.down.nbytes()) / static_cast<size_t>(moe.experts);
-  size_t bytes = weights.router.nbytes() + expert_bytes * static_cast<size_t>(experts_read);
+  size_t bytes = weights.router.nbytes() + sparse_moe_expert_bytes(weights, moe) * static_cast<size_t>(experts_read);
   for (const Weight* weight : {&weights.shared_gate, &weights.shared_up, &weights.shared_down, &weights.shared_expert_gate})
     if (weight->defined()) bytes += weight->nbytes();
   return bytes;
+}
+
+ExpertReadCounter::ExpertReadCounter(Backend& backend, int64_t sparse_layers)
+    : backend_(&backend), taken_(static_cast<size_t>(sparse_layers), 0) {
+  if (sparse_layers == 0) return;
+  counts_ = backend.alloc({sparse_layers}, DType::U32);
+  backend.zero(counts_);
+  for (int64_t layer = 0; layer < sparse_layers; ++layer) layers_.push_back(counts_.slice_rows(layer, 1));
+}
+
+Tensor* ExpertReadCounter::layer(int64_t index) {
+  return index < static_cast<int64_t>(layers_.size()) ? &layers_[static_cast<size_t>(index)] : nullptr;
+}
+
+std::vector<uint64_t> ExpertReadCounter::take() {
+  std::vector<uint64_t> read(taken_.size(), 0);
+  if (taken_.empty()) return read;
+  const Tensor counts = backend_->download(counts_);
+  for (size_t layer = 0; layer < taken_.size(); ++layer) {
+    const uint32_t now = counts.data<uint32_t>()[layer];
+    read[layer] = static_cast<uint32_t>(now - taken_[layer]);
+    taken_[layer] = now;
+  }
+  return read;
 }
 
 namespace {

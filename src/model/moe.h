@@ -12,13 +12,16 @@
 // The sum runs in f32 in ascending expert id, then the shared expert (transformers adds its bf16
 // terms in ascending expert id too; kiln keeps them f32, as it keeps the residual stream, model.h).
 //
-// Invariance: routing is a function of the token's own logits, each expert's rows go through the
-// backend's matmul (whose per-element order never depends on its row count), and moe_combine sums a
-// token's terms in a fixed order, so a token's output is the same alone, batched or chunked.
+// Everything runs on the backend, with nothing read back: the router's matmul, the routing
+// (Backend::moe_route, backend/moe_routing.h: the same bits on every backend), each token's
+// experts' gate/up and down products (Backend::expert_matmul: a token reads only the experts it
+// chose) and the weighted sum (Backend::moe_combine). A graph with sparse layers is therefore
+// captured as a decode graph like any other.
 //
-// Routing runs on the host: the router logits are read back, each token's experts chosen, and only
-// the chosen experts' matrices multiplied (one matmul per expert that has tokens). A model with
-// sparse layers is therefore not captured as a decode graph (Model::capturable).
+// Invariance: routing is a function of the token's own logits, each expert product's element is
+// the bits of the backend's matmul on that row (whose per-element order never depends on its row
+// count, whichever kernel runs it), and moe_combine sums a token's terms in a fixed order, so a
+// token's output is the same alone, batched, chunked or in a captured step.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/moe_routing.h"
 #include "io/config.h"
 #include "io/config_fields.h"
 #include "io/fingerprint.h"
@@ -56,14 +60,6 @@ void read_moe_fields(const ConfigFields& text, ModelConfig& config, const MoeFie
 // The graph-shaping MoE fields (io/fingerprint.h).
 std::vector<GraphShapingField> moe_graph_shaping_fields();
 
-// One token's experts, ascending by id, with their routing weights.
-struct TokenRoute {
-  std::vector<int32_t> experts;
-  std::vector<float> weights;
-};
-// The routing of one token from its f32 router logits (the formula at the top of this file).
-TokenRoute route_token(const float* logits, int64_t experts, int64_t top_k, bool normalize);
-
 // A sparse layer's weights, on the backend. The experts' matrices are stacked: gate and up
 // [E · Ie, H], down [E · H, Ie]; expert e is rows e·N … e·N + N − 1 (Weight::rows).
 struct SparseMoeWeights {
@@ -79,13 +75,38 @@ struct SparseMoeWeights {
 SparseMoeWeights take_sparse_moe(WeightMap& weights, Backend& backend, const std::string& prefix,
                                  const ModelConfig& config);
 
-// out (F32 [T, H]) = the sparse MLP of x ([T, H], activations). Returns how many experts had tokens
-// (the experts whose weights the call read).
-int64_t sparse_moe(Backend& ops, const SparseMoeWeights& weights, const MoeConfig& moe, const Tensor& x, Tensor& out);
+// out (F32 [T, H]) = the sparse MLP of x ([T, H], activations). With experts_read (U32 [1] on the
+// backend), the number of experts whose weights the call reads (the union of its tokens' choices)
+// is added to it on the device (Backend::expert_matmul).
+void sparse_moe(Backend& ops, const SparseMoeWeights& weights, const MoeConfig& moe, const Tensor& x, Tensor& out,
+                Tensor* experts_read);
 
 // Bytes a call reads of the layer when `experts_read` experts have tokens: the router, those
 // experts and the shared expert. A batch-1 decode step reads experts_per_token of them.
 size_t sparse_moe_bytes(const SparseMoeWeights& weights, const MoeConfig& moe, int64_t experts_read);
+// Bytes of one expert's three matrices.
+size_t sparse_moe_expert_bytes(const SparseMoeWeights& weights, const MoeConfig& moe);
+
+// The weight bytes a graph's sparse layers read, counted as its forwards run: one experts_read
+// counter per sparse layer on the backend (sparse_moe adds each call's experts), read back only
+// when asked (Model::weight_bytes_read), which synchronises with the device.
+class ExpertReadCounter {
+ public:
+  ExpertReadCounter() = default;
+  ExpertReadCounter(Backend& backend, int64_t sparse_layers);
+  // Layer `index`'s counter (sparse layers numbered from 0 in the order they run), or null when
+  // there is none.
+  Tensor* layer(int64_t index);
+  // The experts each sparse layer read since the previous call (the counters wrap at 2³²: they
+  // are read as differences, by a caller asking more often than every 2³² experts of a layer).
+  std::vector<uint64_t> take();
+
+ private:
+  Backend* backend_ = nullptr;
+  Tensor counts_;                  // U32 [sparse layers] on the backend
+  std::vector<Tensor> layers_;     // a [1] view of counts_ per layer
+  std::vector<uint32_t> taken_;    // what the previous take read
+};
 
 // A checkpoint tensor under the canonical name a sanitizer gave it.
 struct CheckpointTensor {

@@ -265,6 +265,9 @@ class Qwen35Model final : public Model {
       layer.state_index = layer.kind == LayerKind::LinearAttention ? delta_layers_++ : attention_layers_++;
       layers_.push_back(std::move(layer));
     }
+    const auto sparse_layers =
+        std::count_if(layers_.begin(), layers_.end(), [](const HybridLayer& layer) { return layer.moe.has_value(); });
+    expert_reads_ = ExpertReadCounter(backend, sparse_layers);
     final_norm_ = take("model.norm.weight", {hidden});
     if (weights.contains("lm_head.weight") || !config.tie_word_embeddings)
       lm_head_ = take_matrix("lm_head.weight", {config.vocab_size, hidden});
@@ -310,10 +313,17 @@ class Qwen35Model final : public Model {
     return bytes;
   }
 
-  size_t last_step_weight_bytes() const override { return last_step_bytes_; }
-
-  bool capturable() const override {
-    return std::none_of(layers_.begin(), layers_.end(), [](const HybridLayer& layer) { return layer.moe.has_value(); });
+  double weight_bytes_read(int64_t forwards) override {
+    const std::vector<uint64_t> experts_read = expert_reads_.take();
+    double bytes = Model::weight_bytes_read(forwards);
+    size_t sparse = 0;
+    // decode_weight_bytes() counts experts_per_token experts of each sparse layer per forward.
+    for (const HybridLayer& layer : layers_)
+      if (layer.moe)
+        bytes += static_cast<double>(sparse_moe_expert_bytes(*layer.moe, config_.moe)) *
+                 (static_cast<double>(experts_read[sparse++]) -
+                  static_cast<double>(forwards * config_.moe.experts_per_token));
+    return bytes;
   }
 
   std::unique_ptr<ModelCache> make_cache(int64_t slots, int64_t capacity, int64_t blocks) const override {
@@ -401,7 +411,7 @@ class Qwen35Model final : public Model {
     ops.rms_norm(residual, mtp.layer.input_norm, eps, NormStyle::ZeroCentred, normed);
     gated_attention(mtp.layer, normed, layout, cache, mixed);
     ops.add_rms_norm(residual, mixed, mtp.layer.post_attention_norm, eps, NormStyle::ZeroCentred, normed);
-    mlp(mtp.layer, normed, mixed);
+    mlp(mtp.layer, normed, mixed, nullptr);
     ops.add_rms_norm(residual, mixed, mtp.norm, eps, NormStyle::ZeroCentred, normed);
     lm_head_logits(ops, normed, rows, lm_head_, logits);
     ops.gather_rows(normed, rows, out_hidden);
@@ -420,7 +430,7 @@ class Qwen35Model final : public Model {
     Tensor normed = ops.alloc({tokens, config_.hidden_size}, ops.activation_dtype());
     Tensor mixed = ops.alloc({tokens, config_.hidden_size}, DType::F32);
 
-    size_t step_bytes = decode_weight_bytes();
+    int64_t sparse = 0;
     ops.embedding(embed_tokens_, layout.token_ids, residual);
     ops.rms_norm(residual, layers_.front().input_norm, eps, NormStyle::ZeroCentred, normed);
     for (size_t index = 0; index < layers_.size(); ++index) {
@@ -430,12 +440,11 @@ class Qwen35Model final : public Model {
       else
         gated_attention(layer, normed, layout, cache, mixed);
       ops.add_rms_norm(residual, mixed, layer.post_attention_norm, eps, NormStyle::ZeroCentred, normed);
-      step_bytes += mlp(layer, normed, mixed);
+      mlp(layer, normed, mixed, layer.moe ? expert_reads_.layer(sparse++) : nullptr);
       const Tensor& next_norm = index + 1 < layers_.size() ? layers_[index + 1].input_norm : final_norm_;
       ops.add_rms_norm(residual, mixed, next_norm, eps, NormStyle::ZeroCentred, normed);
     }
     head(normed);
-    last_step_bytes_ = step_bytes;
   }
 
   void gated_delta_net(const HybridLayer& layer, const Tensor& x, const BatchLayout& layout, HybridCache& cache,
@@ -505,14 +514,12 @@ class Qwen35Model final : public Model {
     if (collective_) collective_->all_reduce_sum(out);
   }
 
-  // Returns the weight bytes the call read beyond decode_weight_bytes()'s count (a mixture's
-  // experts beyond the top-k of one token).
-  size_t mlp(const HybridLayer& layer, const Tensor& x, Tensor& out) {
+  // A sparse layer adds the experts it reads to experts_read (or counts nothing with null).
+  void mlp(const HybridLayer& layer, const Tensor& x, Tensor& out, Tensor* experts_read) {
     Backend& ops = backend_;
     if (layer.moe) {
-      const int64_t experts_read = sparse_moe(ops, *layer.moe, config_.moe, x, out);
-      return sparse_moe_bytes(*layer.moe, config_.moe, experts_read) -
-             sparse_moe_bytes(*layer.moe, config_.moe, config_.moe.experts_per_token);
+      sparse_moe(ops, *layer.moe, config_.moe, x, out, experts_read);
+      return;
     }
     Tensor gate = ops.alloc({x.dim(0), heads_.ffn}, ops.activation_dtype());
     Tensor up = ops.alloc({x.dim(0), heads_.ffn}, ops.activation_dtype());
@@ -521,7 +528,6 @@ class Qwen35Model final : public Model {
     ops.swiglu(gate, up, gate);
     ops.matmul(gate, layer.down_proj, nullptr, out);
     if (collective_) collective_->all_reduce_sum(out);
-    return 0;
   }
 
   ModelConfig config_;
@@ -534,7 +540,7 @@ class Qwen35Model final : public Model {
   std::vector<HybridLayer> layers_;
   int64_t attention_layers_ = 0, delta_layers_ = 0;
   int rotary_dim_ = 0;
-  size_t last_step_bytes_ = 0;  // weight bytes the last forward read
+  ExpertReadCounter expert_reads_;  // the experts each sparse layer read
   std::optional<MtpWeights> mtp_;
   std::unique_ptr<MtpHead> mtp_head_;
 };

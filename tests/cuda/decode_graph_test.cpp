@@ -92,7 +92,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(GraphCase{"llama3-tiny", "f32", DType::F32, 1}, GraphCase{"llama3-tiny", "f32", DType::F32, 3},
                       GraphCase{"llama3-tiny", "bf16", DType::BF16, 1}, GraphCase{"llama3-tiny", "bf16", DType::BF16, 3},
                       GraphCase{"qwen3-tiny", "f32", DType::F32, 1}, GraphCase{"qwen3-tiny", "f32", DType::F32, 3},
-                      GraphCase{"qwen3-tiny", "bf16", DType::BF16, 1}, GraphCase{"qwen3-tiny", "bf16", DType::BF16, 3}),
+                      GraphCase{"qwen3-tiny", "bf16", DType::BF16, 1}, GraphCase{"qwen3-tiny", "bf16", DType::BF16, 3},
+                      // Mixtures of experts, routed on the device (model/moe.h)
+                      GraphCase{"qwen3-moe-tiny", "f32", DType::F32, 1}, GraphCase{"qwen3-moe-tiny", "f32", DType::F32, 3},
+                      GraphCase{"qwen3-moe-tiny", "bf16", DType::BF16, 1},
+                      GraphCase{"qwen3-moe-tiny", "bf16", DType::BF16, 3},
+                      GraphCase{"qwen3_5-moe-tiny", "f32", DType::F32, 1},
+                      GraphCase{"qwen3_5-moe-tiny", "bf16", DType::BF16, 3}),
     [](const auto& info) {
       std::string name = info.param.fixture + "_" + info.param.folder + "_batch" + std::to_string(info.param.batch);
       std::replace(name.begin(), name.end(), '-', '_');

@@ -1,10 +1,11 @@
 // The op table's dense cases: matmul and matmul_group, the norms, add, swiglu, embedding,
-// gather_rows, moe_combine, rope and rope_kv_write (odd sizes, every weight dtype, both norm styles, partial
-// rotary dims, in-place calls and the f32 residual stream), and the CPU's cases checked against
-// exact arithmetic.
+// gather_rows, a mixture's moe_route, expert_matmul and moe_combine, rope and rope_kv_write (odd
+// sizes, every weight dtype, both norm styles, partial rotary dims, in-place calls and the f32
+// residual stream), and the CPU's cases checked against exact arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -205,30 +206,131 @@ std::vector<OpCase> elementwise_cases(std::mt19937& random) {
   };
   cases.push_back(std::move(gather));
 
-  // A mixture's combine: 4 tokens, 3 terms each (two routed rows and a shared one), rows repeated
-  // across tokens; checked on the CPU against the fma chain it promises.
-  OpCase combine;
-  combine.name = "moe_combine 4 tokens x 3 terms";
-  Tensor combine_weights = random_f32({4, 3}, random);
-  combine.inputs = {{random_f32({11, 72}, random), Role::Float32},
-                    {indices({0, 5, 8, 2, 5, 9, 7, 7, 10, 1, 3, 8}), Role::Index},
-                    {combine_weights, Role::Float32}};
-  combine.run = [](Backend& backend, std::vector<Tensor>& in) {
-    Tensor out = backend.alloc({4, 72}, DType::F32);
-    backend.moe_combine(in[0], in[1].reshape({4, 3}), in[2], out);
-    return std::vector<Tensor>{out};
+  // A mixture's combine: 4 tokens, 2 routed terms each, without and with a shared expert's term;
+  // checked on the CPU against the fma chain it promises.
+  for (const bool shared : {false, true}) {
+    OpCase combine;
+    combine.name = std::string("moe_combine 4 tokens x 2 experts") + (shared ? " + shared" : "");
+    const int64_t terms = shared ? 3 : 2;
+    combine.inputs = {{random_f32({8, 72}, random), Role::Float32}, {random_f32({4, terms}, random), Role::Float32}};
+    if (shared) combine.inputs.push_back({random_f32({4, 72}, random), Role::Float32});
+    combine.run = [shared](Backend& backend, std::vector<Tensor>& in) {
+      Tensor out = backend.alloc({4, 72}, DType::F32);
+      backend.moe_combine(in[0], shared ? &in[2] : nullptr, in[1], out);
+      return std::vector<Tensor>{out};
+    };
+    combine.exact = [terms](const std::vector<Tensor>& in, const std::vector<Tensor>& out) {
+      for (int64_t t = 0; t < 4; ++t)
+        for (int64_t h = 0; h < 72; ++h) {
+          float acc = 0.0f;
+          for (int64_t s = 0; s < terms; ++s) {
+            const float term = s < 2 ? in[0].data<float>()[(t * 2 + s) * 72 + h] : in[2].data<float>()[t * 72 + h];
+            acc = std::fma(in[1].data<float>()[t * terms + s], term, acc);
+          }
+          ASSERT_EQ(out[0].data<float>()[t * 72 + h], acc) << "token " << t << " column " << h;
+        }
+    };
+    combine.same_bits_on_every_backend = true;
+    cases.push_back(std::move(combine));
+  }
+
+  // A mixture's routing (backend/moe_routing.h): the same bits on every backend, ties included.
+  // Rows of exact ties (all equal; two at the top; a tie across the k-th place, which the lower
+  // expert id wins), logits far apart (probabilities that underflow to subnormals and zeros, which
+  // then tie), shared-expert gates far into both tails, and 64 and 128 experts (lanes that take
+  // several candidates each) with logits on a coarse grid, so that ties fall anywhere.
+  struct RouteShape {
+    int64_t tokens, experts, top_k;
+    bool normalize, shared;
+    std::vector<float> rows;  // fixed logits, then random ones
   };
-  combine.exact = [](const std::vector<Tensor>& in, const std::vector<Tensor>& out) {
-    for (int64_t t = 0; t < 4; ++t)
-      for (int64_t h = 0; h < 72; ++h) {
-        float acc = 0.0f;
-        for (int64_t s = 0; s < 3; ++s)
-          acc = std::fma(in[2].data<float>()[t * 3 + s], in[0].data<float>()[in[1].data<int32_t>()[t * 3 + s] * 72 + h],
-                         acc);
-        ASSERT_EQ(out[0].data<float>()[t * 72 + h], acc) << "token " << t << " column " << h;
+  const std::vector<RouteShape> routes = {
+      {6, 8, 3, true, false, {1, 1, 1, 1, 1, 1, 1, 1,   0.5f, 2, -1, 1.5f, 2, 0, -3, 1,
+                              3, 1, 2, 2, 0, 2, -1, 0,   0, -90, -95, -100, -105, -110, -200, -87.5f}},
+      {40, 64, 8, false, true, {}},
+      {5, 128, 8, true, true, {}},
+      {3, 8, 8, true, false, {}}};
+  for (const RouteShape& shape : routes) {
+    OpCase route;
+    route.name = "moe_route tokens=" + std::to_string(shape.tokens) + " experts=" + std::to_string(shape.experts) +
+                 " k=" + std::to_string(shape.top_k) + (shape.normalize ? " normalized" : "") +
+                 (shape.shared ? " shared" : "");
+    Tensor logits = random_f32({shape.tokens, shape.experts}, random, 2.0f);
+    for (int64_t i = 0; i < logits.numel(); ++i) {
+      float& logit = logits.data<float>()[i];
+      if (i < static_cast<int64_t>(shape.rows.size()))
+        logit = shape.rows[static_cast<size_t>(i)];
+      else if (shape.experts > 8)
+        logit = std::round(logit * 2.0f) / 2.0f;
+    }
+    route.inputs = {{logits, Role::Float32}};
+    if (shape.shared) {
+      Tensor gates = random_f32({shape.tokens, 1}, random, 4.0f);
+      gates.data<float>()[0] = -120.0f;
+      gates.data<float>()[1] = 95.0f;
+      route.inputs.push_back({gates, Role::Float32});
+    }
+    route.run = [shape](Backend& backend, std::vector<Tensor>& in) {
+      Tensor experts = backend.alloc({shape.tokens, shape.top_k}, DType::I32);
+      Tensor weights = backend.alloc({shape.tokens, shape.top_k + (shape.shared ? 1 : 0)}, DType::F32);
+      backend.moe_route(in[0], shape.shared ? &in[1] : nullptr, shape.normalize, experts, weights);
+      return std::vector<Tensor>{experts, weights};
+    };
+    route.same_bits_on_every_backend = true;
+    cases.push_back(std::move(route));
+  }
+
+  // The products of each token's experts: gate/up-like pairs of products over a token's row and a
+  // down-like product over each pair's own row, with the tokens' experts overlapping; 40 tokens of
+  // 8 experts give an expert more pairs than one pass of the CUDA kernel takes, and 100 tokens of 4
+  // more pairs per expert than its device path takes (the pairs then sorted on the host).
+  struct ExpertShape {
+    int64_t tokens, experts, top_k, n, k;
+    bool per_pair;
+  };
+  for (const ExpertShape& shape : {ExpertShape{1, 4, 2, 40, 72, false}, ExpertShape{5, 4, 2, 40, 72, false},
+                                   ExpertShape{5, 4, 2, 72, 40, true}, ExpertShape{40, 8, 2, 48, 200, false},
+                                   ExpertShape{40, 8, 2, 200, 48, true}, ExpertShape{100, 4, 2, 48, 136, false}}) {
+    const int64_t pairs = shape.tokens * shape.top_k;
+    const int64_t rows = shape.per_pair ? pairs : shape.tokens;
+    const int products = shape.per_pair ? 1 : 2;
+    OpCase product;
+    product.name = "expert_matmul tokens=" + std::to_string(shape.tokens) + " experts=" +
+                   std::to_string(shape.experts) + " k=" + std::to_string(shape.top_k) + " n=" +
+                   std::to_string(shape.n) + " K=" + std::to_string(shape.k) +
+                   (shape.per_pair ? " (a row per pair, f32 out)" : " (gate/up)");
+    // Each token's experts distinct and ascending, as moe_route gives them.
+    std::vector<int32_t> chosen;
+    for (int64_t t = 0; t < shape.tokens; ++t) {
+      std::vector<int32_t> all(static_cast<size_t>(shape.experts));
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), random);
+      all.resize(static_cast<size_t>(shape.top_k));
+      std::sort(all.begin(), all.end());
+      chosen.insert(chosen.end(), all.begin(), all.end());
+    }
+    product.inputs = {{random_f32({rows, shape.k}, random), Role::Activation}, {indices(chosen), Role::Index}};
+    for (int p = 0; p < products; ++p)
+      product.inputs.push_back(
+          {random_f32({shape.experts * shape.n, shape.k}, random, 1.0f / std::sqrt(static_cast<float>(shape.k))),
+           Role::Weight});
+    product.run = [shape, pairs, products](Backend& backend, std::vector<Tensor>& in) {
+      const DType out_dtype = shape.per_pair ? DType::F32 : backend.activation_dtype();
+      std::vector<Tensor> outs;
+      std::vector<Weight> weights;
+      for (int p = 0; p < products; ++p) {
+        outs.push_back(backend.alloc({pairs, shape.n}, out_dtype));
+        weights.push_back(in[2 + p]);
       }
-  };
-  cases.push_back(std::move(combine));
+      std::vector<MatmulTarget> targets;
+      for (int p = 0; p < products; ++p) targets.push_back({&weights[p], nullptr, &outs[p]});
+      backend.expert_matmul(in[0], in[1].reshape({shape.tokens, shape.top_k}), targets, nullptr);
+      return outs;
+    };
+    product.f32_weight_dtypes = {DType::F32, DType::BF16, DType::F16};
+    product.same_bits_on_every_cpu = false;  // matmul's, whose block sizes and FMA differ by instruction set
+    cases.push_back(std::move(product));
+  }
 
   struct RopeShape {
     int64_t tokens, heads, head_dim, rotary_dim;

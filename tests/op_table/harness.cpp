@@ -124,7 +124,7 @@ void run_op_table(const OpTarget& target) {
       const std::vector<Tensor> actual = downloaded(*backend, op.run(*backend, target_inputs));
       ASSERT_EQ(actual.size(), expected.size());
       for (size_t i = 0; i < expected.size(); ++i) {
-        if (target.cpu && op.same_bits_on_every_cpu) {
+        if ((target.cpu && op.same_bits_on_every_cpu) || op.same_bits_on_every_backend) {
           EXPECT_TRUE(same_bytes(actual[i], expected[i])) << "output " << i << " differs from the reference's bits";
         } else {
           const double tolerance = activations == DType::BF16 ? kBf16Tolerance : op.f32_tolerance;

@@ -10,7 +10,8 @@
 //     the case's exact check, where it has one (a double-precision reference with the error bound
 //     of the CPU's f32 arithmetic);
 //   - CUDA with F32 activations: ‖cuda − cpu‖₂ / ‖cpu‖₂ ≤ the case's f32 tolerance (both sides
-//     are f32 arithmetic in different orders);
+//     are f32 arithmetic in different orders), or the reference's bits where the case says its
+//     every rounding is the same on every backend (a mixture's routing and combine);
 //   - CUDA with BF16 activations, for cases its tensor-core path takes: ≤ kBf16Tolerance against
 //     the CPU on the same bf16-rounded inputs (the CUDA side rounds to bf16 where transformers
 //     does, ≈ 2⁻⁹ relative per rounding).
@@ -67,6 +68,8 @@ struct OpCase {
   bool bf16 = true;                                  // whether the CUDA BF16 tensor-core path takes this case
   double f32_tolerance = kF32Tolerance;
   bool same_bits_on_every_cpu = true;  // false: the CPU instruction sets are held to f32_tolerance
+  bool same_bits_on_every_backend = false;  // true: CUDA is held to the reference's bits too (f32 ops
+                                            // whose every rounding the contract fixes)
   ExactCheck exact;                    // or empty
 };
 

@@ -1,7 +1,7 @@
-// The op table's quantized-weight cases: matmul, matmul_group and embedding with MLX affine and
-// FP8 block weights (core/weight.h), built inside each run from their stored parts (Role::Stored)
-// and handed to the backend's upload_weight as a model's weights are (which may rearrange their
-// codes: CodeOrder), at decode and prefill row counts.
+// The op table's quantized-weight cases: matmul, matmul_group, embedding and a mixture's expert
+// products with MLX affine and FP8 block weights (core/weight.h), built inside each run from their
+// stored parts (Role::Stored) and handed to the backend's upload_weight as a model's weights are
+// (which may rearrange their codes: CodeOrder), at decode and prefill row counts.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -129,6 +129,41 @@ std::vector<OpCase> quantized_op_cases(std::mt19937& random) {
       };
       cases.push_back(std::move(embedding));
     }
+  }
+  // A mixture's expert products with stacked quantized experts: on CUDA the used experts are decoded
+  // (the rows kernel for 4-bit and FP8, the element kernel for 3-bit) and multiplied on the device,
+  // and a call with many pairs per expert runs each expert's rows as a matmul (fused 4-bit decode
+  // for up to 8 rows).
+  struct ExpertShape {
+    int64_t tokens, experts, top_k, n, k;
+    QuantizedLayout layout;
+  };
+  for (const ExpertShape& shape : {ExpertShape{1, 4, 2, 64, 256, {WeightFormat::Affine, 4, 64}},
+                                   ExpertShape{6, 4, 2, 48, 384, {WeightFormat::Affine, 3, 128}},
+                                   ExpertShape{3, 3, 2, 128, 256, {WeightFormat::Fp8Block}},
+                                   ExpertShape{40, 2, 2, 64, 256, {WeightFormat::Affine, 4, 64}}}) {
+    OpCase product;
+    product.name = "expert_matmul tokens=" + std::to_string(shape.tokens) + " experts=" +
+                   std::to_string(shape.experts) + " k=" + std::to_string(shape.top_k) + " n=" +
+                   std::to_string(shape.n) + " K=" + std::to_string(shape.k) + " " + shape.layout.name();
+    std::vector<int32_t> chosen;
+    for (int64_t t = 0; t < shape.tokens; ++t) {
+      const int32_t first = static_cast<int32_t>(random() % static_cast<uint32_t>(shape.experts - 1));
+      chosen.push_back(first);
+      chosen.push_back(first + 1 + static_cast<int32_t>(random() % static_cast<uint32_t>(shape.experts - 1 - first)));
+    }
+    product.inputs = {{random_f32({shape.tokens, shape.k}, random), Role::Activation}, {indices(chosen), Role::Index}};
+    for (Input& part : parts(shape.layout, shape.experts * shape.n, shape.k, DType::BF16, random))
+      product.inputs.push_back(part);
+    product.run = [shape](Backend& backend, std::vector<Tensor>& in) {
+      const Weight weight = shape.layout.build(backend, in, 2);
+      Tensor out = backend.alloc({shape.tokens * shape.top_k, shape.n}, backend.activation_dtype());
+      const MatmulTarget target{&weight, nullptr, &out};
+      backend.expert_matmul(in[0], in[1].reshape({shape.tokens, shape.top_k}), {&target, 1}, nullptr);
+      return std::vector<Tensor>{out};
+    };
+    product.same_bits_on_every_cpu = false;
+    cases.push_back(std::move(product));
   }
   return cases;
 }

@@ -113,8 +113,18 @@ void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const Tenso
 void CpuBackend::add(Tensor& a, const Tensor& b) { cpu::add(a, b); }
 
 void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) { cpu::gather_rows(x, rows, out); }
-void CpuBackend::moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) {
-  cpu::moe_combine(expert_rows, rows, weights, out);
+void CpuBackend::moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts,
+                           Tensor& weights) {
+  cpu::moe_route(logits, shared_logits, normalize, experts, weights);
+}
+
+void CpuBackend::expert_matmul(const Tensor& x, const Tensor& experts, std::span<const MatmulTarget> targets,
+                               Tensor* experts_read) {
+  expert_matmul_on_host(x, experts, targets, experts_read);
+}
+
+void CpuBackend::moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out) {
+  cpu::moe_combine(routed, shared, weights, out);
 }
 
 void CpuBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {

@@ -48,7 +48,13 @@ class CpuBackend final : public Backend, public HybridOps {
                     Tensor& out) override;
   void add(Tensor& a, const Tensor& b) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
-  void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override;
+  void moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts,
+                 Tensor& weights) override;
+  // The routes are in host memory: the pairs are sorted by expert and each expert's rows take one
+  // matmul (Backend::expert_matmul_on_host).
+  void expert_matmul(const Tensor& x, const Tensor& experts, std::span<const MatmulTarget> targets,
+                     Tensor* experts_read) override;
+  void moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out) override;
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
   void swiglu(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void kv_write(const Tensor& k, const Tensor& v, const BatchLayout& layout, const KvCacheView& cache) override;

@@ -1,9 +1,11 @@
-// Row gathers: embedding (rows of a table in its stored dtype, widened to f32), gather_rows, and
-// moe_combine (gathered expert rows summed with their routing weights).
+// Row gathers: embedding (rows of a table in its stored dtype, widened to f32), gather_rows, and a
+// mixture's routing and combine (each token's expert rows summed with their routing weights).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "backend/cpu/checks.h"
+#include "backend/moe_routing.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -40,21 +42,32 @@ void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
                 static_cast<size_t>(width) * sizeof(float));
 }
 
-void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) {
-  const CombineDims dims = check_moe_combine(kCpuOps, expert_rows, rows, weights, out);
-  const int32_t* indices = rows.data<int32_t>();
-  for (int64_t i = 0; i < rows.numel(); ++i)
-    if (indices[i] < 0 || indices[i] >= dims.available)
-      fail("cpu moe_combine: row index {} (at {}) is outside expert_rows' {} rows", indices[i], i, dims.available);
-  const float* sources = expert_rows.data<float>();
+void moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts, Tensor& weights) {
+  const RouteDims dims = check_moe_route(kCpuOps, logits, shared_logits, experts, weights);
+  ThreadPool::global().parallel_for(dims.tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const TokenRoute route = route_token(logits.data<float>() + t * dims.experts, dims.experts, dims.top_k, normalize);
+      std::copy(route.experts.begin(), route.experts.end(), experts.data<int32_t>() + t * dims.top_k);
+      float* row = weights.data<float>() + t * dims.terms;
+      std::copy(route.weights.begin(), route.weights.end(), row);
+      if (shared_logits) row[dims.top_k] = routing::sigmoid(shared_logits->data<float>()[t]);
+    }
+  });
+}
+
+void moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out) {
+  const CombineDims dims = check_moe_combine(kCpuOps, routed, shared, weights, out);
   const float* scales = weights.data<float>();
   float* sums = out.data<float>();
   ThreadPool::global().parallel_for(dims.tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t h = 0; h < dims.width; ++h) {
         float acc = 0.0f;
-        for (int64_t s = 0; s < dims.terms; ++s)
-          acc = std::fma(scales[t * dims.terms + s], sources[indices[t * dims.terms + s] * dims.width + h], acc);
+        for (int64_t s = 0; s < dims.terms; ++s) {
+          const float term = s < dims.top_k ? routed.data<float>()[(t * dims.top_k + s) * dims.width + h]
+                                            : shared->data<float>()[t * dims.width + h];
+          acc = std::fma(scales[t * dims.terms + s], term, acc);
+        }
         sums[t * dims.width + h] = acc;
       }
   });

@@ -27,7 +27,8 @@ void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, f
                   Tensor& out);
 
 void add(Tensor& a, const Tensor& b);
-void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out);
+void moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts, Tensor& weights);
+void moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out);
 void swiglu(const Tensor& gate, const Tensor& up, Tensor& out);
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim);

@@ -395,8 +395,8 @@ void CudaBackend::fail_on_device_error(const cuda::DeviceErrorRecord record) {
     fail("CUDA embedding: token id {} is outside the embedding table's {} rows", record.value, record.limit);
   if (record.code == cuda::kGatherRowOutOfRange)
     fail("CUDA gather_rows: row index {} is outside x's {} rows", record.value, record.limit);
-  if (record.code == cuda::kCombineRowOutOfRange)
-    fail("CUDA moe_combine: row index {} is outside the {} expert rows", record.value, record.limit);
+  if (record.code == cuda::kExpertIdOutOfRange)
+    fail("CUDA expert_matmul: expert id {} is outside the weights' {} experts", record.value, record.limit);
   if (record.code == cuda::kFeedRowOutOfRange)
     fail("CUDA feed_tokens: feed index {} is past the previous step's {} tokens", record.value, record.limit);
   if (record.code == cuda::kSamplingRowNotSorted)

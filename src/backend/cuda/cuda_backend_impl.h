@@ -1,7 +1,7 @@
 // The CUDA backend's class, declared once for the files that define it: cuda_backend.cpp (the
 // device, memory, batch layouts, graph capture, host transfers and the device-placement check every
-// op shares), cuda_dense_ops.cpp (the ops every family uses), cuda_hybrid_ops.cpp (Gated DeltaNet's)
-// and cuda_sampling.cpp. Each op first checks the op contract (backend/op_contract.h: the shapes and
+// op shares), cuda_dense_ops.cpp (the ops every family uses), cuda_moe_ops.cpp (a mixture of
+// experts'), cuda_hybrid_ops.cpp (Gated DeltaNet's) and cuda_sampling.cpp. Each op first checks the op contract (backend/op_contract.h: the shapes and
 // dtypes every backend requires), then what is CUDA's own (device placement, layouts made here, the
 // limits of its kernels), each failure a kiln::Error naming the op and tensor, then launches its
 // kernel on the backend's stream (kernels.h). Plain C++: fmt cannot be compiled by nvcc, so the
@@ -137,9 +137,41 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
 
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
 
-  void moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) override;
 
   void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) override;
+
+  // --- a mixture of experts' ops (cuda_moe_ops.cpp) ---
+  void moe_route(const Tensor& logits, const Tensor* shared_logits, bool normalize, Tensor& experts,
+                 Tensor& weights) override;
+
+  // On the device (the pairs grouped by expert by a kernel, then one launch of the decode kernel
+  // over every used expert: cuda::ExpertRouting) inside captured work and for up to
+  // kDevicePairsPerExpert pairs per expert; otherwise the pairs are sorted on the host and each
+  // expert's rows take one matmul_group, on the prefill GEMM where they are many
+  // (Backend::expert_matmul_on_host). Both give every element matmul's bits.
+  void expert_matmul(const Tensor& x, const Tensor& experts, std::span<const MatmulTarget> targets,
+                     Tensor* experts_read) override;
+
+  // The device path's scratch (expert_scratch), or, for as many pairs as the host path may take,
+  // the larger of the two paths' (a dry run does not know whether the call will be captured).
+  uint64_t expert_matmul_scratch_bytes(const Tensor& x, const Tensor& experts,
+                                       std::span<const MatmulTarget> targets) const override;
+
+  // The device path's scratch (one block): the routing's groups (cuda::expert_groups_ints), then,
+  // for each quantized weight, its used experts decoded in the activation dtype (each part rounded
+  // up to 256 bytes).
+  struct ExpertScratch {
+    uint64_t group_bytes = 0;
+    uint64_t decoded_bytes[kMaxMatmulGroup] = {};
+    uint64_t bytes() const {
+      uint64_t total = group_bytes;
+      for (uint64_t part : decoded_bytes) total += part;
+      return total;
+    }
+  };
+  ExpertScratch expert_scratch(const ExpertMatmulDims& dims, std::span<const MatmulTarget> targets) const;
+
+  void moe_combine(const Tensor& routed, const Tensor* shared, const Tensor& weights, Tensor& out) override;
 
   void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const BatchLayout& layout, const Tensor& inv_freq,
                      int rotary_dim, const HeadNorms* head_norms, const KvCacheView& cache) override;
@@ -217,6 +249,10 @@ class CudaBackend final : public Backend, public GraphOps, public HybridOps {
   // Checks one product (the contract, then the BF16 path's own limits) and describes it for the
   // kernels (both matmul paths).
   cuda::MatmulArgs matmul_args(const Tensor& x, const Weight& w, const Tensor* bias, const Tensor& out) const;
+  // Describes a checked product of x [m, k] with w (n rows of it at a time: an expert's) into out
+  // for the kernels, after checking what the BF16 path takes (matmul_args' last part).
+  cuda::MatmulArgs product_args(const char* op, const Tensor& x, const Weight& w, const Tensor* bias, const Tensor& out,
+                                int64_t m, int64_t n, int64_t k) const;
 
   // Describes a norm whose contract check gave `dims`, after checking its tensors' placement.
   cuda::NormArgs norm_args(const NormDims& dims, const Tensor& x, const Tensor& weight, float eps, NormStyle style,

@@ -171,15 +171,6 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) 
            "gather_rows");
 }
 
-void CudaBackend::moe_combine(const Tensor& expert_rows, const Tensor& rows, const Tensor& weights, Tensor& out) {
-  const CombineDims dims = check_moe_combine(contract(), expert_rows, rows, weights, out);
-  activate();
-  launched(cuda::launch_moe_combine(expert_rows.data<float>(), dims.available, dims.width, rows.data<int32_t>(),
-                                    weights.data<float>(), dims.tokens, dims.terms, out.data<float>(), errors_,
-                                    stream_),
-           "moe_combine");
-}
-
 void CudaBackend::rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, int rotary_dim) {
   const RopeDims dims = check_rope(contract(), "rope", "x", x, positions, inv_freq, rotary_dim);
   activate();
@@ -295,7 +286,11 @@ void CudaBackend::attention(const Tensor& q, const KvCacheView& kv, const BatchL
 cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& x, const Weight& w, const Tensor* bias,
                                           const Tensor& out) const {
   const MatmulDims dims = check_matmul(contract(), x, w, bias, out);
-  const int64_t m = dims.rows, n = dims.n, k = dims.k;
+  return product_args("matmul", x, w, bias, out, dims.rows, dims.n, dims.k);
+}
+
+cuda::MatmulArgs CudaBackend::product_args(const char* op, const Tensor& x, const Weight& w, const Tensor* bias,
+                                           const Tensor& out, int64_t m, int64_t n, int64_t k) const {
   cuda::MatmulArgs args;
   args.x = x.raw();
   // A quantized weight is decoded into the activation dtype: run_matmuls sets w where it decodes
@@ -313,16 +308,16 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& x, const Weight& w, cons
   args.multiprocessors = multiprocessors_;
   if (activations_ == DType::F32) return args;
   if (args.w_dtype != DType::BF16)
-    fail("CUDA matmul: BF16 activations need BF16 weights, got {} w {} (construct the backend with F32 "
-         "activations for {} checkpoints)", dtype_name(args.w_dtype), shape_string(w.shape()), dtype_name(args.w_dtype));
+    fail("CUDA {}: BF16 activations need BF16 weights, got {} w {} (construct the backend with F32 "
+         "activations for {} checkpoints)", op, dtype_name(args.w_dtype), shape_string(w.shape()), dtype_name(args.w_dtype));
   if (k % 8 != 0)
-    fail("CUDA matmul: the BF16 tensor-core path needs K to be a multiple of 8 (16-byte rows), got w {}",
+    fail("CUDA {}: the BF16 tensor-core path needs K to be a multiple of 8 (16-byte rows), got w {}", op,
          shape_string(w.shape()));
   if (k > cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments)
-    fail("CUDA matmul: the BF16 path takes K up to {}, got w {}", cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments,
+    fail("CUDA {}: the BF16 path takes K up to {}, got w {}", op, cuda::kMatmulSegmentK * cuda::kMatmulMaxSegments,
          shape_string(w.shape()));
   if (reinterpret_cast<uintptr_t>(x.raw()) % 16 || reinterpret_cast<uintptr_t>(w.values().raw()) % 16)
-    fail("CUDA matmul: x and w must be 16-byte aligned for the BF16 path (x {}, w {})", shape_string(x.shape()),
+    fail("CUDA {}: x and w must be 16-byte aligned for the BF16 path (x {}, w {})", op, shape_string(x.shape()),
          shape_string(w.shape()));
   return args;
 }

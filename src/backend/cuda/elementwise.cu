@@ -1,6 +1,5 @@
-// Elementwise and row-copy ops: embedding, gather_rows, moe_combine, add, swiglu, kv_write. None
-// reduces across threads (moe_combine's sum is one thread's chain), so every element's value is
-// independent of the launch shape.
+// Elementwise and row-copy ops: embedding, gather_rows, add, swiglu, kv_write. None reduces across
+// threads, so every element's value is independent of the launch shape.
 #include <cmath>
 
 #include "backend/cuda/device_math.cuh"
@@ -49,27 +48,6 @@ __global__ void gather_rows_kernel(const Word* x, int64_t x_rows, int64_t row_wo
   }
   for (int64_t word = blockIdx.y * blockDim.x + threadIdx.x; word < row_words; word += gridDim.y * blockDim.x)
     out[index * row_words + word] = x[row * row_words + word];
-}
-
-// out[t, :] = Σ_s weights[t, s] · expert_rows[rows[t, s], :], s in order, one fma chain per element.
-__global__ void moe_combine_kernel(const float* expert_rows, int64_t available, int64_t width, const int32_t* rows,
-                                   const float* weights, int64_t terms, float* out, DeviceErrorRecord* errors) {
-  follow_previous_grid();
-  const int64_t token = blockIdx.x;
-  for (int64_t s = 0; s < terms; ++s) {
-    const int32_t row = rows[token * terms + s];
-    if (row < 0 || row >= available) {
-      if (threadIdx.x == 0 && blockIdx.y == 0)
-        record_error(errors, kCombineRowOutOfRange, row, static_cast<int32_t>(available));
-      return;
-    }
-  }
-  for (int64_t column = blockIdx.y * blockDim.x + threadIdx.x; column < width; column += gridDim.y * blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t s = 0; s < terms; ++s)
-      acc = fmaf(weights[token * terms + s], expert_rows[rows[token * terms + s] * width + column], acc);
-    out[token * width + column] = acc;
-  }
 }
 
 __global__ void feed_tokens_kernel(const int32_t* previous, int64_t previous_count, const int32_t* feed,
@@ -183,16 +161,6 @@ cudaError_t launch_gather_rows(const void* x, int64_t x_rows, int64_t row_bytes,
   else
     launch_after_previous(&gather_rows_kernel<uint8_t>, grid, kThreads, 0, stream, static_cast<const uint8_t*>(x),
                           x_rows, row_bytes, rows, static_cast<uint8_t*>(out), errors);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_moe_combine(const float* expert_rows, int64_t available, int64_t width, const int32_t* rows,
-                               const float* weights, int64_t tokens, int64_t terms, float* out,
-                               DeviceErrorRecord* errors, cudaStream_t stream) {
-  if (tokens == 0 || width == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(tokens), row_blocks(width));
-  launch_after_previous(&moe_combine_kernel, grid, kThreads, 0, stream, expert_rows, available, width, rows, weights,
-                        terms, out, errors);
   return cudaGetLastError();
 }
 

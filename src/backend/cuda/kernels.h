@@ -26,7 +26,7 @@ enum DeviceErrorCode : int32_t {
   kGatherRowOutOfRange = 2,
   kSamplingRowNotSorted = 3,  // a row asked for sampling in a call made without sorting (value: the row)
   kFeedRowOutOfRange = 4,     // feed_tokens: a feed index past the previous tokens
-  kCombineRowOutOfRange = 5,  // moe_combine: a row index outside the expert rows
+  kExpertIdOutOfRange = 5,    // expert_matmul: an expert id outside the weights' experts
 };
 
 // out[t, :] = table[ids[t], :], converted to out_dtype.
@@ -44,9 +44,10 @@ cudaError_t launch_feed_tokens(const int32_t* previous, int64_t previous_count, 
 
 // a += b elementwise (both `dtype`), rounded once to dtype.
 cudaError_t launch_add(void* a, const void* b, int64_t count, DType dtype, cudaStream_t stream);
-cudaError_t launch_moe_combine(const float* expert_rows, int64_t available, int64_t width, const int32_t* rows,
-                               const float* weights, int64_t tokens, int64_t terms, float* out,
-                               DeviceErrorRecord* errors, cudaStream_t stream);
+// out[t, :] = Σ_s weights[t, s] · term_s, one fma chain from 0 per element (Backend::moe_combine):
+// term_s = routed[t·top_k + s, :] for s < top_k, else shared[t, :] (terms = top_k + 1).
+cudaError_t launch_moe_combine(const float* routed, const float* shared, const float* weights, int64_t tokens,
+                               int64_t top_k, int64_t terms, int64_t width, float* out, cudaStream_t stream);
 
 // out = silu(gate) · up (all `dtype`), with silu(gate) rounded to dtype first (transformers'
 // ⟦⟦silu(g)⟧·u⟧; a no-op rounding in f32). out may alias gate or up.
@@ -140,6 +141,8 @@ cudaError_t launch_matmul_bf16_group(const MatmulArgs* products, int count, cuda
 // multiprocessors idle splits K across blocks at segment boundaries and adds the segments' sums in
 // order afterwards — the same additions, so the same bits. 0 when nothing splits.
 int64_t matmul_bf16_partials_floats(const MatmulArgs* products, int count);
+// The most of it over every row count m ≤ max_rows of the products (their m is not read).
+int64_t matmul_bf16_most_partials_floats(const MatmulArgs* products, int count, int64_t max_rows);
 // The decode kernel's launch shapes, for the kernel bench's sweep and the tests (launch_matmul_bf16
 // picks one itself): shape i < decode_launch_shape_count() of a group of products with m ≤
 // kMatmulDecodeMaxRows. Every shape gives the same bits.
@@ -206,6 +209,73 @@ constexpr int64_t kMatmulDecodeMaxRows = 4;
 // segments then added in order), so that decode can spread one row's K over several warps.
 constexpr int64_t kMatmulSegmentK = 1024;
 constexpr int64_t kMatmulMaxSegments = 64;
+
+// --- mixtures of experts (moe.cu; the expert products in matmul.cu, their quantized weights'
+// decode in quantized.cu) ---
+
+// Each token's routing (backend/moe_routing.h, bit for bit route_token's): experts [tokens,
+// top_k] ascending, weights [tokens, terms] (terms = top_k + 1 with shared_logits: the last is
+// σ(shared_logits[t])). A warp per token.
+cudaError_t launch_moe_route(const float* logits, const float* shared_logits, int64_t tokens, int64_t experts,
+                             int64_t top_k, bool normalize, int32_t* expert_ids, float* weights, cudaStream_t stream);
+// The most experts launch_moe_route takes: a token's probabilities stay in a block's static 48 KB
+// of shared memory (published MoE models have up to 512).
+constexpr int64_t kMoeRouteMaxExperts = 8192;
+
+// The (token, expert) pairs of a routing grouped by expert, on the device, in an I32 buffer of
+// expert_groups_ints(experts, pairs) words: the experts that have pairs take slots 0 … used − 1
+// (ascending by expert), and slot s's pairs are listed in pairs[begin(s) … end(s) − 1]. A routing's
+// experts are at most min(experts, pairs), the slots a launch provides for.
+constexpr int64_t expert_slots(int64_t experts, int64_t pairs) { return experts < pairs ? experts : pairs; }
+struct ExpertGroupsLayout {
+  int64_t slots, pairs;
+  // Word offsets: [used] [expert of each slot] [begin of each] [end of each] [pairs] [a counter per expert]
+  // (constexpr: the kernels call them too, built with --expt-relaxed-constexpr)
+  constexpr int64_t used() const { return 0; }
+  constexpr int64_t expert(int64_t slot) const { return 1 + slot; }
+  constexpr int64_t begin(int64_t slot) const { return 1 + slots + slot; }
+  constexpr int64_t end(int64_t slot) const { return 1 + 2 * slots + slot; }
+  constexpr int64_t pair(int64_t index) const { return 1 + 3 * slots + index; }
+  constexpr int64_t counter(int64_t expert) const { return 1 + 3 * slots + pairs + expert; }
+};
+constexpr int64_t expert_groups_ints(int64_t experts, int64_t pairs) {
+  return 1 + 3 * expert_slots(experts, pairs) + pairs + experts;
+}
+// Groups the pairs of expert_ids [pairs] (values below `experts`; another is recorded in `errors`
+// and its pair left out). The order of an expert's pairs is not fixed (each output row is computed
+// alone, so nothing depends on it). With experts_read, adds the number of experts used to it.
+// One block.
+cudaError_t launch_group_experts(const int32_t* expert_ids, int64_t pairs, int64_t experts, int32_t* groups,
+                                 uint32_t* experts_read, DeviceErrorRecord* errors, cudaStream_t stream);
+
+// How the expert products find their rows: out row p (a pair t·top_k + j) is x row p (x_per_pair)
+// or t, times the matrix of the pair's expert: rows [e·n, e·n + n) of a product's w, or, for the
+// products whose bit is set in slot_weights, rows [s·n, s·n + n) of a w holding each slot's
+// expert (a quantized weight's experts decoded into scratch by launch_dequantize_experts).
+struct ExpertRouting {
+  const int32_t* groups = nullptr;  // launch_group_experts' buffer
+  int64_t slots = 0, pairs = 0, top_k = 0;
+  bool x_per_pair = false;
+  uint32_t slot_weights = 0;
+  int rows_per_pass = 0;            // pairs of one expert multiplied together, 1 … kExpertPassRows
+};
+// The most pairs the expert kernels take in one pass over an expert's matrix: all of the mma's 8
+// columns (an expert with more takes several passes, each the same per-element arithmetic).
+constexpr int kExpertPassRows = 8;
+// BF16 activations: matmul.cu's decode kernel over each slot's expert (k a multiple of 8, at most
+// kMatmulSegmentK · kMatmulMaxSegments): every element as launch_matmul_bf16 gives for the pair's
+// row and expert, whatever the other pairs. products share x, m (unused) and k; each w is the
+// stacked base and n an expert's rows; out is [pairs, n].
+cudaError_t launch_expert_matmul_bf16(const MatmulArgs* products, int count, const ExpertRouting& routing,
+                                      cudaStream_t stream);
+// F32 activations, one product (its w holding the slots' experts when bit 0 of slot_weights is
+// set): each element the fma chain of launch_matmul_f32.
+cudaError_t launch_expert_matmul_f32(const MatmulArgs& product, const ExpertRouting& routing, cudaStream_t stream);
+// Decodes the matrix of each used slot's expert, rows [e·rows_per_expert, (e + 1)·rows_per_expert)
+// of a stacked quantized weight, into out [slots · rows_per_expert, k] (out_dtype F32 or BF16),
+// each element as launch_dequantize gives it.
+cudaError_t launch_dequantize_experts(const QuantizedWeightArgs& weight, int64_t rows_per_expert,
+                                      const ExpertRouting& routing, void* out, DType out_dtype, cudaStream_t stream);
 
 struct AttentionArgs {
   const void* q = nullptr;        // [tokens, heads, head_dim]

@@ -366,4 +366,18 @@ int64_t matmul_bf16_partials_floats(const MatmulArgs* products, int count) {
   return floats;
 }
 
+int64_t matmul_bf16_most_partials_floats(const MatmulArgs* products, int count, int64_t max_rows) {
+  // Only a grid of at most half the machine's blocks splits (wgmma_split), and past 64 rows per
+  // multiprocessor the 128-row tiles alone make more blocks than that.
+  const int64_t last = std::min<int64_t>(max_rows, 64 * static_cast<int64_t>(products[0].multiprocessors));
+  MatmulArgs at[kMatmulGroupMax];
+  std::copy(products, products + count, at);
+  int64_t most = 0;
+  for (int64_t m = kMatmulDecodeMaxRows + 1; m <= last; ++m) {
+    for (int t = 0; t < count; ++t) at[t].m = m;
+    most = std::max(most, matmul_bf16_partials_floats(at, count));
+  }
+  return most;
+}
+
 }  // namespace kiln::cuda

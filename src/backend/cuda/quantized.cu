@@ -120,13 +120,36 @@ __device__ __forceinline__ float decoded_element(const QuantizedWeightArgs& w, i
   return fp8_to_float(value) * load_element(w.scales, block, w.scale_dtype);
 }
 
+// Which rows a decode writes where. A matrix: every row, in place (out row r is weight row r). The
+// experts of a routing (launch_dequantize_experts): blockIdx.y is a slot, and its expert's
+// `rows` rows, weight rows e·rows + r, go to out rows slot·rows + r; slots past the routing's used
+// ones decode nothing.
+struct DecodedRows {
+  const int32_t* groups = nullptr;  // null: a matrix
+  ExpertGroupsLayout layout{0, 0};
+  int64_t rows = 0;
+  // The first weight row and out row of the block's slot (0, 0 for a matrix); false for an unused
+  // slot. Read after the wait for the previous kernel, which wrote the routing.
+  __device__ bool slot_rows(int64_t& weight_row, int64_t& out_row) const {
+    weight_row = out_row = 0;
+    if (!groups) return true;
+    const int64_t slot = blockIdx.y;
+    if (slot >= groups[layout.used()]) return false;
+    weight_row = groups[layout.expert(slot)] * rows;
+    out_row = slot * rows;
+    return true;
+  }
+};
+
 template <typename OutT>
-__global__ void dequantize_kernel(QuantizedWeightArgs w, OutT* out) {
+__global__ void dequantize_kernel(QuantizedWeightArgs w, OutT* out, DecodedRows decoded) {
   follow_previous_grid();
-  const int64_t count = w.n * w.k;
+  int64_t weight_row = 0, out_row = 0;
+  if (!decoded.slot_rows(weight_row, out_row)) return;
+  const int64_t count = (decoded.groups ? decoded.rows : w.n) * w.k;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = from_float<OutT>(decoded_element(w, i / w.k, i % w.k));
+    out[out_row * w.k + i] = from_float<OutT>(decoded_element(w, weight_row + i / w.k, i % w.k));
 }
 
 // The rows of 4- and 8-bit affine and FP8 weights decoded a block per row, each thread taking 32
@@ -161,16 +184,18 @@ __device__ __forceinline__ void store_run(OutT* out, const float* values) {
 }
 
 template <int kBits, typename Scale, typename OutT>
-__global__ void dequantize_affine_rows_kernel(QuantizedWeightArgs w, OutT* out) {
+__global__ void dequantize_affine_rows_kernel(QuantizedWeightArgs w, OutT* out, DecodedRows decoded) {
   constexpr int kPerWord = 32 / kBits;
   constexpr uint32_t kMask = (1u << kBits) - 1u;
   follow_previous_grid();
-  const int64_t row = blockIdx.x;
+  int64_t weight_row = 0, out_row = 0;
+  if (!decoded.slot_rows(weight_row, out_row)) return;
+  const int64_t row = weight_row + blockIdx.x;
   const int words = static_cast<int>(w.k / kPerWord);
   const uint32_t* codes = static_cast<const uint32_t*>(w.values) + row * words;
   const Scale* scales = static_cast<const Scale*>(w.scales) + row * w.scale_columns;
   const Scale* biases = static_cast<const Scale*>(w.biases) + row * w.scale_columns;
-  OutT* row_out = out + row * w.k;
+  OutT* row_out = out + (out_row + blockIdx.x) * w.k;
   for (int word = threadIdx.x; word < words; word += blockDim.x) {
     const uint32_t packed = codes[word];
     // The word's first element and, in the fragment order, where each run of four begins.
@@ -190,13 +215,15 @@ __global__ void dequantize_affine_rows_kernel(QuantizedWeightArgs w, OutT* out) 
 }
 
 template <typename Scale, typename OutT>
-__global__ void dequantize_fp8_rows_kernel(QuantizedWeightArgs w, OutT* out) {
+__global__ void dequantize_fp8_rows_kernel(QuantizedWeightArgs w, OutT* out, DecodedRows decoded) {
   follow_previous_grid();
-  const int64_t row = blockIdx.x;
+  int64_t weight_row = 0, out_row = 0;
+  if (!decoded.slot_rows(weight_row, out_row)) return;
+  const int64_t row = weight_row + blockIdx.x;
   const int words = static_cast<int>(w.k / 4);
   const uint32_t* codes = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(w.values) + row * w.k);
   const Scale* scales = static_cast<const Scale*>(w.scales) + row / w.block_rows * w.scale_columns;
-  OutT* row_out = out + row * w.k;
+  OutT* row_out = out + (out_row + blockIdx.x) * w.k;
   for (int word = threadIdx.x; word < words; word += blockDim.x) {
     const uint32_t four = codes[word];
     const int64_t first = w.fragment_order ? fragment_column<8>(word * 4, w.k) : word * 4;
@@ -729,16 +756,40 @@ bool decoded_by_rows(const QuantizedWeightArgs& w) {
   return w.bits == 4 || w.bits == 8;
 }
 
+// `grid`: a block per row of the matrix, or per row of an expert and slot.
 template <typename Scale>
-cudaError_t launch_dequantize_rows(const QuantizedWeightArgs& w, void* out, DType out_dtype, cudaStream_t stream) {
+cudaError_t launch_dequantize_rows(const QuantizedWeightArgs& w, void* out, DType out_dtype, const DecodedRows& decoded,
+                                   dim3 grid, cudaStream_t stream) {
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_activation(out_dtype, [&](auto tag) {
     using OutT = decltype(tag);
     auto* kernel = w.format == QuantizedFormat::Fp8Block ? &dequantize_fp8_rows_kernel<Scale, OutT>
                    : w.bits == 4                         ? &dequantize_affine_rows_kernel<4, Scale, OutT>
                                                          : &dequantize_affine_rows_kernel<8, Scale, OutT>;
-    status = launch_after_previous(kernel, dim3(static_cast<unsigned>(w.n)), dim3(kRowThreads), 0, stream, w,
-                                   static_cast<OutT*>(out));
+    status = launch_after_previous(kernel, grid, dim3(kRowThreads), 0, stream, w, static_cast<OutT*>(out), decoded);
+  });
+  return status;
+}
+
+// A weight's rows decoded as `decoded` says, over `grid` (the generic kernel: grid-stride over
+// each block row's elements).
+cudaError_t launch_decode_rows(const QuantizedWeightArgs& weight, void* out, DType out_dtype, const DecodedRows& decoded,
+                               int64_t rows, unsigned slots, cudaStream_t stream) {
+  if (decoded_by_rows(weight)) {
+    const dim3 grid(static_cast<unsigned>(rows), slots);
+    switch (weight.scale_dtype) {
+      case DType::BF16: return launch_dequantize_rows<bf16>(weight, out, out_dtype, decoded, grid, stream);
+      case DType::F16: return launch_dequantize_rows<__half>(weight, out, out_dtype, decoded, grid, stream);
+      case DType::F32: return launch_dequantize_rows<float>(weight, out, out_dtype, decoded, grid, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(rows * weight.k, kThreads), 65536));
+  cudaError_t status = cudaErrorInvalidValue;
+  dispatch_activation(out_dtype, [&](auto tag) {
+    using OutT = decltype(tag);
+    status = launch_after_previous(&dequantize_kernel<OutT>, dim3(blocks, slots), dim3(kThreads), 0, stream, weight,
+                                   static_cast<OutT*>(out), decoded);
   });
   return status;
 }
@@ -765,24 +816,17 @@ cudaError_t launch_arrange_fragments(const QuantizedWeightArgs& weight, cudaStre
 }
 
 cudaError_t launch_dequantize(const QuantizedWeightArgs& weight, void* out, DType out_dtype, cudaStream_t stream) {
-  const int64_t count = weight.n * weight.k;
-  if (count == 0) return cudaSuccess;
-  if (decoded_by_rows(weight)) {
-    switch (weight.scale_dtype) {
-      case DType::BF16: return launch_dequantize_rows<bf16>(weight, out, out_dtype, stream);
-      case DType::F16: return launch_dequantize_rows<__half>(weight, out, out_dtype, stream);
-      case DType::F32: return launch_dequantize_rows<float>(weight, out, out_dtype, stream);
-      default: return cudaErrorInvalidValue;
-    }
-  }
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(count, kThreads), 65536));
-  cudaError_t status = cudaErrorInvalidValue;
-  dispatch_activation(out_dtype, [&](auto tag) {
-    using OutT = decltype(tag);
-    status = launch_after_previous(&dequantize_kernel<OutT>, dim3(blocks), dim3(kThreads), 0, stream, weight,
-                                   static_cast<OutT*>(out));
-  });
-  return status;
+  if (weight.n * weight.k == 0) return cudaSuccess;
+  return launch_decode_rows(weight, out, out_dtype, DecodedRows{}, weight.n, 1, stream);
+}
+
+cudaError_t launch_dequantize_experts(const QuantizedWeightArgs& weight, int64_t rows_per_expert,
+                                      const ExpertRouting& routing, void* out, DType out_dtype, cudaStream_t stream) {
+  if (routing.slots > 65535 || rows_per_expert > INT32_MAX) return cudaErrorInvalidValue;
+  if (routing.slots == 0 || rows_per_expert * weight.k == 0) return cudaSuccess;
+  const DecodedRows decoded{routing.groups, ExpertGroupsLayout{routing.slots, routing.pairs}, rows_per_expert};
+  return launch_decode_rows(weight, out, out_dtype, decoded, rows_per_expert, static_cast<unsigned>(routing.slots),
+                            stream);
 }
 
 cudaError_t launch_embedding_quantized(const QuantizedWeightArgs& table, const int32_t* ids, int64_t tokens, void* out,
