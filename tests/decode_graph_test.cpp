@@ -386,5 +386,18 @@ TEST_F(DecodeGraphsWithReplayingBackend, VerifyStepsRunAsGraphsAndGiveThePlainRu
   }
 }
 
+// A backend that chooses no tokens on its device (the CPU) refuses a direct step's device choice in
+// one line naming it, rather than running without a sampler.
+TEST(SampleRowsOnDevice, ABackendWithoutGraphOpsIsRefused) {
+  auto backend = make_cpu_backend();
+  const Tensor logits = backend->alloc({1, 8}, DType::F32);
+  try {
+    sample_rows_on_device(*backend, logits, std::vector<Sampler*>{nullptr});
+    ADD_FAILURE() << "the CPU backend chose tokens on a device";
+  } catch (const Error& error) {
+    EXPECT_STREQ(error.what(), "device sampling: the cpu backend chooses no tokens on its device");
+  }
+}
+
 }  // namespace
 }  // namespace kiln::testing
