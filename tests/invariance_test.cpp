@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "parameter_name.h"
 #include "core/thread_pool.h"
 #include "engine/generation.h"
 #include "model_test_support.h"
@@ -24,10 +25,7 @@ struct InvarianceCase {
 };
 
 std::string case_name(const ::testing::TestParamInfo<InvarianceCase>& info) {
-  std::string name = info.param.fixture + "_" + info.param.dtype_dir;
-  for (char& c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return name;
+  return parameter_name(info.param.fixture + "_" + info.param.dtype_dir);
 }
 
 void expect_bit_identical(const Tensor& a, const Tensor& b, const std::string& what) {

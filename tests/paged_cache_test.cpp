@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "parameter_name.h"
 #include "core/error.h"
 #include "engine/generation.h"
 #include "model_test_support.h"
@@ -148,11 +149,6 @@ TEST_P(PagedCache, AssignBlocksRefusesWhatIsOutOfRange) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PagedCache, ::testing::Values("llama3-tiny", "qwen3_5-text-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& c : name)
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return name;
-                         });
+                         [](const auto& info) { return parameter_name(info.param); });
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "parameter_name.h"
 #include "core/error.h"
 #include "engine/generation.h"
 #include "io/npy.h"
@@ -74,10 +75,7 @@ struct SplitCase {
 void PrintTo(const SplitCase& split, std::ostream* out) { *out << split.fixture << " over " << split.ranks << " ranks"; }
 
 std::string case_name(const ::testing::TestParamInfo<SplitCase>& info) {
-  std::string name = info.param.fixture + "_tp" + std::to_string(info.param.ranks);
-  for (char& c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return name;
+  return parameter_name(info.param.fixture + "_tp" + std::to_string(info.param.ranks));
 }
 
 class TensorParallel : public ::testing::TestWithParam<SplitCase> {

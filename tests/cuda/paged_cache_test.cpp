@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "parameter_name.h"
 #include "cuda_test_support.h"
 #include "engine/decode_graph.h"
 #include "engine/generation.h"
@@ -144,12 +145,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(PagedCase{"llama3-tiny", "f32", DType::F32}, PagedCase{"llama3-tiny", "bf16", DType::BF16},
                       PagedCase{"qwen3_5-text-tiny", "f32", DType::F32},
                       PagedCase{"qwen3_5-text-tiny", "bf16", DType::BF16}),
-    [](const auto& info) {
-      std::string name = info.param.fixture + "_" + info.param.folder;
-      for (char& c : name)
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-      return name;
-    });
+    [](const auto& info) { return parameter_name(info.param.fixture + "_" + info.param.folder); });
 
 }  // namespace
 }  // namespace kiln::testing

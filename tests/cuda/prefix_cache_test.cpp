@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "parameter_name.h"
 #include "cuda_test_support.h"
 #include "prefix_cache_support.h"
 #include "test_support.h"
@@ -61,12 +62,7 @@ INSTANTIATE_TEST_SUITE_P(
                       PrefixCase{"qwen3_5-text-tiny", "f32", DType::F32, true},
                       PrefixCase{"qwen3_5-text-tiny", "bf16", DType::BF16, true},
                       PrefixCase{"qwen3_5-moe-tiny", "bf16", DType::BF16, true}),
-    [](const auto& info) {
-      std::string name = info.param.fixture + "_" + info.param.folder;
-      for (char& c : name)
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-      return name;
-    });
+    [](const auto& info) { return parameter_name(info.param.fixture + "_" + info.param.folder); });
 
 }  // namespace
 }  // namespace kiln::testing
